@@ -1,0 +1,22 @@
+# `make demo` and `make test` create .venv on first use.
+PY := .venv/bin/python
+VENV_STAMP := .venv/.installed
+WORKDIR ?= workdir/demo
+
+.PHONY: demo test bench clean
+
+$(VENV_STAMP): setup.py
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(VENV_STAMP)
+
+demo: $(VENV_STAMP)
+	$(PY) -m osvl_jax.demo --workdir=$(WORKDIR)
+
+test: $(VENV_STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q tests
+
+clean:
+	rm -rf workdir .pytest_cache

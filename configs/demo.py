@@ -1,0 +1,77 @@
+"""The `make demo` job: a tiny Qwen3-VL search agent, SFT then fatal-aware GRPO, on CPU and real data.
+
+Run:
+  .venv/bin/python -m osvl_jax.demo --workdir=workdir/demo
+  (or `make demo`; override any field with e.g. `--config.sft.steps=100`)
+
+Stages: build the dataset from the Wikispeedia graph + landmark photos (data_pipeline), SFT on the oracle
+expert's trajectories, sample the SFT'd policy on the training prompts (expected: sft_format_ok >= 0.8),
+then GRPO with fatal_mode='mask_clamp'. Expected last line:
+  demo: sft_format_ok=<>=0.8> grpo_steps=10 grpo_group_size=4 mean_reward=<r> fatal_fraction=<f>
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Data pipeline (DESIGN §7), embedded offline defaults.
+  c.data = ml_collections.ConfigDict()
+  c.data.num_items = 48
+  c.data.seed = 0
+
+  # Model: the tiny random Qwen3-VL (real vocabulary and special-token ids).
+  c.model = ml_collections.ConfigDict()
+  c.model.name = 'tiny'
+  c.model.hf_path = ''  # an HF folder instead of `name`, e.g. a Qwen3-VL checkpoint.
+
+  # Image processor budget: 128x128 pixels -> an 8x8 patch grid -> 16 image tokens.
+  c.image = ml_collections.ConfigDict()
+  c.image.min_pixels = 64 * 64
+  c.image.max_pixels = 128 * 128
+
+  c.tools = ml_collections.ConfigDict()
+  c.tools.enabled = ('text_search', 'image_search', 'crop', 'sharpen')
+
+  # Rollout budgets (tokens): per model call, and per trajectory.
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_turns = 6
+  c.rollout.max_new_tokens = 96
+  c.rollout.max_total_tokens = 3072
+  c.rollout.fatal_k = 3
+  c.rollout.fatal_index = 'first'
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 300
+  c.sft.batch_size = 4
+  c.sft.lr = 3e-3
+  c.sft.warmup_steps = 20
+  c.sft.weight_decay = 0.0
+  c.sft.grad_clip = 1.0
+  c.sft.log_every = 10
+  c.sft.ckpt_every = 100
+
+  # Sampling the SFT'd policy on the training prompts (sft_format_ok).
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_prompts = 16
+  c.eval.temperature = 1.0
+  c.eval.top_p = 1.0
+
+  c.grpo = ml_collections.ConfigDict()
+  c.grpo.steps = 10
+  c.grpo.prompts_per_step = 2
+  c.grpo.num_generations = 4
+  c.grpo.lr = 1e-4
+  c.grpo.eps_low = 0.2
+  c.grpo.eps_high = 0.28
+  c.grpo.beta = 0.0
+  c.grpo.alpha = 0.8
+  c.grpo.delta = 1e-6
+  c.grpo.fatal_mode = 'mask_clamp'
+  c.grpo.temperature = 1.0
+  c.grpo.top_p = 1.0
+  c.grpo.tool_failure_rate = 0.0
+  c.grpo.ckpt_every = 5
+  return c

@@ -1,0 +1,190 @@
+"""Token log-probabilities, the SFT loss (Eq. 8) and the fatal-aware GRPO loss (Eq. 12).
+
+All functions are pure and jit/grad-friendly. Losses are *normalised by whole-batch counts passed in*
+(`num_sequences`, `num_tokens`), so the sum of the losses of the micro-batches (or data-parallel shards) of a
+batch equals the loss of the full batch, and so do the gradients (DESIGN.md §6). Metrics carry counts and sums
+beside the local ratios so that they reduce exactly across micro-batches too.
+
+Alignment: `logits[:, t]` predicts `targets[:, t]`; a caller holding a sequence `ids [B, T+1]` passes
+`logits(ids[:, :-1])` and `targets = ids[:, 1:]`, and shifts the masks the same way (mask of the target token).
+"""
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """log π(targets[b, t] | ·) = log_softmax(logits / temperature)[b, t, targets[b, t]].
+
+  Args:
+    logits: float [B, T, V] (any float dtype; computed in float32).
+    targets: int [B, T] token ids.
+    temperature: sampling temperature the rollout used (1.0 = plain log-softmax).
+
+  Returns:
+    float32 [B, T].
+  """
+  logits = logits.astype(jnp.float32)
+  if temperature != 1.0:
+    logits = logits / temperature
+  picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def sft_loss(logprobs: jax.Array, mask: jax.Array,
+             num_tokens: jax.Array | float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Eq. 8: L_SFT = −Σ_t M_t log π(y_t | ·) / Σ_t M_t, observation tokens masked out (M = M_gen).
+
+  Args:
+    logprobs: float32 [B, T] from `token_logprobs`.
+    mask: bool or float [B, T], 1 on supervised tokens (the policy's own tokens).
+    num_tokens: Σ M over the whole batch when this call sees one micro-batch of it; default Σ M of this call.
+      With it, micro-batch losses sum to the full-batch loss.
+
+  Returns:
+    (loss f32 scalar, metrics {loss, nll_sum, num_tokens}); 0 when nothing is masked in.
+  """
+  mask = mask.astype(jnp.float32)
+  local_tokens = jnp.sum(mask)
+  denom = local_tokens if num_tokens is None else jnp.asarray(num_tokens, jnp.float32)
+  nll_sum = -jnp.sum(jnp.where(mask > 0, logprobs, 0.0) * mask)
+  loss = nll_sum / jnp.maximum(denom, 1.0)
+  return loss, {'loss': loss, 'nll_sum': nll_sum, 'num_tokens': local_tokens}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loss aggregation, registered by name (Tunix style): per-token objective [B, T] -> scalar J.
+# ----------------------------------------------------------------------------------------------------------------
+
+AggregationFn = Callable[..., jax.Array]
+_AGGREGATIONS: dict[str, AggregationFn] = {}
+
+
+def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
+  def decorator(fn: AggregationFn) -> AggregationFn:
+    if name in _AGGREGATIONS:
+      raise ValueError(f'loss aggregation {name!r} is already registered')
+    _AGGREGATIONS[name] = fn
+    return fn
+  return decorator
+
+
+def get_aggregation(name: str) -> AggregationFn:
+  if name not in _AGGREGATIONS:
+    raise ValueError(f'loss aggregation {name!r} is not one of {sorted(_AGGREGATIONS)}')
+  return _AGGREGATIONS[name]
+
+
+@register_aggregation('seq_mean_token_mean')
+def seq_mean_token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
+                        num_tokens: jax.Array) -> jax.Array:
+  """Eq. 12: (1/G) Σ_i (1/Σ_t M_it) Σ_t M_it x_it; G = `num_sequences`; rows with Σ_t M_it = 0 give 0."""
+  del num_tokens
+  row_tokens = jnp.sum(mask, axis=-1)
+  row_mean = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(row_tokens, 1.0)
+  return jnp.sum(jnp.where(row_tokens > 0, row_mean, 0.0)) / jnp.maximum(num_sequences, 1.0)
+
+
+@register_aggregation('token_mean')
+def token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
+               num_tokens: jax.Array) -> jax.Array:
+  """DAPO-style global token mean: Σ_it M_it x_it / Σ_it M_it, with Σ M = `num_tokens` of the whole batch."""
+  del num_sequences
+  return jnp.sum(per_token * mask) / jnp.maximum(num_tokens, 1.0)
+
+
+def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+  """Schulman's k3 estimator of KL(π_θ ‖ π_ref) per token: exp(q − p) − (q − p) − 1, q = log π_ref, p = log π_θ."""
+  d = ref_logprobs - logprobs
+  return jnp.exp(d) - d - 1.0
+
+
+def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, loss_mask: jax.Array,
+              ref_logprobs: jax.Array | None = None, eps_low: float = 0.2, eps_high: float = 0.28,
+              beta: float = 0.0, aggregation: str = 'seq_mean_token_mean',
+              num_sequences: jax.Array | float | None = None, num_tokens: jax.Array | float | None = None,
+              clip_ratio_c: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Fatal-aware clipped GRPO loss, −J of Eq. 12.
+
+    J = 1/G Σ_i (1/Σ_t M_it) Σ_t M_it [min(ρ_it Â_i, clip(ρ_it, 1−ε_low, 1+ε_high) Â_i) − β KL_k3,it]
+    ρ_it = exp(log π_θ − log π_old)
+
+  With M from `fatal.loss_mask` (Eq. 10) and Â from `advantages.group_advantages` (Eq. 11), post-fatal tokens
+  and clamped fatal samples get exactly zero gradient.
+
+  Args:
+    logprobs: log π_θ of the taken tokens, float32 [B, T] (differentiated).
+    old_logprobs: log π_old, float32 [B, T], recomputed by the trainer before the update (no gradient).
+    advantages: Â, float32 [B], one per trajectory.
+    loss_mask: M, float32 [B, T] (Eq. 10).
+    ref_logprobs: log π_ref, float32 [B, T], or None (needed when beta > 0).
+    eps_low, eps_high: asymmetric clip range (official run: 0.2 / 0.28).
+    beta: KL coefficient (official run: 0).
+    aggregation: 'seq_mean_token_mean' (Eq. 12) or 'token_mean'.
+    num_sequences: G, the number of sequences in the WHOLE batch this call is a micro-batch of (default B).
+    num_tokens: Σ M over the whole batch, used by 'token_mean' (default Σ M of this call).
+    clip_ratio_c: optional dual-clip bound (verl's clip_ratio_c, e.g. 3.0): for Â < 0 the token objective is
+      floored at clip_ratio_c · Â. None (default) = Eq. 12 exactly.
+
+  Returns:
+    (loss = −J, float32 scalar; metrics, float32 scalars):
+      loss, pg_objective (J without the KL term),
+      num_tokens (Σ M in this call), num_sequences_with_tokens, clipped_tokens, clip_frac (clipped_tokens /
+      num_tokens: tokens whose clipped branch is the smaller objective), kl_sum / kl (token-mean k3 KL to the
+      reference, 0 without it), ratio_mean, ratio_max.
+  """
+  logprobs = logprobs.astype(jnp.float32)
+  mask = loss_mask.astype(jnp.float32)
+  on = mask > 0
+  batch = logprobs.shape[0]
+  if advantages.shape != (batch,):
+    raise ValueError(f'advantages must be [B]={batch}, got {advantages.shape}')
+  if beta != 0.0 and ref_logprobs is None:
+    raise ValueError('beta > 0 needs ref_logprobs')
+  num_sequences = jnp.asarray(batch if num_sequences is None else num_sequences, jnp.float32)
+  local_tokens = jnp.sum(mask)
+  num_tokens = local_tokens if num_tokens is None else jnp.asarray(num_tokens, jnp.float32)
+  aggregate = get_aggregation(aggregation)
+
+  # Masked tokens may hold padding garbage: zero the log-ratio there before exp (no inf, no NaN gradient).
+  log_ratio = jnp.where(on, logprobs - jax.lax.stop_gradient(old_logprobs.astype(jnp.float32)), 0.0)
+  ratio = jnp.exp(log_ratio)
+  adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))[:, None]
+  unclipped = ratio * adv
+  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+  surrogate = jnp.minimum(unclipped, clipped)
+  if clip_ratio_c is not None:
+    surrogate = jnp.where(adv < 0, jnp.maximum(surrogate, clip_ratio_c * adv), surrogate)
+  surrogate = jnp.where(on, surrogate, 0.0)
+
+  if ref_logprobs is not None:
+    ref = jax.lax.stop_gradient(ref_logprobs.astype(jnp.float32))
+    kl = jnp.where(on, kl_k3(jnp.where(on, logprobs, 0.0), jnp.where(on, ref, 0.0)), 0.0)
+  else:
+    kl = jnp.zeros_like(logprobs)
+
+  pg_objective = aggregate(surrogate, mask, num_sequences=num_sequences, num_tokens=num_tokens)
+  objective = pg_objective
+  if beta != 0.0:
+    objective = aggregate(surrogate - beta * kl, mask, num_sequences=num_sequences, num_tokens=num_tokens)
+  loss = -objective
+
+  stop = jax.lax.stop_gradient
+  clipped_tokens = jnp.sum(jnp.where(on & (clipped < unclipped), 1.0, 0.0))
+  kl_sum = jnp.sum(kl * mask)
+  denom = jnp.maximum(local_tokens, 1.0)
+  metrics = {
+      'loss': stop(loss),
+      'pg_objective': stop(pg_objective),
+      'num_tokens': local_tokens,
+      'num_sequences_with_tokens': jnp.sum(jnp.sum(mask, axis=-1) > 0).astype(jnp.float32),
+      'clipped_tokens': stop(clipped_tokens),
+      'clip_frac': stop(clipped_tokens / denom),
+      'kl_sum': stop(kl_sum),
+      'kl': stop(kl_sum / denom),
+      'ratio_mean': stop(jnp.sum(ratio * mask) / denom),
+      'ratio_max': stop(jnp.max(jnp.where(on, ratio, 0.0))),
+  }
+  return loss, metrics

@@ -1,0 +1,37 @@
+"""osvl-jax: OpenSearch-VL (arXiv 2605.05185) in JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name='osvl-jax',
+    version='0.1.0',
+    description='TPU-first JAX/Flax reimplementation of OpenSearch-VL multimodal deep-search agents',
+    python_requires='>=3.11',
+    packages=setuptools.find_packages(include=['osvl_jax*', 'tools*', 'data_pipeline*']),
+    install_requires=[
+        'jax==0.10.2',
+        'flax==0.12.8',
+        'optax==0.2.8',
+        'orbax-checkpoint==0.12.8',
+        'tensorstore==0.1.86',
+        'absl-py==2.5.1',
+        'ml-collections==1.1.0',
+        'numpy>=2.0,<3',
+        'transformers==5.24.0',
+        'tokenizers==0.23.3',
+        'datasets==5.2.0',
+        'openai==3.57.0',
+        'opencv-contrib-python-headless==5.0.0.93',
+        'bm25s==0.3.16',
+        'httpx==0.28.1',
+        'pillow==13.0.0',
+        'safetensors==0.8.0',
+        'tqdm==4.70.1',
+        'tensorboardX==2.6.5',
+        # CPU wheel on disk; the image processor and HF reference model need it.
+        'torch==2.13.0',
+    ],
+    extras_require={
+        'dev': ['pytest==9.0.3', 'pytest-timeout==2.4.0'],
+    },
+)

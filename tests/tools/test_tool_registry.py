@@ -1,0 +1,139 @@
+"""tools/registry.py: schemas, argument checks and error kinds of ToolEnv.call."""
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from osvl_jax import paths
+from tools import base
+from tools import registry
+
+
+@pytest.fixture(scope='module')
+def env():
+  return registry.ToolEnv()
+
+
+@pytest.fixture(scope='module')
+def taj():
+  return np.asarray(Image.open(paths.data_dir() / 'images/landmarks/taj-mahal.jpg').convert('RGB'))
+
+
+def test_schemas_list_four_tools_with_required_args(env):
+  schemas = env.schemas()
+  assert [s['function']['name'] for s in schemas] == ['text_search', 'image_search', 'crop', 'sharpen']
+  required = {s['function']['name']: s['function']['parameters']['required'] for s in schemas}
+  assert required == {'text_search': ['query'], 'image_search': ['image'],
+                      'crop': ['image', 'x', 'y', 'width', 'height'], 'sharpen': ['image']}
+  for s in schemas:
+    assert s['type'] == 'function' and s['function']['description']
+    assert s['function']['parameters']['type'] == 'object'
+  props = schemas[0]['function']['parameters']['properties']
+  assert props['top_k'] == {'type': 'integer', 'description': 'Number of articles to return.', 'minimum': 1,
+                            'maximum': 20, 'default': 5}
+  assert schemas[1]['function']['parameters']['properties']['image']['type'] == 'string'
+
+
+def test_config_selects_enabled_tools():
+  env = registry.ToolEnv({'enabled': ('crop',)})
+  assert [s['function']['name'] for s in env.schemas()] == ['crop']
+  r = env.call('text_search', {'query': 'x'}, [])
+  assert (r.ok, r.error_kind) == (False, 'unknown_tool')
+  with pytest.raises(ValueError, match='nope'):
+    registry.ToolEnv({'enabled': ('nope',)})
+
+
+def test_text_search_call(env):
+  r = env.call('text_search', {'query': 'Taj Mahal Agra mausoleum'}, [])
+  assert r.ok and r.error_kind is None and r.seconds > 0
+  lines = r.text.split('\n')
+  assert len(lines) == 5 and lines[0].startswith('[1] Taj Mahal: ')
+  r = env.call('text_search', {'query': 'Taj Mahal', 'top_k': 2.0}, [])  # Integral float is an integer.
+  assert r.ok and len(r.text.split('\n')) == 2
+
+
+def test_text_search_without_hits_is_no_result_and_ok(env):
+  r = env.call('text_search', {'query': 'xyzzyqqq'}, [])
+  assert (r.ok, r.error_kind, r.is_execution_error) == (True, 'no_result', False)
+
+
+def test_image_search_call_on_blurred_landmark(env, taj):
+  r = env.call('image_search', {'image': 'img_2'}, [np.zeros((8, 8, 3), np.uint8), cv2.GaussianBlur(taj, (0, 0), 2)])
+  assert r.ok, r.text
+  assert r.text.startswith('Best match: Taj Mahal (Wikipedia article: Taj_Mahal), score ')
+
+
+def test_image_search_on_unrelated_photo_is_no_result(env):
+  astronaut = np.asarray(Image.open(paths.data_dir() / 'images/photos/astronaut.png').convert('RGB'))
+  r = env.call('image_search', {'image': 'img_1'}, [astronaut])
+  assert (r.ok, r.error_kind) == (True, 'no_result')
+
+
+def test_crop_and_sharpen_return_new_images(env, taj):
+  r = env.call('crop', {'image': 'img_1', 'x': 10, 'y': 20, 'width': 100, 'height': 50}, [taj])
+  assert r.ok and len(r.images) == 1 and r.images[0].shape == (50, 100, 3)
+  np.testing.assert_array_equal(r.images[0], taj[20:70, 10:110])
+  r = env.call('crop', {'image': 'img_1', 'x': 200, 'y': 200, 'width': 100, 'height': 100}, [taj])
+  assert r.ok and r.images[0].shape == (64, 64, 3) and 'clamped' in r.text
+  r = env.call('sharpen', {'image': 'img_1', 'amount': 1}, [taj])
+  assert r.ok and r.images[0].shape == taj.shape and r.images[0].dtype == np.uint8
+
+
+@pytest.mark.parametrize('name,arguments,kind,needle', [
+    ('web_browse', {'url': 'x'}, 'unknown_tool', 'web_browse'),
+    ('image_search', {'image': 'img_3'}, 'bad_arguments', 'img_3'),
+    ('image_search', {'image': 'picture.png'}, 'bad_arguments', 'image'),
+    ('image_search', {'image': 'img_0'}, 'bad_arguments', 'img_0'),
+    ('text_search', {}, 'bad_arguments', "'query'"),
+    ('text_search', {'query': ['a']}, 'bad_arguments', "'query'"),
+    ('text_search', {'query': '  '}, 'bad_arguments', "'query'"),
+    ('text_search', {'query': 'a', 'top_k': 0}, 'bad_arguments', "'top_k'"),
+    ('text_search', {'query': 'a', 'top_k': True}, 'bad_arguments', "'top_k'"),
+    ('text_search', {'query': 'a', 'hl': 'en'}, 'bad_arguments', "'hl'"),
+    ('text_search', 'Taj Mahal', 'bad_arguments', 'JSON object'),
+    ('crop', {'image': 'img_1', 'x': 0, 'y': 0, 'width': 10}, 'bad_arguments', "'height'"),
+    ('crop', {'image': 'img_1', 'x': '0', 'y': 0, 'width': 10, 'height': 10}, 'bad_arguments', "'x'"),
+    ('crop', {'image': 'img_1', 'x': 0.5, 'y': 0, 'width': 10, 'height': 10}, 'bad_arguments', "'x'"),
+    ('crop', {'image': 'img_1', 'x': 500, 'y': 0, 'width': 10, 'height': 10}, 'bad_arguments', 'outside'),
+    ('sharpen', {'image': 'img_1', 'amount': 0}, 'bad_arguments', "'amount'"),
+    ('sharpen', {'image': 'img_1', 'amount': 'strong'}, 'bad_arguments', "'amount'"),
+])
+def test_errors_have_their_kind_and_name_the_culprit(env, taj, name, arguments, kind, needle):
+  r = env.call(name, arguments, [taj, taj])
+  assert (r.ok, r.error_kind) == (False, kind), r.text
+  assert needle in r.text
+  assert r.is_execution_error and r.images == []
+
+
+def test_backend_exception_is_backend_error(env):
+  registry.register(registry.ToolSpec(
+      name='_explode', description='test tool', params=(),
+      make=lambda cfg: (lambda: 1 / 0)))
+  try:
+    env2 = registry.ToolEnv({'enabled': ('crop', '_explode')})
+    r = env2.call('_explode', {}, [])
+    assert (r.ok, r.error_kind) == (False, 'backend_error')
+    assert 'ZeroDivisionError' in r.text
+  finally:
+    del registry.TOOLS['_explode']
+
+
+def test_call_accepts_gray_and_objects_with_pixels(env, taj):
+  class Ref:
+    pixels = taj
+  r = env.call('crop', {'image': 'img_2', 'x': 0, 'y': 0, 'width': 5, 'height': 5}, [taj[..., 0], Ref()])
+  assert r.ok and r.images[0].shape == (5, 5, 3)
+  r = env.call('crop', {'image': 'img_1', 'x': 0, 'y': 0, 'width': 5, 'height': 5}, [taj[..., 0]])
+  assert r.ok and r.images[0].shape == (5, 5, 3)
+
+
+def test_indexes_are_shared_across_envs():
+  from tools import image_search, text_search
+  registry.ToolEnv().warmup()
+  assert text_search.get_index() is text_search.get_index()
+  assert image_search.get_index() is image_search.get_index()
+
+
+def test_result_type_is_tool_result(env):
+  assert isinstance(env.call('nope', {}, []), base.ToolResult)

@@ -1,0 +1,127 @@
+"""parse_action: one think block then exactly one tool call or response; lenient, never raises."""
+
+import pytest
+
+from osvl_jax import trajectory as tj
+
+THINK = '<think>\nThe building looks like the Taj Mahal.\n</think>\n'
+
+
+def test_valid_tool_call():
+  a = tj.parse_action(THINK + '<tool_call>\n{"name": "image_search", "arguments": {"image": "img_1"}}\n'
+                      '</tool_call>')
+  assert (a.kind, a.name, a.arguments, a.format_ok) == ('tool_call', 'image_search', {'image': 'img_1'}, True)
+  assert a.think == 'The building looks like the Taj Mahal.'
+  assert a.problems == [] and a.error is None
+
+
+def test_valid_response_with_trailing_im_end():
+  a = tj.parse_action(THINK + '<response>1653</response><|im_end|>')
+  assert (a.kind, a.response, a.format_ok) == ('response', '1653', True)
+
+
+def test_invalid_json_is_malformed():
+  a = tj.parse_action(THINK + '<tool_call>\n{"name": "text_search", "arguments": {"query": }\n</tool_call>')
+  assert a.kind == 'malformed' and not a.format_ok
+  assert 'JSON' in a.error
+
+
+@pytest.mark.parametrize('body,name,arguments', [
+    ('{"name": "text_search", "parameters": {"q": "Taj Mahal"}}', 'text_search', {'query': 'Taj Mahal'}),
+    ('{"name": "web_search", "arguments": {"q": "x", "hl": "en"}}', 'text_search', {'query': 'x', 'hl': 'en'}),
+    ('{"name": "layout_parsing", "arguments": "{\\"image\\": \\"img_2\\"}"}', 'ocr', {'image': 'img_2'}),
+    ('{"name": "image_search", "arguments": {"url": "img_1"}}', 'image_search', {'image': 'img_1'}),
+    ('{"type": "function", "function": {"name": "crop", "arguments": {"image": "img_1"}}}', 'crop',
+     {'image': 'img_1'}),
+    ('{"name": "sharpen"}', 'sharpen', {}),
+])
+def test_aliases(body, name, arguments):
+  a = tj.parse_action(THINK + f'<tool_call>\n{body}\n</tool_call>')
+  assert (a.kind, a.name, a.arguments, a.format_ok) == ('tool_call', name, arguments, True)
+
+
+def test_official_profile_drops_official_only_arguments():
+  a = tj.parse_action(THINK + '<tool_call>{"name": "web_search", "arguments": {"q": "x", "hl": "en", '
+                      '"top_k": 3}}</tool_call>', profile='official')
+  assert (a.name, a.arguments) == ('text_search', {'query': 'x', 'top_k': 3})
+
+
+@pytest.mark.parametrize('body', [
+    "{'name': 'crop', 'arguments': {'image': 'img_1', 'x': 0, 'y': 0, 'width': 5, 'height': 5,},}",
+    '```json\n{"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, "width": 5, "height": 5}}\n```',
+    'call: {"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, "width": 5, "height": 5}',
+    "{'name': 'crop', 'arguments': {'image': 'img_1', 'x': 0, 'y': 0, 'width': 5, 'height': 5, 'pad': None}}",
+])
+def test_lenient_json(body):
+  a = tj.parse_action(THINK + f'<tool_call>\n{body}\n</tool_call>')
+  assert a.kind == 'tool_call' and a.name == 'crop'
+  assert {k: a.arguments[k] for k in ('image', 'x', 'y', 'width', 'height')} == {
+      'image': 'img_1', 'x': 0, 'y': 0, 'width': 5, 'height': 5}
+
+
+def test_lenient_json_keeps_quotes_inside_strings():
+  assert tj.loads_lenient("{'query': 'the \"Crystal\" palace', 'ok': True,}") == {
+      'query': 'the "Crystal" palace', 'ok': True}
+
+
+def test_two_calls_break_format_and_the_first_is_executed():
+  a = tj.parse_action(THINK + '<tool_call>{"name": "text_search", "arguments": {"query": "a"}}</tool_call>\n'
+                      '<tool_call>{"name": "image_search", "arguments": {"image": "img_1"}}</tool_call>')
+  assert (a.kind, a.name, a.arguments) == ('tool_call', 'text_search', {'query': 'a'})
+  assert not a.format_ok and any('2 actions' in p for p in a.problems)
+
+
+def test_call_and_response_in_one_turn_breaks_format():
+  a = tj.parse_action(THINK + '<response>x</response><tool_call>{"name": "crop", "arguments": {}}</tool_call>')
+  assert a.kind == 'response' and a.response == 'x' and not a.format_ok
+
+
+def test_json_list_of_two_calls_breaks_format():
+  a = tj.parse_action(THINK + '<tool_call>[{"name": "crop", "arguments": {}}, {"name": "sharpen"}]</tool_call>')
+  assert a.kind == 'tool_call' and a.name == 'crop' and not a.format_ok
+
+
+def test_missing_think_breaks_format_but_the_call_counts():
+  a = tj.parse_action('<tool_call>{"name": "text_search", "arguments": {"query": "a"}}</tool_call>')
+  assert a.kind == 'tool_call' and a.think is None and not a.format_ok
+
+
+def test_no_action_is_malformed():
+  a = tj.parse_action(THINK + 'I think the answer is 42.')
+  assert a.kind == 'malformed' and not a.format_ok and 'no <tool_call>' in a.error
+
+
+def test_unclosed_tool_call_is_read_but_breaks_format():
+  a = tj.parse_action(THINK + '<tool_call>\n{"name": "text_search", "arguments": {"query": "a"}}')
+  assert a.kind == 'tool_call' and a.arguments == {'query': 'a'} and not a.format_ok
+
+
+def test_text_outside_blocks_breaks_format():
+  a = tj.parse_action(THINK + 'Let me search.\n<tool_call>{"name": "crop", "arguments": {}}</tool_call>')
+  assert a.kind == 'tool_call' and not a.format_ok
+
+
+@pytest.mark.parametrize('body', ['{"arguments": {}}', '{"name": 3}', '{"name": "crop", "arguments": [1]}',
+                                  '"crop"', '{"name": "crop", "arguments": "{bad"}'])
+def test_unreadable_calls_are_malformed(body):
+  a = tj.parse_action(THINK + f'<tool_call>{body}</tool_call>')
+  assert a.kind == 'malformed' and a.error and not a.format_ok
+
+
+@pytest.mark.parametrize('text', ['', '<think>', '</think></think><response>', '<tool_call>' * 50, None, 12,
+                                  '<think>x</think><tool_call>{{{{[[[[</tool_call>', '\x00\ud800'])
+def test_never_raises(text):
+  a = tj.parse_action(text)
+  assert a.kind in ('tool_call', 'response', 'malformed')
+
+
+def test_render_assistant_text_parses_back():
+  text = tj.render_assistant_text('look', tool_call={'name': 'crop', 'arguments': {'image': 'img_1', 'x': 1}})
+  assert text == ('<think>\nlook\n</think>\n<tool_call>\n{"name": "crop", "arguments": {"image": "img_1", '
+                  '"x": 1}}\n</tool_call>')
+  a = tj.parse_action(text)
+  assert (a.kind, a.name, a.arguments, a.format_ok) == ('tool_call', 'crop', {'image': 'img_1', 'x': 1}, True)
+  r = tj.parse_action(tj.render_assistant_text('done', response='Agra'))
+  assert (r.kind, r.response, r.format_ok) == ('response', 'Agra', True)
+  with pytest.raises(ValueError):
+    tj.render_assistant_text('x')
