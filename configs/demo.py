@@ -12,34 +12,41 @@ then GRPO with fatal_mode='mask_clamp'. Expected last line:
 
 import ml_collections
 
+from data_pipeline import build
+
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
 
-  # Data pipeline (DESIGN §7), embedded offline defaults.
-  c.data = ml_collections.ConfigDict()
-  c.data.num_items = 48
-  c.data.seed = 0
+  # Image processor budget (pixels): 128x128 -> an 8x8 patch grid -> 16 image tokens.
+  c.image = ml_collections.ConfigDict()
+  c.image.min_pixels = 64 * 64
+  c.image.max_pixels = 128 * 128
+
+  # Data pipeline (DESIGN §7), embedded offline defaults; short paths and 3 hits per search keep the
+  # expert trajectories (and so SFT on CPU) short. `dir` = '' builds/reads `<workdir>/data`.
+  c.data = build.default_config()
+  c.data.num_items = 64
+  c.data.hop_probs = (0.7, 0.3, 0.0)
+  c.data.top_k = 3
+  c.data.min_pixels = c.image.get_ref('min_pixels')
+  c.data.max_pixels = c.image.get_ref('max_pixels')
+  c.data.dir = ''
 
   # Model: the tiny random Qwen3-VL (real vocabulary and special-token ids).
   c.model = ml_collections.ConfigDict()
   c.model.name = 'tiny'
   c.model.hf_path = ''  # an HF folder instead of `name`, e.g. a Qwen3-VL checkpoint.
 
-  # Image processor budget: 128x128 pixels -> an 8x8 patch grid -> 16 image tokens.
-  c.image = ml_collections.ConfigDict()
-  c.image.min_pixels = 64 * 64
-  c.image.max_pixels = 128 * 128
-
   c.tools = ml_collections.ConfigDict()
   c.tools.enabled = ('text_search', 'image_search', 'crop', 'sharpen')
 
   # Rollout budgets (tokens): per model call, and per trajectory.
   c.rollout = ml_collections.ConfigDict()
-  c.rollout.max_turns = 6
-  c.rollout.max_new_tokens = 96
-  c.rollout.max_total_tokens = 3072
+  c.rollout.max_turns = 10
+  c.rollout.max_new_tokens = 128
+  c.rollout.max_total_tokens = 4096
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
 

@@ -203,45 +203,42 @@ def _make_sharpen(cfg: ml_collections.ConfigDict):
   return body
 
 
-_IMAGE_DESC = 'Image reference such as "img_1" (the k-th image in the conversation, 1-based).'
+_IMAGE_DESC = 'Image reference, e.g. "img_1" (k-th image of the conversation).'
 
 register(ToolSpec(
     name='text_search',
-    description='Search a Wikipedia (2007 Schools selection) corpus with BM25. Returns the top matching '
-                'articles, each as "[k] Title: snippet".',
+    description='BM25 search over a Wikipedia corpus; returns "[k] Title: snippet" lines.',
     params=(
-        Param('query', 'string', 'Search keywords, e.g. "Taj Mahal construction year".'),
-        Param('top_k', 'integer', 'Number of articles to return.', required=False, default=5, minimum=1,
+        Param('query', 'string', 'Search keywords.'),
+        Param('top_k', 'integer', 'Number of results.', required=False, default=5, minimum=1,
               maximum=20),
     ),
     make=_make_text_search))
 
 register(ToolSpec(
     name='image_search',
-    description='Reverse image search: find the landmark shown in an image (near-duplicate lookup in a photo '
-                'collection) and the Wikipedia article about it.',
+    description='Reverse image search: names the landmark in an image and its Wikipedia article.',
     params=(Param('image', 'image', _IMAGE_DESC),),
     make=_make_image_search))
 
 register(ToolSpec(
     name='crop',
-    description='Crop a rectangular region of an image (in pixels of that image; the box is clamped to the '
-                'image) and return it as a new image, e.g. to zoom into small text or a detail.',
+    description='Crop a box (pixels, clamped to the image) out of an image; returns it as a new image.',
     params=(
         Param('image', 'image', _IMAGE_DESC),
-        Param('x', 'integer', 'Left edge of the box, pixels from the left.'),
-        Param('y', 'integer', 'Top edge of the box, pixels from the top.'),
-        Param('width', 'integer', 'Box width, pixels.', minimum=1),
-        Param('height', 'integer', 'Box height, pixels.', minimum=1),
+        Param('x', 'integer', 'Left edge.'),
+        Param('y', 'integer', 'Top edge.'),
+        Param('width', 'integer', 'Box width.', minimum=1),
+        Param('height', 'integer', 'Box height.', minimum=1),
     ),
     make=_make_crop))
 
 register(ToolSpec(
     name='sharpen',
-    description='Sharpen a blurry image with an unsharp mask and return the result as a new image.',
+    description='Sharpen a blurry image (unsharp mask); returns a new image.',
     params=(
         Param('image', 'image', _IMAGE_DESC),
-        Param('amount', 'number', 'Sharpening strength (1.5 is moderate).', required=False, default=1.5,
+        Param('amount', 'number', 'Strength.', required=False, default=1.5,
               minimum=0, maximum=10),
     ),
     make=_make_sharpen))

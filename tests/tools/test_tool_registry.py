@@ -30,7 +30,7 @@ def test_schemas_list_four_tools_with_required_args(env):
     assert s['type'] == 'function' and s['function']['description']
     assert s['function']['parameters']['type'] == 'object'
   props = schemas[0]['function']['parameters']['properties']
-  assert props['top_k'] == {'type': 'integer', 'description': 'Number of articles to return.', 'minimum': 1,
+  assert props['top_k'] == {'type': 'integer', 'description': 'Number of results.', 'minimum': 1,
                             'maximum': 20, 'default': 5}
   assert schemas[1]['function']['parameters']['properties']['image']['type'] == 'string'
 

@@ -1,0 +1,340 @@
+"""Entity helpers shared by the stages: names and aliases, category descriptors, infobox attributes.
+
+Everything here is a pure function of a Wikispeedia title and the `tools.corpus.WikiCorpus` it comes from.
+
+Names and aliases (Wikispeedia has no redirect table, so aliases are derived from the title):
+  * the display title (`Great_Wall_of_China` -> `Great Wall of China`);
+  * the title without a trailing disambiguation in parentheses (`Mercury_(planet)` -> `Mercury`);
+  * the accent-folded forms of both (`Éire` -> `Eire`).
+
+Descriptors: each article's `categories.tsv` leaves (e.g. `subject.Geography.European_Geography.
+European_Countries`) map to a singular noun phrase (`European country`), most specific category first. They
+are the relational descriptors of the fuzzy rewrite ("the European country mentioned in the article on ...").
+
+Infobox attributes: the Wikispeedia plaintext keeps each infobox as `Key  value` lines above the prose
+(`Capital\n(and largest city)  Maseru`, `Born  March 14, 1879`). `infobox_attributes` reads a whitelist of
+keys whose values can be extracted reliably as a short answer (at most 6 whitespace tokens).
+"""
+
+import dataclasses
+import functools
+import re
+import unicodedata
+
+# Category leaf -> singular noun phrase used as a relational descriptor.
+CATEGORY_PHRASES: dict[str, str] = {
+    'Countries': 'country',
+    'European_Countries': 'European country',
+    'African_Countries': 'African country',
+    'Asian_Countries': 'Asian country',
+    'Middle_Eastern_Countries': 'Middle Eastern country',
+    'Central_and_South_American_Countries': 'Latin American country',
+    'Birds': 'bird',
+    'Mammals': 'mammal',
+    'Plants': 'plant',
+    'Dinosaurs': 'dinosaur',
+    'Insects_Reptiles_and_Fish': 'animal',
+    'Organisms': 'organism',
+    'Chemical_elements': 'chemical element',
+    'Chemical_compounds': 'chemical compound',
+    'Mineralogy': 'mineral',
+    'Geography_of_Great_Britain': 'place in Britain',
+    'North_American_Geography': 'North American place',
+    'European_Geography': 'European place',
+    'African_Geography': 'African place',
+    'Geography_of_Asia': 'Asian place',
+    'Geography_of_Oceania_Australasia': 'place in Oceania',
+    'Central_and_South_American_Geography': 'Latin American place',
+    'Geography_of_the_Middle_East': 'Middle Eastern place',
+    'Antarctica': 'Antarctic place',
+    'General_Geography': 'geographic feature',
+    'Geology_and_geophysics': 'geological subject',
+    'Natural_Disasters': 'natural disaster',
+    'Storms': 'storm',
+    'Climate_and_the_Weather': 'weather phenomenon',
+    'Historical_figures': 'historical figure',
+    'Political_People': 'political figure',
+    'Writers_and_critics': 'writer',
+    'Performers_and_composers': 'musician',
+    'Sports_and_games_people': 'sportsperson',
+    'Monarchs_of_Great_Britain': 'British monarch',
+    'Religious_figures_and_leaders': 'religious figure',
+    'Artists': 'artist',
+    'USA_Presidents': 'US president',
+    'Engineers_and_inventors': 'inventor',
+    'Actors_models_and_celebrities': 'celebrity',
+    'Philosophers': 'philosopher',
+    'Human_Scientists': 'scientist',
+    'Military_People': 'military leader',
+    'Geographers_and_explorers': 'explorer',
+    'Astronomers_and_physicists': 'physicist',
+    'Mathematicians': 'mathematician',
+    'Computing_People': 'computer scientist',
+    'Producers_directors_and_media_figures': 'media figure',
+    'Chemists': 'chemist',
+    'Historians_chroniclers_and_history_books': 'historian or history book',
+    'Space_Astronomy': 'astronomical object',
+    'The_Planets': 'planet',
+    'Space_transport': 'spaceflight subject',
+    'Railway_transport': 'railway subject',
+    'Air_and_Sea_transport': 'air or sea transport subject',
+    'Road_transport': 'road transport subject',
+    'Architecture': 'building',
+    'Novels': 'novel',
+    'Films': 'film',
+    'Television': 'television programme',
+    'Theatre': 'theatre subject',
+    'Poetry_and_Opera': 'poem or opera',
+    'Languages': 'language',
+    'Peoples': 'people',
+    'Divinities': 'deity',
+    'Myths': 'myth',
+    'Religious_texts': 'religious text',
+    'Religious_movements_traditions_and_organizations': 'religious tradition',
+    'Companies': 'company',
+    'Currency': 'currency',
+    'Sports_teams': 'sports team',
+    'Sports_events': 'sporting event',
+    'Sports': 'sport',
+    'Musical_Instruments': 'musical instrument',
+    'Musical_genres_styles_eras_and_events': 'musical style',
+    'Musical_Recordings_and_compositions': 'musical work',
+    'Computer_and_Video_games': 'video game',
+    'Software': 'piece of software',
+    'Websites_and_the_Internet': 'internet subject',
+    'World_War_II': 'Second World War subject',
+    'Military_History_and_War': 'military conflict',
+    'Pre_1900_Military': 'pre-1900 military subject',
+    'Ancient_History_Classical_History_and_Mythology': 'subject of ancient history',
+    'Archaeology': 'archaeological subject',
+    'Drink': 'drink',
+    'Food_and_agriculture': 'food or crop',
+    'Health_and_medicine': 'medical subject',
+    'Education': 'educational subject',
+    'Law': 'legal subject',
+    'Philosophy': 'philosophical subject',
+    'Mathematics': 'mathematical subject',
+    'General_Physics': 'physics subject',
+    'General_Chemistry': 'chemistry subject',
+    'General_Biology': 'biology subject',
+    'Cartoons': 'cartoon',
+    'Games': 'game',
+    'Recreation': 'pastime',
+}
+
+# Key regex -> attribute definition. Order = preference when a node has several.
+@dataclasses.dataclass(frozen=True)
+class AttributeSpec:
+  """One answerable infobox attribute.
+
+  Attributes:
+    name: attribute id, e.g. `capital`.
+    key: regex matching the infobox key at the start of a line.
+    kind: `name` (a short text value without digits), `year` (a year, optionally `BC`), or `regex`.
+    question: template with `{}` for the entity reference, e.g. `what is the capital of {}?` (the entity comes last, so nested
+      descriptors read left to right).
+    pattern: for kind `regex`, the value pattern.
+    category: when set, only articles with a category path starting with it have this attribute (the key
+      `Country` also appears in film and book infoboxes, where the question would read oddly).
+  """
+  name: str
+  key: str
+  kind: str
+  question: str
+  pattern: str = ''
+  category: str = ''
+
+
+ATTRIBUTES: tuple[AttributeSpec, ...] = (
+    AttributeSpec('capital', r'Capital', 'name', 'what is the capital of {}?'),
+    AttributeSpec('currency', r'Currency', 'name', 'what is the currency of {}?'),
+    AttributeSpec('author', r'Author', 'name', 'who is the author of {}?'),
+    AttributeSpec('largest_city', r'Largest city', 'name', 'what is the largest city of {}?'),
+    AttributeSpec('constellation', r'Constellation', 'name', 'which constellation contains {}?'),
+    AttributeSpec('country', r'Country', 'name', 'which country contains {}?',
+                  category='subject.Geography'),
+    AttributeSpec('born', r'Born', 'year', 'what is the birth year of {}?'),
+    AttributeSpec('died', r'Died', 'year', 'what is the year of death of {}?'),
+    AttributeSpec('founded', r'Founded', 'year', 'what is the founding year of {}?'),
+    AttributeSpec('calling_code', r'Calling code', 'regex', 'what is the international calling code of {}?',
+                  r'\+\s?\d{1,4}'),
+    AttributeSpec('tld', r'Internet TLD', 'regex', 'what is the internet country-code domain of {}?',
+                  r'\.[a-z]{2,3}\b'),
+)
+ATTRIBUTE_BY_NAME = {a.name: a for a in ATTRIBUTES}
+
+MAX_ANSWER_TOKENS = 6
+_INFOBOX_MAX_LINES = 150
+
+
+def fold(text: str) -> str:
+  """Accent-folded, lower-cased text (`Éire` -> `eire`) for name matching."""
+  norm = unicodedata.normalize('NFKD', text)
+  return ''.join(c for c in norm if not unicodedata.combining(c)).lower()
+
+
+def display(title: str) -> str:
+  """`Great_Wall_of_China` -> `Great Wall of China`."""
+  return title.replace('_', ' ')
+
+
+def aliases(title: str) -> list[str]:
+  """Surface names of an article: display title, title without `(disambiguation)`, accent-folded forms.
+
+  Args:
+    title: Wikispeedia title, e.g. `Mercury_(planet)`.
+  Returns:
+    Distinct names, the display title first (case kept).
+  """
+  base = display(title)
+  names = [base, re.sub(r'\s*\([^)]*\)\s*$', '', base)]
+  names += [unicodedata.normalize('NFKD', n).encode('ascii', 'ignore').decode() for n in names]
+  out = []
+  for n in names:
+    n = n.strip()
+    if n and n not in out:
+      out.append(n)
+  return out
+
+
+_YEARLIKE = re.compile(r'^(\d+(s|th|st|nd|rd)?(_century)?(_BC)?|\d+s_\w+|January|February|March|April|May|June|'
+                       r'July|August|September|October|November|December)$')
+
+
+def is_excluded(title: str) -> bool:
+  """Titles the walks never visit: lists, years/decades/centuries, month names (calendar hubs)."""
+  return title.startswith('List_of_') or bool(_YEARLIKE.match(title))
+
+
+def descriptors(categories: list[str]) -> list[str]:
+  """Descriptor phrases of an article, most specific (deepest category path) first, without repeats.
+
+  Args:
+    categories: category paths from `categories.tsv`, e.g. `['subject.Countries', 'subject.Geography....']`.
+  """
+  out = []
+  for cat in sorted(categories, key=lambda c: -c.count('.')):
+    phrase = CATEGORY_PHRASES.get(cat.split('.')[-1])
+    if phrase and phrase not in out:
+      out.append(phrase)
+  return out
+
+
+def _infobox_lines(text: str) -> list[str]:
+  """Lines above the first prose paragraph (two consecutive lines of >= 60 characters not starting with `^`)."""
+  lines = text.split('\n')[:_INFOBOX_MAX_LINES]
+  for i in range(len(lines) - 1):
+    a, b = lines[i], lines[i + 1]
+    if len(a) >= 60 and len(b) >= 60 and not a.startswith('^'):
+      return lines[:i]
+  return lines
+
+
+def _clean_value(value: str) -> str:
+  value = re.sub(r'\^(\[[^\]]*\]|\w+)', '', value)  # Footnote markers ^1, ^[a].
+  if value.startswith('Flag of '):  # `Flag of United States United States` (flag icon caption + name).
+    words = value[len('Flag of '):].split()
+    half = len(words) // 2
+    value = ' '.join(words[half:]) if len(words) % 2 == 0 and words[:half] == words[half:] else ''
+  value = re.sub(r'\[[^\]]*\]', '', value)
+  value = re.sub(r'\s+', ' ', value).strip(' ,;:')
+  return value
+
+
+def _extract(spec: AttributeSpec, raw: str) -> tuple[str, list[str]] | None:
+  """(answer, aliases) from the raw infobox value, or None when not short and clean."""
+  raw = _clean_value(raw)
+  raw = re.sub(r'^\(?and largest city\)?\s*', '', raw)
+  if not raw:
+    return None
+  if spec.kind == 'year':
+    m = re.search(r'\b(\d{3,4})(\s*BC\b)?', raw)
+    if not m:
+      return None
+    year = m.group(1) + (' BC' if m.group(2) else '')
+    date = re.sub(r'\s*\(.*$', '', raw).strip(' ,')
+    extra = [date] if re.fullmatch(r'[A-Za-z]+ \d{1,2}, \d{3,4}|\d{1,2} [A-Za-z]+ \d{3,4}', date) else []
+    return year, extra
+  if spec.kind == 'regex':
+    m = re.search(spec.pattern, raw)
+    if not m:
+      return None
+    val = m.group(0).replace(' ', '')
+    return val, ([val.lstrip('+')] if val.startswith('+') and len(val) >= 4 else [])
+  # kind == 'name': first comma/semicolon/slash segment, parenthetical dropped (kept as alias).
+  seg = re.split(r'[,;/]| or ', raw)[0].strip()
+  paren = re.findall(r'\(\s*([^)]*?)\s*\)', seg)
+  main = re.sub(r'\s*\([^)]*\)?', '', seg).strip(' .')
+  if (len(main) < 2 or not re.fullmatch(r"[\w .'ʻ-]+", main) or re.search(r'\d', main)
+      or len(main.split()) > MAX_ANSWER_TOKENS):
+    return None
+  if not re.match(r'^[^\W\d_]', main):
+    return None
+  if main.lower() in ('none', 'n/a', 'unknown', 'various', 'see below', 'disputed', 'de facto'):
+    return None
+  alts = [p for p in paren if len(p) >= 2 and re.match(r'^[^\W\d_]', p) and p.lower() not in ('arabic',)
+          and len(p.split()) <= MAX_ANSWER_TOKENS]
+  return main, alts
+
+
+def infobox_attributes(text: str, categories: list[str] | None = None) -> dict[str, dict]:
+  """Answerable infobox attributes of one article.
+
+  Args:
+    text: cleaned article text (`WikiCorpus.text`), lines stripped.
+    categories: the article's category paths; attributes with a `category` gate are skipped when None.
+  Returns:
+    attribute name -> {'answer': str, 'aliases': list[str], 'line': the source line}, in `ATTRIBUTES` order.
+  """
+  lines = _infobox_lines(text)
+  found = {}
+  for spec in ATTRIBUTES:
+    if spec.category and not any(c.startswith(spec.category) for c in categories or ()):
+      continue
+    key = re.compile(r'^(?:- )?' + spec.key + r'(?:\s*\(\d{4}\))?(?=\s|$)(.*)$')
+    for i, line in enumerate(lines):
+      m = key.match(line)
+      if not m:
+        continue
+      raw = m.group(1).strip()
+      if not raw or re.fullmatch(r'\(?and largest city\)?', raw):
+        # Only the `Capital\n(and largest city)  Maseru` layout continues on the next line; other empty keys
+        # belong to column-wise tables whose next line is another key (`Country\nDistrict\n...`).
+        nxt = lines[i + 1] if i + 1 < len(lines) else ''
+        raw = nxt if re.match(r'^\(?and largest city\)?\s+\S', nxt) else ''
+      got = _extract(spec, raw)
+      if got is not None:
+        answer, alts = got
+        found[spec.name] = {'answer': answer, 'aliases': [a for a in dict.fromkeys(alts) if a != answer],
+                            'line': line if raw == m.group(1).strip() else line + ' / ' + raw}
+      break
+  return found
+
+
+@functools.lru_cache(maxsize=None)
+def _title_word_df(titles: tuple[str, ...]) -> dict[str, int]:
+  df = {}
+  for t in titles:
+    for w in set(re.findall(r'[^\W_]+', fold(display(t)))):
+      df[w] = df.get(w, 0) + 1
+  return df
+
+
+STOPWORDS = frozenset('the of and in on at to for a an de la le du des del von van der den by from with its'.split())
+
+
+def distinctive_words(title: str, all_titles: tuple[str, ...], max_df: int = 3) -> list[str]:
+  """Words of a title that identify it on their own (used by the leakage check).
+
+  Rule: a folded word of the display title (without the parenthetical) that is at least 3 letters long, not a
+  stopword, and occurs in at most `max_df` of the corpus titles (`Mahal`, `Agra`, `Pradesh`; not `River`,
+  `Great`, `United`).
+  """
+  df = _title_word_df(all_titles)
+  base = fold(aliases(title)[-1] if len(aliases(title)) > 1 else display(title))
+  base = re.sub(r'\s*\([^)]*\)\s*$', '', base)
+  words = re.findall(r'[^\W_]+', base)
+  if len(words) <= 1:
+    return []  # The whole-name match already covers one-word titles.
+  return [w for w in dict.fromkeys(words)
+          if len(w) >= 3 and w not in STOPWORDS and not w.isdigit() and df.get(w, 0) <= max_df]

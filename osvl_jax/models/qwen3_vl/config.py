@@ -1,0 +1,161 @@
+"""Qwen3-VL configuration: plain dataclasses that parse and emit Hugging Face `config.json` dicts.
+
+`Qwen3VLConfig.from_hf_dict` reads both the hub layout (`rope_scaling` + `rope_theta` in `text_config`, as in
+`Qwen/Qwen3-VL-8B-Instruct/config.json`) and the transformers>=5 layout (`rope_parameters`).
+`Qwen3VLConfig.to_hf_dict` writes a dict that `transformers.Qwen3VLConfig(**d)` accepts, so the same config builds
+the PyTorch reference model in the parity tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig:
+  """Qwen3 text decoder (mirrors `transformers.Qwen3VLTextConfig`)."""
+  vocab_size: int = 151936
+  hidden_size: int = 4096
+  intermediate_size: int = 12288
+  num_hidden_layers: int = 36
+  num_attention_heads: int = 32
+  num_key_value_heads: int = 8
+  head_dim: int = 128
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 5_000_000.0
+  mrope_section: tuple[int, int, int] = (24, 20, 20)
+  mrope_interleaved: bool = True
+  attention_bias: bool = False
+  max_position_embeddings: int = 262144
+  hidden_act: str = 'silu'
+  bos_token_id: int | None = 151643
+  eos_token_id: int | None = 151645
+
+  def __post_init__(self):
+    if sum(self.mrope_section) != self.head_dim // 2:
+      raise ValueError(f'mrope_section {self.mrope_section} must sum to head_dim/2 = {self.head_dim // 2}')
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise ValueError('num_attention_heads must be a multiple of num_key_value_heads')
+    if self.hidden_act != 'silu':
+      raise ValueError(f'only silu is supported, got {self.hidden_act}')
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+  """Qwen3-VL vision tower (mirrors `transformers.Qwen3VLVisionConfig`)."""
+  depth: int = 27
+  hidden_size: int = 1152
+  intermediate_size: int = 4304
+  num_heads: int = 16
+  in_channels: int = 3
+  patch_size: int = 16
+  temporal_patch_size: int = 2
+  spatial_merge_size: int = 2
+  out_hidden_size: int = 4096
+  num_position_embeddings: int = 2304
+  deepstack_visual_indexes: tuple[int, ...] = (8, 16, 24)
+  hidden_act: str = 'gelu_pytorch_tanh'
+  rope_theta: float = 10000.0
+
+  def __post_init__(self):
+    side = int(self.num_position_embeddings ** 0.5)
+    if side * side != self.num_position_embeddings:
+      raise ValueError('num_position_embeddings must be a perfect square')
+    if self.hidden_act != 'gelu_pytorch_tanh':
+      raise ValueError(f'only gelu_pytorch_tanh is supported, got {self.hidden_act}')
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def patch_dim(self) -> int:
+    """Length of one flattened patch in `pixel_values`: C * temporal_patch * patch * patch."""
+    return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3VLConfig:
+  """Whole model: text decoder + vision tower + the special token ids the forward pass needs."""
+  text: TextConfig = dataclasses.field(default_factory=TextConfig)
+  vision: VisionConfig = dataclasses.field(default_factory=VisionConfig)
+  image_token_id: int = 151655
+  video_token_id: int = 151656
+  vision_start_token_id: int = 151652
+  vision_end_token_id: int = 151653
+  tie_word_embeddings: bool = False
+
+  @classmethod
+  def from_hf_dict(cls, d: dict[str, Any]) -> Qwen3VLConfig:
+    """Parses a HF Qwen3-VL `config.json` dict (hub or transformers>=5 layout)."""
+    t = dict(d.get('text_config') or {})
+    rope = dict(t.get('rope_parameters') or t.get('rope_scaling') or {})
+    theta = rope.get('rope_theta', t.get('rope_theta', 5_000_000.0))
+    if rope.get('rope_type', rope.get('type', 'default')) != 'default':
+      raise ValueError(f'unsupported text rope type {rope}')
+    text_fields = {f.name for f in dataclasses.fields(TextConfig)}
+    text = TextConfig(**{
+        **{k: v for k, v in t.items() if k in text_fields and v is not None},
+        'rope_theta': float(theta),
+        'mrope_section': tuple(rope.get('mrope_section', (24, 20, 20))),
+        'mrope_interleaved': bool(rope.get('mrope_interleaved', True)),
+    })
+    v = dict(d.get('vision_config') or {})
+    vrope = dict(v.get('rope_parameters') or {})
+    vision_fields = {f.name for f in dataclasses.fields(VisionConfig)}
+    vision = VisionConfig(**{
+        **{k: val for k, val in v.items() if k in vision_fields and val is not None},
+        'deepstack_visual_indexes': tuple(v.get('deepstack_visual_indexes', (8, 16, 24))),
+        'rope_theta': float(vrope.get('rope_theta', 10000.0)),
+    })
+    top = {k: d[k] for k in ('image_token_id', 'video_token_id', 'vision_start_token_id', 'vision_end_token_id',
+                             'tie_word_embeddings') if k in d}
+    return cls(text=text, vision=vision, **top)
+
+  def to_hf_dict(self) -> dict[str, Any]:
+    """A dict that `transformers.Qwen3VLConfig(**d)` accepts (transformers>=5 `rope_parameters` layout)."""
+    t = self.text
+    text = {
+        'model_type': 'qwen3_vl_text',
+        'vocab_size': t.vocab_size, 'hidden_size': t.hidden_size, 'intermediate_size': t.intermediate_size,
+        'num_hidden_layers': t.num_hidden_layers, 'num_attention_heads': t.num_attention_heads,
+        'num_key_value_heads': t.num_key_value_heads, 'head_dim': t.head_dim, 'hidden_act': t.hidden_act,
+        'max_position_embeddings': t.max_position_embeddings, 'rms_norm_eps': t.rms_norm_eps,
+        'attention_bias': t.attention_bias, 'attention_dropout': 0.0,
+        'bos_token_id': t.bos_token_id, 'eos_token_id': t.eos_token_id,
+        'rope_parameters': {'rope_type': 'default', 'rope_theta': t.rope_theta,
+                            'mrope_section': list(t.mrope_section), 'mrope_interleaved': t.mrope_interleaved},
+    }
+    v = self.vision
+    vision = {
+        'model_type': 'qwen3_vl_vision',
+        'depth': v.depth, 'hidden_size': v.hidden_size, 'intermediate_size': v.intermediate_size,
+        'num_heads': v.num_heads, 'in_channels': v.in_channels, 'patch_size': v.patch_size,
+        'temporal_patch_size': v.temporal_patch_size, 'spatial_merge_size': v.spatial_merge_size,
+        'out_hidden_size': v.out_hidden_size, 'num_position_embeddings': v.num_position_embeddings,
+        'deepstack_visual_indexes': list(v.deepstack_visual_indexes), 'hidden_act': v.hidden_act,
+        'rope_parameters': {'rope_type': 'axial', 'rope_theta': v.rope_theta},
+    }
+    return {
+        'architectures': ['Qwen3VLForConditionalGeneration'], 'model_type': 'qwen3_vl',
+        'text_config': text, 'vision_config': vision,
+        'image_token_id': self.image_token_id, 'video_token_id': self.video_token_id,
+        'vision_start_token_id': self.vision_start_token_id, 'vision_end_token_id': self.vision_end_token_id,
+        'tie_word_embeddings': self.tie_word_embeddings,
+    }
+
+  @classmethod
+  def tiny(cls, **overrides) -> Qwen3VLConfig:
+    """Random-init config for tests and the CPU demo: real vocabulary, 2 text layers of width 64, 2 vision blocks.
+
+    Keyword overrides replace top-level fields (e.g. `tie_word_embeddings=False`).
+    """
+    text = TextConfig(
+        vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rope_theta=5_000_000.0, mrope_section=(4, 2, 2),
+        mrope_interleaved=True, max_position_embeddings=32768)
+    vision = VisionConfig(
+        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, temporal_patch_size=2,
+        spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=64, deepstack_visual_indexes=(0,))
+    return cls(**{'text': text, 'vision': vision, 'tie_word_embeddings': True, **overrides})

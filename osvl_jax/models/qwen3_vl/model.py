@@ -1,0 +1,100 @@
+"""Qwen3-VL (dense) in Flax NNX: vision tower + text decoder + lm head (mirrors HF
+`Qwen3VLForConditionalGeneration`, logits path).
+
+Typical use:
+  position_ids, rope_deltas = rope.get_rope_index(input_ids, grid_thw, attention_mask,
+                                                  image_token_id=cfg.image_token_id)
+  hidden, _ = model(input_ids, position_ids, attention_mask, pixel_values, grid_thw)
+  logits = model.logits(hidden)
+
+Under jit the image grid must be static (host data):
+  fwd = nnx.jit(lambda m, ids, pos, mask, pix, grid: m(ids, pos, mask, pix, grid), static_argnums=5)
+  fwd(model, ids, pos, mask, pix, vision.as_grid_tuple(grid_thw))
+
+Images are matched to `<|image_pad|>` tokens in row-major (batch, time) order, which is the order their patches
+must have in `pixel_values` (and their grids in `image_grid_thw`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import text as text_lib
+from osvl_jax.models.qwen3_vl import vision as vision_lib
+from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+
+
+class Qwen3VLModel(nnx.Module):
+  """Qwen3-VL with HF parameter names: `visual.*`, `language_model.*`, `lm_head` (absent when tied)."""
+
+  def __init__(self, config: Qwen3VLConfig, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+    self.config = config
+    self.dtype = dtype
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.visual = vision_lib.Qwen3VLVision(config.vision, **kw)
+    self.language_model = text_lib.Qwen3VLText(config.text, **kw)
+    if not config.tie_word_embeddings:
+      self.lm_head = nnx.Linear(config.text.hidden_size, config.text.vocab_size, use_bias=False, **kw)
+
+  def __call__(self, input_ids, position_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
+               cache=None, cache_index=None):
+    """Forward pass up to the final norm.
+
+    Args:
+      input_ids: int32 [B, T].
+      position_ids: int32 [3, B, T] from `rope.get_rope_index` (prefill) or `rope.text_position_ids` (decode).
+      attention_mask: bool/int [B, T] (True = real token; padding may be left or right) or None.
+      pixel_values: float32 [N, C*Tp*P*P] patches of all images in the batch, or None.
+      image_grid_thw: concrete [I, 3] grids (numpy/tuple; static under jit), or None.
+      cache: KV cache from `init_cache` or None. With a cache, keys/values of the T new tokens are written at
+        slots cache_index[b] + arange(T) and attention reads all valid slots up to the causal frontier.
+      cache_index: int32 [B] per-row write offset (required with a cache).
+
+    Returns:
+      hidden: [B, T, hidden] (`dtype`), new cache (None without a cache).
+    """
+    c = self.config
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    x = self.language_model.embed_tokens(input_ids)
+    visual_pos_mask, deepstack = None, ()
+    if pixel_values is not None:
+      if image_grid_thw is None:
+        raise ValueError('pixel_values needs image_grid_thw')
+      image_embeds, deepstack = self.visual(jnp.asarray(pixel_values), image_grid_thw)
+      visual_pos_mask = input_ids == c.image_token_id
+      if not isinstance(visual_pos_mask, jax.core.Tracer):
+        n_tokens = int(visual_pos_mask.sum())
+        if n_tokens != image_embeds.shape[0]:
+          raise ValueError(f'{n_tokens} image tokens in input_ids but {image_embeds.shape[0]} image features')
+      x = text_lib.scatter_rows(x, visual_pos_mask, image_embeds)
+    if cache is not None and cache_index is None:
+      raise ValueError('cache needs cache_index')
+    return self.language_model(x, position_ids, attention_mask, visual_pos_mask, deepstack, cache, cache_index)
+
+  def logits(self, hidden):
+    """hidden [B, T, hidden] -> float32 logits [B, T, vocab] (lm_head, or the embedding when tied)."""
+    if self.config.tie_word_embeddings:
+      table = self.language_model.embed_tokens.embedding[...]
+    else:
+      table = self.lm_head.kernel[...].T
+    return jnp.einsum('bth,vh->btv', hidden, table.astype(hidden.dtype), preferred_element_type=jnp.float32)
+
+  def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
+    """Empty KV cache {'k','v': [L, B, max_len, Hkv, D], 'mask': bool [B, max_len]} (dtype defaults to the
+    compute dtype)."""
+    return text_lib.init_cache(self.config.text, batch, max_len, dtype or self.dtype)
+
+
+def cache_rows(cache: dict, rows) -> dict:
+  """The sub-cache of the given batch rows (e.g. to prefill one row of a batched cache)."""
+  rows = jnp.asarray(rows, jnp.int32)
+  return {'k': cache['k'][:, rows], 'v': cache['v'][:, rows], 'mask': cache['mask'][rows]}
+
+
+def set_cache_rows(cache: dict, rows, sub: dict) -> dict:
+  """Writes a sub-cache from `cache_rows` back into the batched cache at `rows`."""
+  rows = jnp.asarray(rows, jnp.int32)
+  return {'k': cache['k'].at[:, rows].set(sub['k']), 'v': cache['v'].at[:, rows].set(sub['v']),
+          'mask': cache['mask'].at[rows].set(sub['mask'])}

@@ -1,0 +1,206 @@
+"""Qwen3 text decoder in Flax NNX (mirrors HF `Qwen3VLTextModel`): RMSNorm, q_norm/k_norm, GQA, SwiGLU,
+interleaved MRoPE, DeepStack injection, and a static-shape KV cache with per-row write offsets.
+
+KV cache (a pytree of jax arrays, see `init_cache`):
+  {'k': [L, B, S, Hkv, D], 'v': [L, B, S, Hkv, D], 'mask': bool [B, S]}
+A call with `cache` and `cache_index [B]` writes the new T keys/values of row b at slots
+cache_index[b] .. cache_index[b]+T-1 (out-of-range slots are dropped) and records `attention_mask` for them in
+`mask`. Query i of row b attends to slots s with mask[b, s] and s <= cache_index[b] + i. Slots beyond the causal
+frontier may hold stale data; they are never read before being overwritten.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl.config import TextConfig
+
+
+class RMSNorm(nnx.Module):
+  """HF `Qwen3VLTextRMSNorm`: weight * (x / sqrt(mean(x^2) + eps)), statistics in float32."""
+
+  def __init__(self, dim: int, eps: float, *, dtype=jnp.float32, param_dtype=jnp.float32):
+    self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.eps = eps
+    self.dtype = dtype
+
+  def __call__(self, x):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + self.eps)
+    return self.weight[...].astype(self.dtype) * y.astype(self.dtype)
+
+
+def _linear(din, dout, rngs, dtype, param_dtype, use_bias=False):
+  return nnx.Linear(din, dout, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+def _write_rows(buf, new, index):
+  """buf [B, S, ...] <- new [B, T, ...] at slots index[b] + arange(T); out-of-range slots are dropped."""
+  b, t = new.shape[:2]
+  rows = jnp.arange(b)[:, None]
+  cols = index[:, None] + jnp.arange(t)[None, :]
+  return buf.at[rows, cols].set(new.astype(buf.dtype), mode='drop')
+
+
+class Attention(nnx.Module):
+  """GQA self-attention with per-head RMSNorm on q and k (HF `Qwen3VLTextAttention`)."""
+
+  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
+    h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
+    bias = config.attention_bias
+    self.q_proj = _linear(config.hidden_size, h * d, rngs, dtype, param_dtype, bias)
+    self.k_proj = _linear(config.hidden_size, kv * d, rngs, dtype, param_dtype, bias)
+    self.v_proj = _linear(config.hidden_size, kv * d, rngs, dtype, param_dtype, bias)
+    self.o_proj = _linear(h * d, config.hidden_size, rngs, dtype, param_dtype, bias)
+    self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+    self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+
+  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
+    """
+    Args:
+      x: [B, T, hidden]; cos/sin: [B, T, head_dim]; mask: bool [B, T, S] (S = T, or cache length).
+      kv_cache: optional (k, v) each [B, S, Hkv, D]; cache_index: int32 [B] write offsets.
+
+    Returns:
+      out [B, T, hidden], updated (k, v) or None.
+    """
+    b, t, _ = x.shape
+    q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim))
+    k = self.k_norm(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim))
+    v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    q = rope.apply_rotary(q, cos, sin)
+    k = rope.apply_rotary(k, cos, sin)
+    new_cache = None
+    if kv_cache is not None:
+      k = _write_rows(kv_cache[0], k, cache_index)
+      v = _write_rows(kv_cache[1], v, cache_index)
+      new_cache = (k, v)
+    groups = self.num_heads // self.num_kv_heads
+    q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
+    scores = jnp.einsum('btkgd,bskd->bkgts', q, k.astype(q.dtype)) * (self.head_dim ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(b, t, self.num_heads * self.head_dim)
+    return self.o_proj(out.astype(x.dtype)), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
+    self.gate_proj = _linear(config.hidden_size, config.intermediate_size, rngs, dtype, param_dtype)
+    self.up_proj = _linear(config.hidden_size, config.intermediate_size, rngs, dtype, param_dtype)
+    self.down_proj = _linear(config.intermediate_size, config.hidden_size, rngs, dtype, param_dtype)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.self_attn = Attention(config, **kw)
+    self.mlp = MLP(config, **kw)
+    self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+    self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype,
+                                            param_dtype=param_dtype)
+
+  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
+    h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, cache_index)
+    x = x + h
+    return x + self.mlp(self.post_attention_layernorm(x)), new_cache
+
+
+def init_cache(config: TextConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+  """Empty KV cache: {'k','v': dtype [L, B, S, Hkv, D], 'mask': bool [B, S] (all False)}."""
+  shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+  return {'k': jnp.zeros(shape, dtype), 'v': jnp.zeros(shape, dtype), 'mask': jnp.zeros((batch, max_len), bool)}
+
+
+def attention_mask_for(attention_mask, batch: int, length: int, cache=None, cache_index=None):
+  """bool [B, T, S]: causal + padding (no cache, S = T) or cache-slot validity + causal (S = cache length).
+
+  Returns (mask, new_cache_mask or None).
+  """
+  if attention_mask is None:
+    attention_mask = jnp.ones((batch, length), bool)
+  attention_mask = jnp.asarray(attention_mask).astype(bool)
+  if cache is None:
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    return causal[None] & attention_mask[:, None, :], None
+  slot_mask = _write_rows(cache['mask'], attention_mask, cache_index)      # [B, S]
+  slots = jnp.arange(slot_mask.shape[1])
+  frontier = cache_index[:, None] + jnp.arange(length)[None, :]          # [B, T]
+  mask = slot_mask[:, None, :] & (slots[None, None, :] <= frontier[:, :, None])
+  return mask, slot_mask
+
+
+class Qwen3VLText(nnx.Module):
+  """Embedding + decoder layers + final norm (HF `Qwen3VLTextModel`)."""
+
+  def __init__(self, config: TextConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+    self.config = config
+    self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
+                                  rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+                            for _ in range(config.num_hidden_layers)])
+    self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+
+  def __call__(self, inputs_embeds, position_ids, attention_mask=None, visual_pos_mask=None, deepstack=(),
+               cache=None, cache_index=None):
+    """
+    Args:
+      inputs_embeds: [B, T, hidden] (image features already scattered in).
+      position_ids: int [3, B, T].
+      attention_mask: [B, T] (True = real token) or None.
+      visual_pos_mask: bool [B, T] image-token positions (for DeepStack) or None.
+      deepstack: sequence of [N_img_tokens, hidden] added at `visual_pos_mask` after layers 0, 1, ...
+        (HF `Qwen3VLTextModel._deepstack_process`).
+      cache, cache_index: see module docstring.
+
+    Returns:
+      hidden [B, T, hidden] after the final norm, updated cache (or None).
+    """
+    c = self.config
+    x = inputs_embeds
+    b, t, _ = x.shape
+    cos, sin = rope.mrope_cos_sin(position_ids, c.head_dim, c.rope_theta, c.mrope_section, c.mrope_interleaved,
+                                  dtype=x.dtype)
+    mask, slot_mask = attention_mask_for(attention_mask, b, t, cache, cache_index)
+    if cache is not None:
+      cache_index = jnp.asarray(cache_index, jnp.int32)
+    k_all = v_all = None
+    if cache is not None:
+      k_all, v_all = cache['k'], cache['v']
+    for i, layer in enumerate(self.layers):
+      kv = None if cache is None else (k_all[i], v_all[i])
+      x, kv = layer(x, cos, sin, mask, kv, cache_index)
+      if kv is not None:
+        k_all, v_all = k_all.at[i].set(kv[0]), v_all.at[i].set(kv[1])
+      if i < len(deepstack):
+        x = scatter_add_rows(x, visual_pos_mask, deepstack[i])
+    new_cache = None if cache is None else {'k': k_all, 'v': v_all, 'mask': slot_mask}
+    return self.norm(x), new_cache
+
+
+def _gather_index(pos_mask, n: int):
+  """For each True in pos_mask [B, T] (row-major), the index of its row in an [n, ...] feature array."""
+  flat = pos_mask.reshape(-1)
+  return jnp.clip(jnp.cumsum(flat) - 1, 0, max(n - 1, 0)).reshape(pos_mask.shape)
+
+
+def scatter_rows(x, pos_mask, features):
+  """x [B, T, H] with positions where pos_mask is True replaced, in row-major order, by features [N, H]
+  (HF `masked_scatter`). The caller guarantees pos_mask.sum() == N."""
+  gathered = features[_gather_index(pos_mask, features.shape[0])].astype(x.dtype)
+  return jnp.where(pos_mask[..., None], gathered, x)
+
+
+def scatter_add_rows(x, pos_mask, features):
+  """x [B, T, H] plus features [N, H] at the True positions of pos_mask (HF `_deepstack_process`)."""
+  gathered = features[_gather_index(pos_mask, features.shape[0])].astype(x.dtype)
+  return jnp.where(pos_mask[..., None], x + gathered, x)

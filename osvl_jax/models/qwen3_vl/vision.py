@@ -1,0 +1,250 @@
+"""Qwen3-VL vision tower in Flax NNX (mirrors HF `Qwen3VLVisionModel`).
+
+The per-image geometry (grid sizes) is host data: `vision_metadata(grid_thw)` turns a concrete [I, 3] grid into
+numpy gather indices / weights / rotary positions / attention segments. Inside `jax.jit` the grid must therefore be
+static (a hashable tuple of tuples passed as a static argument, or a numpy constant closed over); each distinct set
+of grid shapes compiles once.
+
+Patch order: `pixel_values` rows are in the order the HF image processor emits them (spatial-merge-block order:
+for each frame, for each 2x2 block in raster order, its 4 patches in raster order), each row the flattened
+[C, temporal_patch, patch, patch] voxel, so the Conv3d patch embedding is one matmul.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl.config import VisionConfig
+
+
+def as_grid_tuple(grid_thw) -> tuple[tuple[int, int, int], ...]:
+  """Hashable, static form of an [I, 3] grid (for jit static arguments and caches)."""
+  if isinstance(grid_thw, jax.core.Tracer):
+    raise TypeError('image_grid_thw must be concrete host data (numpy or tuple), not a traced array: pass it as a '
+                    'static argument under jit')
+  return tuple(tuple(int(v) for v in row) for row in np.asarray(grid_thw).reshape(-1, 3))
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionMetadata:
+  """Host-computed geometry for one set of images (numpy arrays, constants under jit).
+
+  Attributes:
+    interp_indices: int32 [N, 4] rows of the learned position table mixed into each patch.
+    interp_weights: float32 [N, 4] their bilinear weights (HF `fast_pos_embed_interpolate`, align_corners=True).
+    hw_positions: int32 [N, 2] (row, col) of each patch in its frame, for the 2-D rotary embedding.
+    segments: tuple of int32 [n, L] index arrays; each row is one attention segment (one frame of one image),
+      grouped by length so each group is one batched attention.
+    merged_sizes: tokens per image after the 2x2 merge, (t*h*w/merge**2 for each image).
+  """
+  interp_indices: np.ndarray
+  interp_weights: np.ndarray
+  hw_positions: np.ndarray
+  segments: tuple[np.ndarray, ...]
+  merged_sizes: tuple[int, ...]
+
+  @property
+  def num_patches(self) -> int:
+    return int(self.hw_positions.shape[0])
+
+
+def _axis_taps(index: np.ndarray, size: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
+  """Bilinear taps/weights along one axis, align_corners=True, float32 arithmetic as in HF."""
+  src = index.astype(np.float32) * np.float32(side - 1) / np.maximum(size - 1, 1).astype(np.float32)
+  floor = np.floor(src)
+  offsets = np.arange(2)
+  taps = np.clip(floor.astype(np.int64)[:, None] + offsets, 0, side - 1)
+  weights = np.maximum(np.float32(1) - np.abs(src[:, None] - floor[:, None] - offsets.astype(np.float32)), 0)
+  return taps, weights.astype(np.float32)
+
+
+def vision_metadata(grid_thw, config: VisionConfig) -> VisionMetadata:
+  """Computes `VisionMetadata` for concrete grids (HF `get_vision_interpolation_indices_and_weights`,
+  `get_vision_position_ids`, `get_vision_cu_seqlens`).
+
+  Args:
+    grid_thw: [I, 3] (t, h, w) patch grids, concrete.
+  """
+  grids = as_grid_tuple(grid_thw)
+  m = config.spatial_merge_size
+  side = int(config.num_position_embeddings ** 0.5)
+  indices, weights, hw, segs = [], [], [], {}
+  start = 0
+  for t, h, w in grids:
+    if h % m or w % m:
+      raise ValueError(f'grid {(t, h, w)} is not divisible by spatial_merge_size {m}')
+    # Patch (row, col) in spatial-merge-block order: [h/m, m, w/m, m] -> [h/m, w/m, m, m].
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing='ij')
+    rows = rows.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).ravel()
+    cols = cols.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).ravel()
+    h_taps, h_w = _axis_taps(rows, np.full_like(rows, h), side)
+    w_taps, w_w = _axis_taps(cols, np.full_like(cols, w), side)
+    idx = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
+    wts = (h_w[:, :, None] * w_w[:, None, :]).reshape(-1, 4)
+    for _ in range(t):
+      indices.append(idx)
+      weights.append(wts)
+      hw.append(np.stack([rows, cols], axis=-1))
+      segs.setdefault(h * w, []).append(np.arange(start, start + h * w))
+      start += h * w
+  return VisionMetadata(
+      interp_indices=np.concatenate(indices).astype(np.int32),
+      interp_weights=np.concatenate(weights).astype(np.float32),
+      hw_positions=np.concatenate(hw).astype(np.int32),
+      segments=tuple(np.stack(v).astype(np.int32) for v in segs.values()),
+      merged_sizes=tuple(t * h * w // m ** 2 for t, h, w in grids))
+
+
+class LayerNorm(nnx.Module):
+  """torch.nn.LayerNorm (biased variance, two-pass), parameters `weight` and `bias` as in HF."""
+
+  def __init__(self, dim: int, eps: float = 1e-6, *, dtype=jnp.float32, param_dtype=jnp.float32):
+    self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.bias = nnx.Param(jnp.zeros((dim,), param_dtype))
+    self.eps = eps
+    self.dtype = dtype
+
+  def __call__(self, x):
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+    return (y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def _linear(din, dout, rngs, dtype, param_dtype, use_bias=True):
+  return nnx.Linear(din, dout, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+class PatchEmbed(nnx.Module):
+  """Conv3d(kernel = stride = [temporal_patch, patch, patch]) as a Linear over the flattened voxel (HF
+  `Qwen3VLVisionPatchEmbed`). `proj.kernel` is [C*Tp*P*P, hidden]."""
+
+  def __init__(self, config: VisionConfig, *, rngs, dtype, param_dtype):
+    self.proj = _linear(config.patch_dim, config.hidden_size, rngs, dtype, param_dtype)
+
+  def __call__(self, pixel_values):
+    return self.proj(pixel_values.astype(self.proj.dtype))
+
+
+class VisionAttention(nnx.Module):
+  """Fused-qkv attention with 2-D rotary, restricted to each segment (HF `Qwen3VLVisionAttention`)."""
+
+  def __init__(self, config: VisionConfig, *, rngs, dtype, param_dtype):
+    self.num_heads = config.num_heads
+    self.head_dim = config.head_dim
+    self.qkv = _linear(config.hidden_size, 3 * config.hidden_size, rngs, dtype, param_dtype)
+    self.proj = _linear(config.hidden_size, config.hidden_size, rngs, dtype, param_dtype)
+
+  def __call__(self, x, cos, sin, segments: tuple[np.ndarray, ...]):
+    """x: [N, hidden]; cos/sin: float32 [N, head_dim]; segments: see `VisionMetadata.segments`."""
+    n = x.shape[0]
+    qkv = self.qkv(x).reshape(n, 3, self.num_heads, self.head_dim)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    q = rope.apply_rotary(q.astype(jnp.float32), cos, sin).astype(x.dtype)
+    k = rope.apply_rotary(k.astype(jnp.float32), cos, sin).astype(x.dtype)
+    scale = self.head_dim ** -0.5
+    out = None
+    for seg in segments:                                         # [n_seg, L] static indices
+      qs, ks, vs = q[seg], k[seg], v[seg]                        # [n_seg, L, H, D]
+      scores = jnp.einsum('sqhd,skhd->shqk', qs, ks) * scale
+      probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(vs.dtype)
+      res = jnp.einsum('shqk,skhd->sqhd', probs, vs).reshape(-1, self.num_heads, self.head_dim)
+      if len(segments) == 1 and seg.size == n:                  # one group covering everything, in order
+        out = res
+      else:
+        out = (jnp.zeros_like(q) if out is None else out).at[seg.reshape(-1)].set(res)
+    return self.proj(out.reshape(n, -1))
+
+
+class VisionMLP(nnx.Module):
+  def __init__(self, config: VisionConfig, *, rngs, dtype, param_dtype):
+    self.linear_fc1 = _linear(config.hidden_size, config.intermediate_size, rngs, dtype, param_dtype)
+    self.linear_fc2 = _linear(config.intermediate_size, config.hidden_size, rngs, dtype, param_dtype)
+
+  def __call__(self, x):
+    return self.linear_fc2(jax.nn.gelu(self.linear_fc1(x), approximate=True))
+
+
+class VisionBlock(nnx.Module):
+  """Pre-norm transformer block (HF `Qwen3VLVisionBlock`)."""
+
+  def __init__(self, config: VisionConfig, *, rngs, dtype, param_dtype):
+    kw = dict(dtype=dtype, param_dtype=param_dtype)
+    self.norm1 = LayerNorm(config.hidden_size, **kw)
+    self.norm2 = LayerNorm(config.hidden_size, **kw)
+    self.attn = VisionAttention(config, rngs=rngs, **kw)
+    self.mlp = VisionMLP(config, rngs=rngs, **kw)
+
+  def __call__(self, x, cos, sin, segments):
+    x = x + self.attn(self.norm1(x), cos, sin, segments)
+    return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nnx.Module):
+  """2x2 patch merger: LayerNorm -> concat 4 neighbours -> Linear -> GELU(erf) -> Linear (HF
+  `Qwen3VLVisionPatchMerger`). `postshuffle_norm=True` (DeepStack mergers) normalises after the concat."""
+
+  def __init__(self, config: VisionConfig, postshuffle_norm: bool, *, rngs, dtype, param_dtype):
+    merged = config.hidden_size * config.spatial_merge_size ** 2
+    self.merged = merged
+    self.postshuffle_norm = postshuffle_norm
+    self.norm = LayerNorm(merged if postshuffle_norm else config.hidden_size, dtype=dtype, param_dtype=param_dtype)
+    self.linear_fc1 = _linear(merged, merged, rngs, dtype, param_dtype)
+    self.linear_fc2 = _linear(merged, config.out_hidden_size, rngs, dtype, param_dtype)
+
+  def __call__(self, x):
+    """x: [N, hidden] in merge-block order -> [N / merge**2, out_hidden]."""
+    if self.postshuffle_norm:
+      x = self.norm(x.reshape(-1, self.merged))
+    else:
+      x = self.norm(x).reshape(-1, self.merged)
+    return self.linear_fc2(jax.nn.gelu(self.linear_fc1(x), approximate=False))
+
+
+class Qwen3VLVision(nnx.Module):
+  """Vision tower: patch embed + interpolated learned positions + blocks + merger + DeepStack mergers."""
+
+  def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.config = config
+    self.patch_embed = PatchEmbed(config, **kw)
+    self.pos_embed = nnx.Embed(config.num_position_embeddings, config.hidden_size, dtype=dtype,
+                               param_dtype=param_dtype, rngs=rngs)
+    self.blocks = nnx.List([VisionBlock(config, **kw) for _ in range(config.depth)])
+    self.merger = PatchMerger(config, postshuffle_norm=False, **kw)
+    self.deepstack_merger_list = nnx.List(
+        [PatchMerger(config, postshuffle_norm=True, **kw) for _ in config.deepstack_visual_indexes])
+
+  def __call__(self, pixel_values, grid_thw) -> tuple[Any, list[Any]]:
+    """Encodes all images of a batch, packed.
+
+    Args:
+      pixel_values: float [N, C*Tp*P*P], N = sum(t*h*w) over images, in HF processor order.
+      grid_thw: concrete [I, 3] (numpy / tuple; static under jit) or a precomputed `VisionMetadata`.
+
+    Returns:
+      embeds: [N / merge**2, out_hidden] merged image tokens, images concatenated in order.
+      deepstack: list (one per `deepstack_visual_indexes`) of [N / merge**2, out_hidden].
+    """
+    meta = grid_thw if isinstance(grid_thw, VisionMetadata) else vision_metadata(grid_thw, self.config)
+    if pixel_values.shape[0] != meta.num_patches:
+      raise ValueError(f'pixel_values has {pixel_values.shape[0]} patches, grids need {meta.num_patches}')
+    x = self.patch_embed(pixel_values)
+    table = self.pos_embed.embedding[...]
+    pos = (table[meta.interp_indices].astype(jnp.float32) * meta.interp_weights[:, :, None]).sum(1)
+    x = x + pos.astype(x.dtype)
+    cos, sin = rope.vision_cos_sin(meta.hw_positions, self.config.head_dim, self.config.rope_theta)
+    deepstack = []
+    for i, block in enumerate(self.blocks):
+      x = block(x, cos, sin, meta.segments)
+      if i in self.config.deepstack_visual_indexes:
+        deepstack.append(self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(i)](x))
+    return self.merger(x), deepstack

@@ -1,0 +1,230 @@
+"""The multi-turn agent loop: policy engine + tool environment -> token-exact Trajectories (DESIGN.md §4-6).
+
+Every episode alternates an assistant turn (from an `engine.Engine`) and, for a tool call, an observation (from
+`tools.registry.ToolEnv.call`), recorded by a `trajectory.TrajectoryBuilder`. All unfinished episodes of a call
+advance together: one `engine.generate` per turn for all of them.
+
+Per step l:
+  - `<response>` -> the episode ends (final_response is set by the builder).
+  - a readable `<tool_call>` -> `env.call(name, arguments, images so far)`; its ToolResult is the observation.
+  - anything else (no action, unreadable JSON, ...) -> a `malformed_call` ToolResult (ok False) whose text tells
+    the model what went wrong and what is expected; it is an execution error like any other.
+  - r_fmt^(l) (`Step.format_ok`, DESIGN §6): one think block + exactly one tool_call and a result that is not an
+    execution error, for l < L; one think block + exactly one response for l = L. So a last step that is not a
+    response (max_turns, fatal cascade, token budget) has format_ok False.
+Episodes end on a response, after `max_turns` steps, at fatality (n_err consecutive execution errors reaches
+`fatal_k`; `fatal_step` = f_i per `fatal_index`, `rl.fatal.fatal_step`), or when the token budget
+`max_total_tokens` would be exceeded (the trajectory then ends at the last whole step that fits). Bad model
+output never raises.
+"""
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from osvl_jax import trajectory as traj_lib
+from osvl_jax.rl import fatal as fatal_lib
+from osvl_jax.rollout import engine as engine_lib
+from tools import base as tools_base
+
+MALFORMED_HINT = ('Reply with <think>...</think> followed by exactly one <tool_call>{"name": <tool name>, '
+                  '"arguments": {...}}</tool_call>, or <response>final answer</response>.')
+
+
+@dataclasses.dataclass
+class Item:
+  """One question to roll out.
+
+  Attributes:
+    prompt_id: group key of its trajectories.
+    question: the user question.
+    image: uint8 [H, W, 3] RGB input image (img_1), or None.
+    answers: accepted answers (copied into each Trajectory; may be empty).
+  """
+  prompt_id: str
+  question: str
+  image: np.ndarray | None = None
+  answers: Sequence[str] = ()
+
+
+def as_item(item: Item | Mapping[str, Any] | Any) -> Item:
+  """An `Item` from an Item, a mapping with its fields, or any object with those attributes."""
+  if isinstance(item, Item):
+    return item
+  get = item.get if isinstance(item, Mapping) else (lambda k, d=None: getattr(item, k, d))
+  return Item(prompt_id=str(get('prompt_id')), question=get('question'), image=get('image', None),
+              answers=list(get('answers', ()) or ()))
+
+
+class _Episode:
+  """Mutable state of one running episode."""
+
+  def __init__(self, item: Item, sample_index: int, builder: traj_lib.TrajectoryBuilder):
+    self.item = item
+    self.sample_index = sample_index
+    self.builder = builder
+    self.fatal_step: int | None = None
+    self.done = False
+    self.end_reason = ''
+    # Replay log of whole steps: (ids, logprobs, seconds, result or None), to cut back to the last whole step.
+    self.log: list[tuple[np.ndarray, np.ndarray, float, tools_base.ToolResult | None]] = []
+
+
+def malformed_result(action: traj_lib.ParsedAction) -> tools_base.ToolResult:
+  """The observation for an assistant turn whose action cannot be executed (ok False, `malformed_call`)."""
+  why = action.error or 'no <tool_call> or <response> found'
+  return tools_base.error('malformed_call', f'Malformed tool call: {why}. {MALFORMED_HINT}')
+
+
+def _call_tool(env, action: traj_lib.ParsedAction, images) -> tools_base.ToolResult:
+  """env.call, with any escaping exception turned into a `backend_error` (ToolEnv itself never raises)."""
+  t0 = time.perf_counter()
+  try:
+    return env.call(action.name, dict(action.arguments or {}), [im.pixels for im in images])
+  except Exception as e:  # pylint: disable=broad-except
+    return tools_base.error('backend_error', f'{action.name} failed: {type(e).__name__}: {e}',
+                            seconds=time.perf_counter() - t0)
+
+
+def _replay(episode: _Episode, make_builder, keep: int) -> traj_lib.TrajectoryBuilder:
+  """A fresh builder holding only the first `keep` logged steps (the builder itself is append-only)."""
+  builder = make_builder()
+  builder.start(episode.item.question, episode.item.image)
+  for ids, logprobs, seconds, result in episode.log[:keep]:
+    builder.append_assistant(ids, logprobs, seconds=seconds)
+    if result is not None:
+      builder.append_observation(result)
+  return builder
+
+
+def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj_lib.TrajectoryBuilder],
+                 items: Sequence[Item | Mapping[str, Any]], num_generations: int = 1, max_turns: int = 8,
+                 fatal_k: int = 3, fatal_index: str = 'first', max_new_tokens: int | None = None,
+                 max_total_tokens: int | None = None, stop: Sequence[str] = (), policy_version: int = 0,
+                 tool_workers: int = 1, log_fn: Callable[[dict], None] | None = None
+                 ) -> list[traj_lib.Trajectory]:
+  """Rolls out `num_generations` episodes per item, all batched together turn by turn.
+
+  Args:
+    engine: the policy (`JaxSampler`, the SGLang client, or `ScriptedEngine` in tests).
+    env: a `tools.registry.ToolEnv` (anything with `call(name, arguments, images) -> ToolResult`).
+    make_builder: `() -> TrajectoryBuilder`, a fresh builder (tokenizer, image processor, tool schemas, profile).
+    items: N items (`Item`, or mappings with prompt_id, question, image uint8 [H, W, 3] | None, answers).
+    num_generations: G episodes per item (the GRPO group).
+    max_turns: at most this many steps (assistant turns) per episode.
+    fatal_k: K, consecutive execution errors that make an episode fatal (it stops there).
+    fatal_index: 'first' (f_i = first step of the run) or 'kth' (the K-th), `rl.fatal.FATAL_INDEX`.
+    max_new_tokens: cap per assistant turn (None: the engine's default).
+    max_total_tokens: token budget per trajectory (None: unlimited); a step that would cross it is dropped and
+      the episode ends at the last whole step.
+    stop: stop strings passed to the engine (empty: the engine's default).
+    policy_version: recorded in each Trajectory.
+    tool_workers: threads running the tool calls of one turn concurrently (1: sequential).
+    log_fn: optional callback receiving one dict per turn (turn, active, generate_s, tools_s, new_tokens).
+
+  Returns:
+    N * G Trajectories, item-major (item i, samples 0..G-1), with steps, final_response, fatal_step,
+    rollout_logprobs from the engine and `policy_version`.
+  """
+  if fatal_index not in fatal_lib.FATAL_INDEX:
+    raise ValueError(f'fatal_index {fatal_index!r} is not one of {sorted(fatal_lib.FATAL_INDEX)}')
+  episodes = []
+  for item in map(as_item, items):
+    for g in range(num_generations):
+      builder = make_builder()
+      builder.start(item.question, item.image)
+      episodes.append(_Episode(item, g, builder))
+
+  pool = concurrent.futures.ThreadPoolExecutor(tool_workers) if tool_workers > 1 else None
+  try:
+    for turn in range(max_turns):
+      active = [e for e in episodes if not e.done]
+      if not active:
+        break
+      room = None
+      if max_total_tokens is not None:
+        room = [max_total_tokens - e.builder.num_tokens for e in active]
+        for e, r in zip(active, room):
+          if r <= 0:
+            e.done, e.end_reason = True, 'token_budget'
+        active = [e for e, r in zip(active, room) if r > 0]
+        room = [r for r in room if r > 0]
+        if not active:
+          break
+      cap = max_new_tokens
+      if room is not None:
+        cap = min(max(room), cap) if cap is not None else max(room)
+      t0 = time.perf_counter()
+      gens = engine.generate([(e.builder.prompt_ids(), e.builder.images) for e in active], max_new_tokens=cap,
+                             stop=tuple(stop) if stop else None)
+      gen_seconds = time.perf_counter() - t0
+
+      calls = []  # (episode, action) awaiting a tool result
+      for i, (e, gen) in enumerate(zip(active, gens)):
+        needed = gen.ids.size + int(gen.ids.size == 0 or gen.ids[-1] != engine_lib.IM_END_ID)  # + closing im_end
+        if gen.ids.size == 0 or (room is not None and needed > room[i]):
+          e.done, e.end_reason = True, 'token_budget' if gen.ids.size else 'context_full'
+          continue
+        action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds)
+        e.log.append((gen.ids, gen.logprobs, gen_seconds, None))
+        if action.kind == 'response':
+          e.done, e.end_reason = True, 'response'
+        elif action.kind == 'tool_call':
+          calls.append((e, action))
+        else:
+          _observe(e, malformed_result(action))
+
+      t1 = time.perf_counter()
+      if pool is not None:
+        results = list(pool.map(lambda ea: _call_tool(env, ea[1], ea[0].builder.images), calls))
+      else:
+        results = [_call_tool(env, a, e.builder.images) for e, a in calls]
+      for (e, _), result in zip(calls, results):
+        _observe(e, result)
+      tools_seconds = time.perf_counter() - t1
+
+      for e in active:
+        if e.done:
+          continue
+        f = fatal_lib.fatal_step([s.is_execution_error for s in e.builder.steps], fatal_k, fatal_index)
+        if f is not None:
+          e.fatal_step, e.done, e.end_reason = f, True, 'fatal'
+        elif max_total_tokens is not None and e.builder.num_tokens > max_total_tokens:
+          e.builder = _replay(e, make_builder, len(e.log) - 1)  # the observation crossed the budget
+          e.log.pop()
+          e.done, e.end_reason = True, 'token_budget'
+      if log_fn is not None:
+        log_fn({'turn': turn, 'active': len(active), 'generate_s': gen_seconds, 'tools_s': tools_seconds,
+                'new_tokens': int(sum(g.ids.size for g in gens))})
+  finally:
+    if pool is not None:
+      pool.shutdown(wait=False)
+
+  out = []
+  for e in episodes:
+    if not e.done:
+      e.end_reason = 'max_turns'
+    traj = e.builder.finish(prompt_id=e.item.prompt_id, sample_index=e.sample_index, answers=e.item.answers,
+                            fatal_step=e.fatal_step, policy_version=policy_version)
+    if traj.steps and traj.steps[-1].action.kind != 'response':
+      traj.steps[-1].format_ok = False  # r_fmt^(L) needs a response at l = L (DESIGN §6)
+    out.append(traj)
+  return out
+
+
+def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:
+  episode.builder.append_observation(result)
+  ids, logprobs, seconds, _ = episode.log[-1]
+  episode.log[-1] = (ids, logprobs, seconds, result)
+
+
+def run_episode(engine: engine_lib.Engine, env, make_builder: Callable[[], traj_lib.TrajectoryBuilder],
+                question: str, image: np.ndarray | None, answers: Sequence[str] = (), prompt_id: str = '',
+                **kwargs) -> traj_lib.Trajectory:
+  """One episode: `run_episodes` with a single item and num_generations=1 (kwargs are passed through)."""
+  item = Item(prompt_id=prompt_id, question=question, image=image, answers=list(answers))
+  return run_episodes(engine, env, make_builder, [item], num_generations=1, **kwargs)[0]

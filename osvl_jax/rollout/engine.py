@@ -1,0 +1,180 @@
+"""The generation interface shared by every policy engine (DESIGN.md §1.3).
+
+An engine turns a batch of contexts (token ids the policy sees + the images those ids refer to) into one
+assistant turn per context. Two engines implement it: `jax_sampler.JaxSampler` (embedded, CPU/TPU, tests, demo)
+and the SGLang HTTP client (GPU production). `ScriptedEngine` below replays fixed texts: a test double of the
+policy for testing the agent loop without a model.
+
+Token exactness (DESIGN.md §4): `Generation.ids` are exactly the ids the policy emitted, including the stop
+token when it stopped on `<|im_end|>`; the agent loop appends them verbatim to the trajectory, never re-tokenizing
+`Generation.text`.
+"""
+
+import abc
+import dataclasses
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+IM_END_ID = 151645  # <|im_end|>: end of an assistant turn.
+
+# finish_reason values.
+FINISH_STOP = 'stop'          # emitted <|im_end|> (the last id is the stop token).
+FINISH_STOP_STRING = 'stop_string'  # the text reached one of the stop strings (last id completes it).
+FINISH_LENGTH = 'length'      # max_new_tokens reached, or the context filled the engine's max_len.
+FINISH_REASONS = (FINISH_STOP, FINISH_STOP_STRING, FINISH_LENGTH)
+
+
+class Context(NamedTuple):
+  """What the policy sees for one row: a plain tuple `(prompt_ids, images)` is accepted as well.
+
+  Attributes:
+    prompt_ids: int32 [T], the whole trajectory so far, ending with `<|im_start|>assistant\\n`.
+    images: list of `trajectory.ImageRef` in order of appearance; their `<|image_pad|>` runs are in
+      `prompt_ids` (one pad per merged patch, `prod(grid_thw) // merge_size**2`).
+  """
+  prompt_ids: np.ndarray
+  images: Sequence[Any]
+
+
+@dataclasses.dataclass
+class Generation:
+  """One assistant turn produced by an engine.
+
+  Attributes:
+    ids: int32 [N], the ids the policy emitted, including the stop token when it stopped on `<|im_end|>`.
+    logprobs: float32 [N], log-probability of each emitted id (which distribution: see the engine's docstring;
+      zeros for `ScriptedEngine`).
+    text: the decoded `ids` without special stop tokens (what the parser reads).
+    finish_reason: one of `FINISH_REASONS`.
+  """
+  ids: np.ndarray
+  logprobs: np.ndarray
+  text: str
+  finish_reason: str
+
+  def __post_init__(self):
+    self.ids = np.asarray(self.ids, dtype=np.int32).reshape(-1)
+    self.logprobs = np.asarray(self.logprobs, dtype=np.float32).reshape(-1)
+    if self.ids.shape != self.logprobs.shape:
+      raise ValueError(f'ids {self.ids.shape} and logprobs {self.logprobs.shape} differ in length')
+    if self.finish_reason not in FINISH_REASONS:
+      raise ValueError(f'finish_reason={self.finish_reason!r} is not one of {FINISH_REASONS}')
+
+
+class Engine(abc.ABC):
+  """A policy that writes one assistant turn for each of a batch of contexts."""
+
+  @abc.abstractmethod
+  def generate(self, contexts: Sequence[Context | tuple], max_new_tokens: int | None = None,
+               stop: Sequence[str] | None = None) -> list[Generation]:
+    """Samples one assistant turn per context.
+
+    Args:
+      contexts: B contexts `(prompt_ids int32 [T_b], images list[ImageRef])`; lengths may differ.
+      max_new_tokens: cap on emitted ids per row (None: the engine's default).
+      stop: stop strings (None: the engine's default); generation of a row ends once its text contains one
+        (the ids up to and including the token that completes it are kept). `<|im_end|>` always stops.
+    Returns:
+      B generations, in the order of `contexts`.
+    """
+
+
+def as_context(context: Context | tuple) -> Context:
+  """`(prompt_ids, images)` -> `Context` with prompt_ids as int32 [T]."""
+  prompt_ids, images = context
+  return Context(np.asarray(prompt_ids, dtype=np.int32).reshape(-1), list(images or ()))
+
+
+def decode_text(tokenizer, ids: Sequence[int]) -> str:
+  """The text of emitted ids for the parser: a trailing `<|im_end|>` dropped, other special tokens kept.
+
+  `<think>` and `<tool_call>` are single added tokens in Qwen3-VL; decoding with `skip_special_tokens=True` could
+  drop them depending on how the tokenizer flags them, so only the stop token is removed.
+  """
+  ids = [int(i) for i in ids]
+  if ids and ids[-1] == IM_END_ID:
+    ids = ids[:-1]
+  return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def count_assistant_turns(prompt_ids: np.ndarray, tokenizer) -> int:
+  """How many assistant turns `prompt_ids` already holds (the trailing open `<|im_start|>assistant` excluded).
+
+  Args:
+    prompt_ids: int32 [T], a rendered trajectory ending with `<|im_start|>assistant\\n`.
+    tokenizer: the Qwen tokenizer (to find the ids of `<|im_start|>assistant`).
+  Returns:
+    The number of completed assistant turns, i.e. the index of the step about to be generated.
+  """
+  im_start = tokenizer.convert_tokens_to_ids('<|im_start|>')
+  role = tokenizer.encode('assistant', add_special_tokens=False)
+  ids = np.asarray(prompt_ids).tolist()
+  n = 0
+  for i, t in enumerate(ids):
+    if t == im_start and ids[i + 1:i + 1 + len(role)] == role:
+      n += 1
+  return max(n - 1, 0)
+
+
+class ScriptedEngine(Engine):
+  """A test double of the policy: replays given assistant texts instead of sampling a model.
+
+  For each context it finds the step index l (the number of assistant turns already in the context) and returns
+  the l-th scripted text, tokenized, with `<|im_end|>` appended (finish_reason 'stop'; logprobs are zeros). Like
+  a sampling engine it ends the turn at the first `<|im_end|>` (a script text containing one is cut there), at
+  the first stop string, or at max_new_tokens.
+  Stateless, so it serves any number of episodes batched in any order. Past the end of the script it returns the
+  last text again.
+
+  Attributes:
+    calls: the contexts of every `generate` call, in order (list of lists), for assertions in tests.
+    emitted: every Generation returned, in order.
+  """
+
+  def __init__(self, texts: Sequence[str] | Callable[[int, Context], str], tokenizer,
+               max_new_tokens: int = 1 << 30):
+    """Args:
+      texts: the assistant texts for steps 0, 1, ... (without `<|im_end|>`), or `fn(step, context) -> text` to
+        script different episodes differently (e.g. by the question inside the prompt).
+      tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`).
+      max_new_tokens: default cap; a text longer than the cap is cut to it (finish_reason 'length', no stop id).
+    """
+    self.texts = texts
+    self.tokenizer = tokenizer
+    self.max_new_tokens = max_new_tokens
+    self.calls: list[list[Context]] = []
+    self.emitted: list[Generation] = []
+
+  def _text(self, step: int, context: Context) -> str:
+    if callable(self.texts):
+      return self.texts(step, context)
+    return self.texts[min(step, len(self.texts) - 1)]
+
+  def generate(self, contexts, max_new_tokens=None, stop=None):
+    stop = tuple(stop or ())
+    contexts = [as_context(c) for c in contexts]
+    self.calls.append(contexts)
+    cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+    out = []
+    for context in contexts:
+      text = self._text(count_assistant_turns(context.prompt_ids, self.tokenizer), context)
+      ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+      if IM_END_ID in ids:  # like a sampling engine, the turn ends at the first <|im_end|>.
+        ids = ids[:ids.index(IM_END_ID)]
+      reason = FINISH_STOP
+      for s in stop:
+        k = text.find(s)
+        if k >= 0:  # keep the ids that cover the text up to the end of the stop string.
+          prefix = self.tokenizer.encode(text[:k + len(s)], add_special_tokens=False)
+          ids, reason = list(prefix), FINISH_STOP_STRING
+          break
+      if reason == FINISH_STOP:
+        ids.append(IM_END_ID)
+      if len(ids) > cap:
+        ids, reason = ids[:cap], FINISH_LENGTH
+      gen = Generation(ids=np.asarray(ids, np.int32), logprobs=np.zeros(len(ids), np.float32),
+                       text=decode_text(self.tokenizer, ids), finish_reason=reason)
+      out.append(gen)
+      self.emitted.append(gen)
+    return out

@@ -1,0 +1,332 @@
+"""The embedded JAX sampler: batched prefill into a KV cache, then jitted batched decode (CPU/TPU, tests, demo).
+
+One `generate` call:
+  1. Right-pads the B prompts to a common length bucket (a multiple of `bucket`) and the batch to a power of two,
+     so that repeated calls reuse compiled programs.
+  2. Prefills all rows in one forward pass into a batched KV cache (`model.init_cache`), vision features
+     included; 3-D MRoPE positions come from `rope.get_rope_index` on each row alone (no padding convention to
+     agree on), the single source of truth shared with training.
+  3. Decodes the batch together with one jitted step per token: row b feeds its last token at cache index
+     `c_b` (per-row `cache_index [B]`) with text position `c_b + delta_b`, where
+     `delta_b = max(position_ids[:, b]) + 1 - len_b` (HF's `rope_deltas` for a right-aligned-free row).
+     Right padding is safe: a row's real tokens precede its pads, and decode overwrites the pad slots in order.
+  4. Stops a row at `<|im_end|>`, at a stop string, at max_new_tokens, or when the context reaches `max_len`.
+
+Log-probabilities: `Generation.logprobs[k]` is log softmax(logits)[id_k] at temperature 1, i.e. under the policy
+model itself, not under the temperature/top-p-warped distribution the id was drawn from. This is what the trainer
+recomputes (the GRPO old/new log-probs are temperature-1 log-probs), so the two can be compared directly.
+"""
+
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.rollout import engine as engine_lib
+
+PAD_ID = 151643  # <|endoftext|>, never attended to by real tokens (right padding).
+IMAGE_PAD_ID = 151655  # <|image_pad|>, one per merged image patch.
+_STOP_TAIL = 64  # stop strings are searched in the text of a row's last this-many ids.
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return max(multiple, -(-n // multiple) * multiple)
+
+
+def _next_pow2(n: int) -> int:
+  return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array,
+                  greedy: bool, use_top_p: bool) -> tuple[jax.Array, jax.Array]:
+  """Draws one id per row and returns it with its temperature-1 log-probability.
+
+  Args:
+    logits: float32 [B, V].
+    key: PRNG key.
+    temperature: float32 scalar (> 0 unless `greedy`).
+    top_p: float32 scalar in (0, 1]: nucleus mass kept (the most probable id is always kept).
+    greedy: static; argmax when True (temperature 0).
+    use_top_p: static; skip the sort when top_p == 1.
+  Returns:
+    (ids int32 [B], logprobs float32 [B]) with logprobs = log_softmax(logits)[ids].
+  """
+  logits = logits.astype(jnp.float32)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  if greedy:
+    ids = jnp.argmax(logits, axis=-1)
+  else:
+    scaled = logits / temperature
+    if use_top_p:
+      sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]
+      probs = jax.nn.softmax(sorted_logits, axis=-1)
+      mass_before = jnp.cumsum(probs, axis=-1) - probs
+      kept = mass_before < top_p  # the first id always has mass_before 0 < top_p.
+      threshold = jnp.min(jnp.where(kept, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+      scaled = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    ids = jax.random.categorical(key, scaled, axis=-1)
+  ids = ids.astype(jnp.int32)
+  return ids, jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
+
+
+class JaxSampler(engine_lib.Engine):
+  """Batched KV-cache sampler over a `Qwen3VLModel` (implements `engine.Engine`).
+
+  Compiled programs are keyed by (padded batch, prompt bucket, cache length, image grids, greedy/top-p flags);
+  weights are an argument, so `set_model` after a training step does not recompile.
+  """
+
+  def __init__(self, model, tokenizer, image_processor=None, max_new_tokens: int = 512,
+               temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_len: int = 8192,
+               bucket: int = 128, stop: Sequence[str] = (), cache_dtype: Any = None,
+               pad_batch_pow2: bool = True, progress: bool = False):
+    """Args:
+      model: a `Qwen3VLModel` (nnx.Module) with `__call__`, `logits`, `init_cache` (docs/INTERFACES.md).
+      tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`), for `Generation.text` and stop strings.
+      image_processor: optional `trajectory.ImageProcessor`, used only for images given as raw uint8 [H, W, 3]
+        arrays instead of `ImageRef`s.
+      max_new_tokens: default cap on emitted ids per row.
+      temperature: sampling temperature; 0 means greedy (argmax).
+      top_p: nucleus sampling mass in (0, 1].
+      seed: PRNG seed; each `generate` call advances the sampler's key.
+      max_len: cap on prompt + emitted ids per row (rows whose prompt already fills it emit nothing).
+      bucket: prompt lengths and cache lengths are rounded up to a multiple of this.
+      stop: default stop strings (besides `<|im_end|>`).
+      cache_dtype: KV-cache dtype (None: the model's default in `init_cache`).
+      pad_batch_pow2: pad the batch to a power of two with dummy rows (fewer recompiles as episodes finish).
+      progress: show a tqdm bar over decode steps.
+    """
+    self.tokenizer = tokenizer
+    self.image_processor = image_processor
+    self.max_new_tokens = max_new_tokens
+    self.temperature = float(temperature)
+    self.top_p = float(top_p)
+    self.max_len = max_len
+    self.bucket = bucket
+    self.stop = tuple(stop)
+    self.cache_dtype = cache_dtype
+    self.pad_batch_pow2 = pad_batch_pow2
+    self.progress = progress
+    self._key = jax.random.key(seed)
+    self.set_model(model)
+    self.stats: dict[str, float] = {}
+
+  # -------------------------------------------------------------------------------------------------------------
+  # Weights.
+  # -------------------------------------------------------------------------------------------------------------
+
+  def set_model(self, model) -> None:
+    """Uses `model`'s current weights from now on (same architecture: compiled programs are reused)."""
+    graphdef, state = nnx.split(model)
+    if getattr(self, '_graphdef', None) is not None and graphdef != self._graphdef:
+      self._jit_cache = {}
+    self._graphdef, self._state = graphdef, state
+    self._model = model
+    if not hasattr(self, '_jit_cache'):
+      self._jit_cache = {}
+
+  def reseed(self, seed: int) -> None:
+    """Restarts the sampler's PRNG stream from `seed` (e.g. one seed per training step, for resumable runs)."""
+    self._key = jax.random.key(seed)
+
+  # -------------------------------------------------------------------------------------------------------------
+  # Compiled pieces.
+  # -------------------------------------------------------------------------------------------------------------
+
+  def _init_cache(self, batch: int, cache_len: int):
+    if self.cache_dtype is None:
+      return self._model.init_cache(batch, cache_len)
+    return self._model.init_cache(batch, cache_len, self.cache_dtype)
+
+  def _prefill_fn(self, grids: tuple, greedy: bool, use_top_p: bool):
+    """jit(state, ids [B,T], pos [3,B,T], mask [B,T], pixels [N,D]|None, last [B], cache, key, temp, top_p)."""
+    key = ('prefill', grids, greedy, use_top_p)
+    if key not in self._jit_cache:
+      graphdef = self._graphdef
+      grid_thw = np.asarray(grids, np.int32).reshape(-1, 3) if grids else None
+
+      def prefill(state, input_ids, position_ids, attention_mask, pixel_values, last, cache, rng, temperature,
+                  top_p):
+        model = nnx.merge(graphdef, state)
+        batch = input_ids.shape[0]
+        hidden, cache = model(input_ids, position_ids, attention_mask, pixel_values, grid_thw, cache=cache,
+                              cache_index=jnp.zeros((batch,), jnp.int32))
+        hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)  # [B, 1, H]
+        logits = model.logits(hidden_last)[:, 0]
+        ids, logprobs = sample_logits(logits, rng, temperature, top_p, greedy, use_top_p)
+        return ids, logprobs, cache
+
+      self._jit_cache[key] = jax.jit(prefill, donate_argnums=(6,))
+    return self._jit_cache[key]
+
+  def _decode_fn(self, greedy: bool, use_top_p: bool):
+    """jit(state, cache, tokens [B], positions [B], cache_index [B], key, temp, top_p) -> (ids, logprobs, cache)."""
+    key = ('decode', greedy, use_top_p)
+    if key not in self._jit_cache:
+      graphdef = self._graphdef
+
+      def decode(state, cache, tokens, positions, cache_index, rng, temperature, top_p):
+        model = nnx.merge(graphdef, state)
+        input_ids = tokens[:, None]
+        position_ids = jnp.broadcast_to(positions[None, :, None], (3, tokens.shape[0], 1)).astype(jnp.int32)
+        hidden, cache = model(input_ids, position_ids, None, None, None, cache=cache, cache_index=cache_index)
+        logits = model.logits(hidden)[:, -1]
+        ids, logprobs = sample_logits(logits, rng, temperature, top_p, greedy, use_top_p)
+        return ids, logprobs, cache
+
+      self._jit_cache[key] = jax.jit(decode, donate_argnums=(1,))
+    return self._jit_cache[key]
+
+  # -------------------------------------------------------------------------------------------------------------
+  # Generation.
+  # -------------------------------------------------------------------------------------------------------------
+
+  def _image_refs(self, images: Sequence[Any]) -> list:
+    refs = []
+    for image in images:
+      if isinstance(image, np.ndarray):
+        if self.image_processor is None:
+          raise ValueError('raw image arrays need JaxSampler(image_processor=...)')
+        image = self.image_processor.process(image)
+      refs.append(image)
+    return refs
+
+  def _next_key(self) -> jax.Array:
+    self._key, key = jax.random.split(self._key)
+    return key
+
+  def generate(self, contexts, max_new_tokens=None, stop=None):
+    """Samples one assistant turn per context (see `engine.Engine.generate`).
+
+    Args:
+      contexts: B `(prompt_ids int32 [T_b], images list[ImageRef])`.
+      max_new_tokens: cap per row (default: the sampler's).
+      stop: stop strings (default: the sampler's); `<|im_end|>` always stops.
+    Returns:
+      B `Generation`s; `logprobs` are temperature-1 log-probabilities of the emitted ids (module docstring).
+    """
+    contexts = [engine_lib.as_context(c) for c in contexts]
+    contexts = [engine_lib.Context(c.prompt_ids, self._image_refs(c.images)) for c in contexts]
+    max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+    stop = self.stop if stop is None else tuple(stop)
+    results: list[engine_lib.Generation | None] = [None] * len(contexts)
+
+    # Rows that cannot emit anything (no budget) are answered without running the model.
+    live = []
+    for i, c in enumerate(contexts):
+      if min(max_new, self.max_len - len(c.prompt_ids)) <= 0 or len(c.prompt_ids) == 0:
+        results[i] = engine_lib.Generation(np.zeros(0, np.int32), np.zeros(0, np.float32), '',
+                                           engine_lib.FINISH_LENGTH)
+      else:
+        live.append(i)
+    if live:
+      for i, gen in zip(live, self._generate_batch([contexts[i] for i in live], max_new, stop)):
+        results[i] = gen
+    return results
+
+  def _generate_batch(self, contexts: list, max_new: int, stop: tuple) -> list:
+    t_start = time.perf_counter()
+    n = len(contexts)
+    batch = _next_pow2(n) if self.pad_batch_pow2 else n
+    lengths = np.asarray([len(c.prompt_ids) for c in contexts] + [1] * (batch - n), np.int32)
+    prompt_pad = _round_up(int(lengths.max()), self.bucket)
+    cache_len = _round_up(min(self.max_len, int(lengths.max()) + max_new), self.bucket)
+    cache_len = max(cache_len, prompt_pad)
+    limits = np.asarray([min(max_new, self.max_len - l) for l in lengths], np.int32)  # emitted ids per row
+
+    input_ids = np.full((batch, prompt_pad), PAD_ID, np.int32)
+    position_ids = np.zeros((3, batch, prompt_pad), np.int32)
+    attention_mask = np.zeros((batch, prompt_pad), bool)
+    deltas = np.zeros((batch,), np.int32)  # rope_deltas: next position of row b = cache index + delta
+    config = getattr(self._model, 'config', None)
+    rope_kw = {}
+    if config is not None:
+      rope_kw = {'image_token_id': config.image_token_id, 'spatial_merge_size': config.vision.spatial_merge_size}
+    pixel_values, grids = [], []
+    for b in range(batch):
+      if b < n:
+        ids, images = contexts[b].prompt_ids, contexts[b].images
+      else:
+        ids, images = np.asarray([PAD_ID], np.int32), []
+      length = len(ids)
+      n_pads = int(np.sum(ids == rope_kw.get('image_token_id', IMAGE_PAD_ID)))
+      if n_pads != sum(im.num_tokens for im in images):
+        raise ValueError(f'context {b}: {n_pads} <|image_pad|> tokens but its {len(images)} image(s) need '
+                         f'{sum(im.num_tokens for im in images)}')
+      input_ids[b, :length] = ids
+      attention_mask[b, :length] = True
+      row_grid = np.asarray([np.asarray(im.grid_thw).reshape(3) for im in images], np.int32).reshape(-1, 3)
+      pos, delta = rope.get_rope_index(ids[None], row_grid if len(images) else None, None, **rope_kw)
+      pos = np.asarray(pos, np.int32)[:, 0]  # [3, length]
+      position_ids[:, b, :length] = pos
+      deltas[b] = int(np.asarray(delta).reshape(-1)[0])
+      position_ids[:, b, length:] = length + deltas[b] + np.arange(prompt_pad - length)[None]
+      for im in images:
+        pixel_values.append(np.asarray(im.pixel_values, np.float32))
+        grids.append(tuple(int(x) for x in np.asarray(im.grid_thw).reshape(3)))
+    pixels = np.concatenate(pixel_values, 0) if pixel_values else None
+
+    greedy = self.temperature <= 0.0
+    use_top_p = (not greedy) and self.top_p < 1.0
+    temperature = jnp.float32(max(self.temperature, 1e-6))
+    top_p = jnp.float32(self.top_p)
+    state = self._state
+
+    cache = self._init_cache(batch, cache_len)
+    prefill = self._prefill_fn(tuple(grids), greedy, use_top_p)
+    tok, lp, cache = prefill(state, input_ids, position_ids, attention_mask, pixels,
+                             jnp.asarray(lengths - 1), cache, self._next_key(), temperature, top_p)
+    tok.block_until_ready()
+    t_prefill = time.perf_counter()
+
+    decode = self._decode_fn(greedy, use_top_p)
+    out_ids = [[] for _ in range(n)]
+    out_lp = [[] for _ in range(n)]
+    reasons: list[str | None] = [None] * n
+    cache_index = lengths.copy()  # where each row's last emitted token is written next
+    positions = lengths + deltas
+    steps = 0
+    bar = None
+    if self.progress:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      bar = tqdm.tqdm(total=int(limits[:n].max()), desc='decode', leave=False)
+    while True:
+      tok_np, lp_np = np.asarray(tok), np.asarray(lp)
+      for b in range(n):
+        if reasons[b] is not None:
+          continue
+        out_ids[b].append(int(tok_np[b]))
+        out_lp[b].append(float(lp_np[b]))
+        if tok_np[b] == engine_lib.IM_END_ID:
+          reasons[b] = engine_lib.FINISH_STOP
+        elif stop and any(s in self.tokenizer.decode(out_ids[b][-_STOP_TAIL:]) for s in stop):
+          reasons[b] = engine_lib.FINISH_STOP_STRING
+        elif len(out_ids[b]) >= limits[b]:
+          reasons[b] = engine_lib.FINISH_LENGTH
+      if bar is not None:
+        bar.update(1)
+      if all(r is not None for r in reasons):
+        break
+      # Rows that are done keep rewriting their own last slot (harmless; their outputs are ignored).
+      cache_index_in = np.minimum(cache_index, cache_len - 1).astype(np.int32)
+      tok, lp, cache = decode(state, cache, tok, jnp.asarray(positions, jnp.int32), jnp.asarray(cache_index_in),
+                              self._next_key(), temperature, top_p)
+      active = np.asarray([r is None for r in reasons] + [False] * (batch - n))
+      cache_index = cache_index + active
+      positions = positions + active
+      steps += 1
+    if bar is not None:
+      bar.close()
+    t_end = time.perf_counter()
+    emitted = sum(len(x) for x in out_ids)
+    self.stats = {'prefill_s': t_prefill - t_start, 'decode_s': t_end - t_prefill, 'decode_steps': steps,
+                  'emitted_tokens': emitted, 'batch': batch, 'prompt_pad': prompt_pad, 'cache_len': cache_len,
+                  'decode_tokens_per_s': emitted / max(t_end - t_prefill, 1e-9)}
+    return [engine_lib.Generation(ids=np.asarray(out_ids[b], np.int32), logprobs=np.asarray(out_lp[b], np.float32),
+                                  text=engine_lib.decode_text(self.tokenizer, out_ids[b]), finish_reason=reasons[b])
+            for b in range(n)]

@@ -1,0 +1,91 @@
+"""Trajectories -> padded training arrays, token-exact (no re-rendering, no re-tokenization).
+
+The loss only needs next-token log-probs where the policy emitted a token, so besides the full sequence the
+batch carries the gathered *loss positions*: position t predicts token t+1, and is kept when gen_mask[t+1] = 1.
+Computing the vocabulary projection only there keeps a 152k vocabulary from dominating time and memory.
+"""
+
+import numpy as np
+
+from osvl_jax.models.qwen3_vl import rope
+
+PAD_ID = 151643  # <|endoftext|>
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return max(multiple, -(-n // multiple) * multiple)
+
+
+def padded_sizes(trajectories, length_multiple: int = 256, loss_multiple: int = 64) -> tuple[int, int]:
+  """(T, K) that `collate` pads `trajectories` to: the longest sequence and the most emitted tokens, rounded up."""
+  length = _round_up(max(len(t.token_ids) for t in trajectories), length_multiple)
+  k = _round_up(max(int(np.sum(np.asarray(t.gen_mask)[1:])) for t in trajectories), loss_multiple)
+  return length, k
+
+
+def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64, length: int | None = None,
+            num_loss: int | None = None) -> dict[str, np.ndarray]:
+  """Pads a list of `Trajectory` into model inputs and gathered loss targets.
+
+  Args:
+    trajectories: `osvl_jax.trajectory.Trajectory` records (token_ids, gen_mask, step_of_token, images).
+    length_multiple: T is padded up to a multiple of this (limits recompiles).
+    loss_multiple: K (loss positions per row) is padded up to a multiple of this.
+    length, num_loss: fixed T and K instead (one compiled program for a whole run), at least the batch's own.
+  Returns:
+    input_ids [B, T] int32 (right padded with <|endoftext|>), attention_mask [B, T] bool,
+    position_ids [3, B, T] int32 (3-D MRoPE positions, `rope.get_rope_index`),
+    pixel_values [N, 1536] float32 (all images of all rows, in order), image_grid_thw [I, 3] int32,
+    loss_positions [B, K] int32 (t such that token t+1 was emitted by the policy; 0 on padding),
+    loss_targets [B, K] int32 (token t+1), loss_valid [B, K] bool, loss_step [B, K] int32 (step of token t+1;
+    -1 on padding), rollout_logprobs [B, K] float32 (0 where unknown).
+  Raises:
+    ValueError: on an empty list, or a fixed `length` / `num_loss` smaller than the batch needs.
+  """
+  if not trajectories:
+    raise ValueError('collate: trajectories is empty')
+  batch = len(trajectories)
+  need_length, need_loss = padded_sizes(trajectories, length_multiple, loss_multiple)
+  if (length is not None and length < need_length) or (num_loss is not None and num_loss < need_loss):
+    raise ValueError(f'collate: fixed length={length} / num_loss={num_loss} is below the batch\'s '
+                     f'{need_length} / {need_loss}')
+  length = length or need_length
+  k = num_loss or need_loss
+
+  input_ids = np.full((batch, length), PAD_ID, np.int32)
+  attention_mask = np.zeros((batch, length), bool)
+  loss_positions = np.zeros((batch, k), np.int32)
+  loss_targets = np.zeros((batch, k), np.int32)
+  loss_valid = np.zeros((batch, k), bool)
+  loss_step = np.full((batch, k), -1, np.int32)
+  rollout_logprobs = np.zeros((batch, k), np.float32)
+  pixel_values, grids = [], []
+  for i, traj in enumerate(trajectories):
+    ids = np.asarray(traj.token_ids, np.int32)
+    input_ids[i, :len(ids)] = ids
+    attention_mask[i, :len(ids)] = True
+    targets = np.nonzero(np.asarray(traj.gen_mask, bool)[1:])[0] + 1  # emitted tokens (index >= 1)
+    n = len(targets)
+    loss_positions[i, :n] = targets - 1
+    loss_targets[i, :n] = ids[targets]
+    loss_valid[i, :n] = True
+    loss_step[i, :n] = np.asarray(traj.step_of_token)[targets]
+    if traj.rollout_logprobs is not None:
+      rollout_logprobs[i, :n] = np.asarray(traj.rollout_logprobs)[targets]
+    for image in traj.images:
+      pixel_values.append(np.asarray(image.pixel_values, np.float32))
+      grids.append(np.asarray(image.grid_thw, np.int32))
+  image_grid_thw = np.stack(grids).astype(np.int32) if grids else np.zeros((0, 3), np.int32)
+  position_ids, _ = rope.get_rope_index(input_ids, image_grid_thw if grids else None, attention_mask)
+  return {
+      'input_ids': input_ids,
+      'attention_mask': attention_mask,
+      'position_ids': np.asarray(position_ids, np.int32),
+      'pixel_values': np.concatenate(pixel_values) if pixel_values else None,
+      'image_grid_thw': image_grid_thw if grids else None,
+      'loss_positions': loss_positions,
+      'loss_targets': loss_targets,
+      'loss_valid': loss_valid,
+      'loss_step': loss_step,
+      'rollout_logprobs': rollout_logprobs,
+  }

@@ -1,0 +1,52 @@
+"""Walks: real links, no cycles, landmark roots, hub skipping, answerable last node."""
+
+import numpy as np
+
+from data_pipeline import entities
+from data_pipeline import paths
+from tools import landmarks
+
+
+def test_walks_follow_real_links_without_cycles(graph, corpus, small_config):
+  recs, counts = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
+  assert counts['walked'] == len(recs) >= 5
+  for r in recs:
+    p = r['path']
+    assert len(set(p)) == len(p), p
+    for a, b in zip(p, p[1:]):
+      assert b in corpus.links[a], (a, b)
+    assert paths.is_valid_walk(corpus, p)
+    assert r['hops'] == len(p) - 1 in (2, 3, 4)
+    assert p[0] == landmarks.LANDMARK_ARTICLES[r['landmark']]
+    assert r['image_path'] == f"images/landmarks/{r['landmark']}.jpg"
+
+
+def test_walks_skip_hubs_and_end_on_an_answerable_node(graph, small_config):
+  recs, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
+  for r in recs:
+    for t in r['path'][1:]:
+      assert graph.corpus.in_degree[t] <= small_config.hub_in_degree, t
+      assert not entities.is_excluded(t)
+    assert paths.answer_attribute(graph, r['path']) is not None
+
+
+def test_is_valid_walk_rejects_cycles_and_non_links(corpus):
+  assert paths.is_valid_walk(corpus, ['Taj_Mahal', 'Agra'] if 'Agra' in corpus else ['Taj_Mahal', 'Akbar'])
+  assert not paths.is_valid_walk(corpus, ['Taj_Mahal', 'Akbar', 'Taj_Mahal'])
+  assert not paths.is_valid_walk(corpus, ['Taj_Mahal', 'Zebra'])
+
+
+def test_walks_are_deterministic_in_the_seed(graph, small_config):
+  a, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
+  b, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
+  assert [r['path'] for r in a] == [r['path'] for r in b]
+
+
+def test_unique_descriptor_picks_out_one_out_link(graph):
+  # Every out-link of the source other than the destination lacks the chosen descriptor.
+  rng = np.random.default_rng(0)
+  got = next(g for g in (paths.walk_once(graph, 'Stonehenge', 2, rng) for _ in range(20)) if g is not None)
+  path, descs = got
+  for (src, dst), d in zip(zip(path, path[1:]), descs):
+    assert d in graph.descriptors(dst)
+    assert all(d not in graph.descriptors(w) for w in graph.out_links(src) if w != dst)
