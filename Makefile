@@ -10,6 +10,8 @@ $(VENV_STAMP): setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# rapidocr pulls opencv-python-headless, whose cv2 would shadow the contrib build (SIFT, dnn_superres).
+	$(PY) -m pip install -q --force-reinstall --no-deps opencv-contrib-python-headless==5.0.0.93
 	touch $(VENV_STAMP)
 
 demo: $(VENV_STAMP)

@@ -24,6 +24,10 @@ setuptools.setup(
         'opencv-contrib-python-headless==5.0.0.93',
         'bm25s==0.3.16',
         'httpx==0.28.1',
+        # Local OCR (PP-OCRv6 models ship in the wheel). It pulls opencv-python-headless, whose cv2 shadows the
+        # contrib build: the Makefile reinstalls opencv-contrib-python-headless after this (SIFT, dnn_superres).
+        'rapidocr==3.10.0',
+        'onnxruntime==1.32.0',
         'pillow==13.0.0',
         'safetensors==0.8.0',
         'tqdm==4.70.1',

@@ -13,6 +13,7 @@ then GRPO with fatal_mode='mask_clamp'. Expected last line:
 import ml_collections
 
 from data_pipeline import build
+from osvl_jax.judges import registry as judges_registry
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -38,6 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.name = 'tiny'
   c.model.hf_path = ''  # an HF folder instead of `name`, e.g. a Qwen3-VL checkpoint.
+  # Deeper than the test config (layers are cheap here; the 152k-vocabulary projection dominates the cost).
+  c.model.text = ml_collections.ConfigDict({'num_hidden_layers': 6, 'intermediate_size': 256})
 
   c.tools = ml_collections.ConfigDict()
   c.tools.enabled = ('text_search', 'image_search', 'crop', 'sharpen')
@@ -52,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 300
-  c.sft.batch_size = 4
+  c.sft.batch_size = 2
   c.sft.lr = 3e-3
   c.sft.warmup_steps = 20
   c.sft.weight_decay = 0.0
@@ -63,8 +66,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Sampling the SFT'd policy on the training prompts (sft_format_ok).
   c.eval = ml_collections.ConfigDict()
   c.eval.num_prompts = 16
-  c.eval.temperature = 1.0
-  c.eval.top_p = 1.0
+  # Qwen3-VL-Instruct's generation_config defaults (temperature 0.7, top_p 0.8).
+  c.eval.temperature = 0.7
+  c.eval.top_p = 0.8
 
   c.grpo = ml_collections.ConfigDict()
   c.grpo.steps = 10
@@ -76,9 +80,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.beta = 0.0
   c.grpo.alpha = 0.8
   c.grpo.delta = 1e-6
-  c.grpo.fatal_mode = 'mask_clamp'
+  c.grpo.fatal_mode = 'mask_clamp'  # none | hard | mask | mask_clamp (Table 3b rows); fatal_index: c.rollout
+  c.grpo.estimator = 'grpo'  # grpo (Eq. 11) | rloo | dr_grpo
+  c.grpo.std_ddof = 1  # σ_G of Eq. 11: 1 = unbiased (verl, official code), 0 = population
+  c.grpo.aggregation = 'seq_mean_token_mean'  # Eq. 12 | token_mean | seq_mean_token_sum
+  # Dual-clip bound for Â < 0 (verl's clip_ratio_c, e.g. 3.0); None = Eq. 12 exactly.
+  c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
+  c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
+  c.grpo.data_parallel = 1  # devices on the ('data',) mesh axis; 0 = all local devices
+  c.grpo.init_from = ''  # workdir holding sft_ckpt (policy init and π_ref); '' = this workdir
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0
-  c.grpo.tool_failure_rate = 0.0
   c.grpo.ckpt_every = 5
+
+  # r_acc / r_query judges (osvl_jax/judges/registry.py): 'rule' offline, or 'llm' = any OpenAI-compatible
+  # endpoint, e.g. --config.judge.name=llm --config.judge.base_url=http://127.0.0.1:8000/v1 --config.judge.model=m
+  c.judge = judges_registry.default_config()
   return c

@@ -138,8 +138,7 @@ def oracle_trajectory(item: dict, env, builder, image: np.ndarray, graph, top_k:
   ep = _Episode(env, builder, image)
   builder.start(item['question'], image)
 
-  r = ep.act('The question starts from the image, so I first identify what it shows with a reverse image '
-             'search.', 'image_search', {'image': 'img_1'})
+  r = ep.act('First identify the image.', 'image_search', {'image': 'img_1'})
   if not r.ok or not contains_name(r.text, path[0]):
     return None, f'image_search: {path[0]} not identified'
 
@@ -147,32 +146,30 @@ def oracle_trajectory(item: dict, env, builder, image: np.ndarray, graph, top_k:
   for i in range(1, len(path)):
     prev, d = names[i - 1], descs[i - 1]
     query = f'{prev} {d}'
-    r = ep.act(f'{known} Next I need the {d} mentioned in the article on {prev}.', 'text_search',
+    r = ep.act(f'{known} Next: the {d} in the {prev} article.', 'text_search',
                {'query': query, 'top_k': top_k})
     if not (r.ok and contains_name(r.text, path[i])):
       words = context_words(graph.text(path[i - 1]), entities.aliases(path[i]), [prev])
       if not words:
         return None, f'hop {i}: {path[i]} not mentioned in {path[i - 1]}'
-      r = ep.act(f'The results do not show which {d} the article on {prev} mentions; I narrow the search with '
-                 f'more terms from that article.', 'text_search',
+      r = ep.act('Not found; narrowing the search.', 'text_search',
                  {'query': f'{prev} {" ".join(words)}', 'top_k': top_k})
       if not (r.ok and contains_name(r.text, path[i])):
         return None, f'hop {i}: {path[i]} not in the search results'
-    known = f'The {d} mentioned in the article on {prev} is {names[i]}.'
+    known = f'Found {names[i]}.'
 
   attr = item['answer_attribute']
   phrase = ATTRIBUTE_PHRASES[attr]
-  r = ep.act(f'{known} Now I look up the {phrase} of {names[-1]}.', 'text_search',
+  r = ep.act(f'{known} Now: the {phrase} of {names[-1]}.', 'text_search',
              {'query': f'{names[-1]} {ATTRIBUTE_QUERY[attr]}', 'top_k': top_k})
   if not (r.ok and contains_answer(r.text, answers)):
     words = context_words(graph.text(path[-1]), answers[:1], [names[-1]] + answers)
     if not words:
       return None, 'answer: not found in the article text'
-    r = ep.act(f'The results do not state the {phrase} of {names[-1]}; I search its infobox terms.',
-               'text_search', {'query': f'{names[-1]} {ATTRIBUTE_QUERY[attr]} {" ".join(words)}', 'top_k': top_k})
+    r = ep.act('Not found; adding infobox terms.', 'text_search', {'query': f'{names[-1]} {ATTRIBUTE_QUERY[attr]} {" ".join(words)}', 'top_k': top_k})
     if not (r.ok and contains_answer(r.text, answers)):
       return None, 'answer: not in the search results'
-  ep.respond(f'The search results give the {phrase} of {names[-1]}: {answers[0]}.', answers[0])
+  ep.respond(f'The {phrase} of {names[-1]} is {answers[0]}.', answers[0])
   traj = builder.finish(prompt_id=item['prompt_id'], sample_index=0, answers=answers)
   if traj.final_response != answers[0]:
     return None, f'final response {traj.final_response!r} != answer {answers[0]!r}'

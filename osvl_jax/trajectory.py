@@ -40,8 +40,14 @@ Chat format (Qwen3-VL markup, Hermes tools)::
 
 `<think>`, `</think>`, `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>` are single added
 tokens of the Qwen3 vocabulary; `<response>` is plain text.
+
+Earlier turns, <think> blocks included, stay in the context exactly as emitted (no chat template re-renders them).
+`check_trajectory` / `validate_trajectory` state the invariants the trainer relies on (`train.batching.collate`
+validates every trajectory); `python -m osvl_jax.trajectory --check FILE.jsonl` checks a file of `to_json` lines.
 """
 
+import argparse
+import base64
 import dataclasses
 import functools
 import io
@@ -49,7 +55,8 @@ import json
 import os
 import pathlib
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,6 +113,19 @@ THINK_END_ID = 151668
 ASSISTANT_ID = 77091  # 'assistant'
 NEWLINE_ID = 198  # '\n'
 VOCAB_SIZE = 151936  # embedding rows of every Qwen3-VL checkpoint (ids above 151668 are unused padding)
+
+
+class TrajectoryError(ValueError):
+  """A trajectory breaks an invariant the trainer relies on (`validate_trajectory`); the message names each problem."""
+
+
+class PromptTooLongError(TrajectoryError):
+  """A rendered prompt exceeds its token budget; prompts are never cut (a cut could split an image span)."""
+
+
+# Why an episode stopped (`Trajectory.stop_reason`). The last two mean the token budget cut the episode short.
+STOP_REASONS = ('response', 'max_turns', 'fatal', 'token_budget', 'context_full')
+TRUNCATION_REASONS = ('token_budget', 'context_full')
 
 # Qwen2 pre-tokenizer regex (single digits, contractions, letters, punctuation runs, newlines, spaces).
 QWEN2_PRETOKENIZE_REGEX = (
@@ -363,8 +383,9 @@ def parse_action(text: str, profile: str = 'osvl') -> ParsedAction:
   - aliases: `parameters`/`args` for `arguments`; arguments given as a JSON string; `{"function": {...}}`
     wrapping; tool names `web_search` -> `text_search`, `layout_parsing` -> `ocr`; arguments `q` -> `query`,
     `url` -> `image`; profile 'official' also drops `hl`, `use_chart_recognition`, `use_doc_orientation_classify`.
-  - JSON: code fences, text around the object, trailing commas, single quotes, Python True/False/None,
-    missing closing braces (all format-neutral: a readable call is a call).
+  - JSON: code fences, text around the object, trailing commas, single quotes, unquoted keys (the JSON5
+    leniencies the official code accepts through `json5`), Python True/False/None, missing closing braces (all
+    format-neutral: a readable call is a call).
   - Two or more actions in one turn: format_ok False; the FIRST one (in text order) is the action executed.
   - Missing think block, missing closing tag, text outside the blocks, empty response: format_ok False, the
     action still counts.
@@ -504,7 +525,7 @@ def loads_lenient(text: str) -> Any:
   """json.loads that also reads the JSON-ish objects LLMs write.
 
   Tries, in order: strict JSON; the outermost {...}/[...] span; that span repaired (single-quoted strings,
-  trailing commas, True/False/None, unclosed braces/brackets).
+  unquoted keys, trailing commas, True/False/None, unclosed braces/brackets).
 
   Raises:
     ValueError: when none of these parses (message from the strict attempt).
@@ -539,7 +560,8 @@ _PY_LITERALS = {'True': 'true', 'False': 'false', 'None': 'null'}
 
 
 def _repair_json(s: str) -> str:
-  """Rewrites single-quoted strings, drops trailing commas, maps Python literals, closes open brackets."""
+  """Rewrites single-quoted strings and bare identifier keys (as JSON5 allows), drops trailing commas, maps
+  Python literals, closes open brackets."""
   out, stack, i, n = [], [], 0, len(s)
   while i < n:
     c = s[i]
@@ -562,12 +584,18 @@ def _repair_json(s: str) -> str:
       if k >= n or s[k] in '}]':
         i += 1
         continue
-    if c.isalpha() or c == '_':
+    if c.isalpha() or c == '_' or c == '$':
       k = i
-      while k < n and (s[k].isalnum() or s[k] == '_'):
+      while k < n and (s[k].isalnum() or s[k] in '_$'):
         k += 1
       word = s[i:k]
-      out.append(_PY_LITERALS.get(word, word))
+      colon = k
+      while colon < n and s[colon].isspace():
+        colon += 1
+      if colon < n and s[colon] == ':':
+        out.append(json.dumps(word))  # a JSON5 identifier key: {name: ...}
+      else:
+        out.append(_PY_LITERALS.get(word, word))
       i = k
       continue
     if c in '{[':
@@ -650,6 +678,10 @@ class Trajectory:
     policy_version: version of the weights that produced it.
     question: the user question.
     answers: accepted answers (may be empty at inference).
+    stop_reason: why the episode ended, one of `STOP_REASONS` ('response', 'max_turns', 'fatal',
+      'token_budget': the next step would not fit `max_total_tokens`, so the trajectory ends at the last whole
+      step; 'context_full': the engine's context is full), or None when not produced by the agent loop (SFT
+      data, hand-built). `truncated` is True for the budget reasons.
   """
   prompt_id: str
   sample_index: int
@@ -664,10 +696,16 @@ class Trajectory:
   policy_version: int = 0
   question: str = ''
   answers: list[str] = dataclasses.field(default_factory=list)
+  stop_reason: str | None = None
 
   @property
   def num_tokens(self) -> int:
     return int(self.token_ids.shape[0])
+
+  @property
+  def truncated(self) -> bool:
+    """True when a token budget ended the episode (the steps that did not fit were dropped whole)."""
+    return self.stop_reason in TRUNCATION_REASONS
 
   @property
   def execution_errors(self) -> list[bool]:
@@ -699,7 +737,8 @@ class Trajectory:
     """A dict of plain Python values for HF `datasets` (use `record_features()` as the schema).
 
     Images become PNG bytes + grid (pixel_values are recomputed on load); tool images are not stored twice:
-    they are images[1:] in order, reattached by `from_record`.
+    they are the images after the prompt's, in order, reattached by `from_record`. `to_json` is the same record
+    as one JSON line (PNG bytes base64-encoded).
     """
     return {
         'prompt_id': str(self.prompt_id),
@@ -722,21 +761,37 @@ class Trajectory:
         'rollout_logprobs': (None if self.rollout_logprobs is None else
                              np.asarray(self.rollout_logprobs, np.float32).tolist()),
         'policy_version': int(self.policy_version),
+        'stop_reason': self.stop_reason,
     }
+
+  def to_json(self) -> str:
+    """`to_record()` as one line of JSON: each `images[i].png` is the base64 (RFC 4648, padded) of the PNG bytes."""
+    record = self.to_record()
+    record['images'] = [{**im, 'png': base64.b64encode(im['png']).decode('ascii')} for im in record['images']]
+    return json.dumps(record, ensure_ascii=False, separators=(',', ':'))
+
+  @classmethod
+  def from_json(cls, line: str) -> 'Trajectory':
+    """Inverse of `to_json`."""
+    return cls.from_record(json.loads(line))
 
   @classmethod
   def from_record(cls, record: dict) -> 'Trajectory':
-    """Inverse of `to_record` (also accepts rows read back from HF `datasets`)."""
+    """Inverse of `to_record` (also accepts rows read back from HF `datasets`, and base64 PNG strings)."""
     images = []
     for i, im in enumerate(record['images']):
-      pixels = np.asarray(Image.open(io.BytesIO(im['png'])).convert('RGB'))
+      png = im['png']
+      if isinstance(png, str):
+        png = base64.b64decode(png)
+      pixels = np.asarray(Image.open(io.BytesIO(png)).convert('RGB'))
       try:
         images.append(ImageRef.from_pixels_and_grid(
             pixels, im['grid_thw'], int(im.get('patch_size', 16)), int(im.get('temporal_patch_size', 2)),
             int(im.get('merge_size', 2))))
       except ValueError as e:
         raise ValueError(f'record {record.get("prompt_id")!r}: image {i + 1}: {e}') from e
-    steps, next_image = [], 1
+    num_prompt_images = len(images) - sum(int(s['result_num_images']) for s in record['steps'] if s.get('has_result'))
+    steps, next_image = [], max(num_prompt_images, 0)
     for s in record['steps']:
       step = _step_from_record(s)
       if step.result is not None:
@@ -754,7 +809,7 @@ class Trajectory:
         fatal_step=None if fatal is None or int(fatal) < 0 else int(fatal),
         rollout_logprobs=None if logprobs is None else np.asarray(logprobs, np.float32),
         policy_version=int(record.get('policy_version', 0)), question=record.get('question', ''),
-        answers=list(record.get('answers') or []))
+        answers=list(record.get('answers') or []), stop_reason=record.get('stop_reason'))
 
 
 def _step_to_record(s: Step) -> dict:
@@ -806,6 +861,7 @@ def record_features():
       'gen_mask': datasets.List(v('bool')), 'step_of_token': datasets.List(v('int32')),
       'images': datasets.List(image), 'steps': datasets.List(step), 'final_response': v('string'),
       'fatal_step': v('int32'), 'rollout_logprobs': datasets.List(v('float32')), 'policy_version': v('int64'),
+      'stop_reason': v('string'),
   })
 
 
@@ -836,7 +892,8 @@ class TrajectoryBuilder:
   """Append-only construction of one Trajectory; the ids after each append start with the ids before it.
 
   Use: start(question, image); then per step: prompt_ids()/images -> engine -> append_assistant(ids) ->
-  (tool call) append_observation(result); finally finish(...).
+  (tool call) append_observation(result); finally finish(...). `truncate(n)` drops whole steps from the end
+  (token budgets: never a part of a step, an image span or a tool call).
   """
 
   def __init__(self, tokenizer, image_processor: ImageProcessor, tool_schemas: Sequence[dict],
@@ -852,9 +909,10 @@ class TrajectoryBuilder:
     self._gen: list[bool] = []
     self._step: list[int] = []
     self._logprobs: list[float] = []
-    self._all_logprobs = True
+    self._step_logprobs: list[bool] = []  # per step: the engine gave log-probs
     self._images: list[ImageRef] = []
     self._steps: list[Step] = []
+    self._marks: list[tuple[int, int]] = []  # per step: (tokens, images) before it began
     self.question: str | None = None
 
   # -- state -------------------------------------------------------------------------------------------------
@@ -900,12 +958,18 @@ class TrajectoryBuilder:
     self._append([VISION_START_ID] + [IMAGE_PAD_ID] * ref.num_tokens + [VISION_END_ID], False, step)
     return name
 
-  def start(self, question: str, image: np.ndarray | None) -> None:
+  def start(self, question: str, image: np.ndarray | Sequence[np.ndarray] | None,
+            max_tokens: int | None = None) -> None:
     """Renders system + user turn + '<|im_start|>assistant\\n' (gen_mask 0, step -1).
 
     Args:
       question: the user question.
-      image: uint8 [H, W, 3] input image (img_1), or None for a text-only question.
+      image: uint8 [H, W, 3] input image (img_1), a list of them (img_1, img_2, ..., each on its own line), or
+        None for a text-only question.
+      max_tokens: the prompt budget; None for none.
+    Raises:
+      PromptTooLongError: when the rendered prompt has more than `max_tokens` tokens. A prompt is never cut:
+        cutting could leave an image span without the pads its grid needs.
     """
     if self._ids:
       raise RuntimeError('TrajectoryBuilder.start called twice')
@@ -915,13 +979,20 @@ class TrajectoryBuilder:
     self._append([IM_START_ID] + _encode(tok, 'system\n' + system) + [IM_END_ID], False, -1)
     self._append(_encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'user\n'), False, -1)
     self._append(_encode(tok, question, untrusted=True), False, -1)
-    if image is not None:
+    images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
+    for im in images:
       self._append(_encode(tok, '\n'), False, -1)
-      self._append_image(image, -1)
+      self._append_image(im, -1)
     self._append([IM_END_ID] + _encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'assistant\n'), False, -1)
+    if max_tokens is not None and len(self._ids) > max_tokens:
+      pads = sum(im.num_tokens + 2 for im in self._images)
+      raise PromptTooLongError(
+          f'prompt has {len(self._ids)} tokens ({pads} of them in {len(self._images)} image span(s)), over the '
+          f'prompt budget of {max_tokens}; prompts and image spans are never cut: drop the prompt, shrink its '
+          f'image (ImageProcessor.max_pixels) or raise the budget')
 
   def append_assistant(self, ids: Sequence[int], logprobs: Sequence[float] | None = None,
-                       seconds: float = 0.0) -> ParsedAction:
+                       seconds: float = 0.0, cut: bool = False) -> ParsedAction:
     """Appends the ids the policy emitted for the next step (gen_mask 1) and parses them.
 
     Args:
@@ -929,6 +1000,10 @@ class TrajectoryBuilder:
         gen_mask 0.
       logprobs: float [n] engine log-probs of `ids`, or None.
       seconds: generation time of the step.
+      cut: the engine stopped at its per-turn limit (`max_new_tokens`, finish_reason 'length') before
+        <|im_end|>. The turn is kept as emitted (the policy is accountable for it) but never executed: its
+        action becomes 'malformed' with error 'turn cut at the token limit ...' (so a half-written tool call
+        cannot run, and a half-written response is not an answer).
     Returns:
       parse_action of the decoded text (the step is recorded; its result comes with append_observation).
     """
@@ -936,23 +1011,44 @@ class TrajectoryBuilder:
     ids = [int(i) for i in ids]
     if logprobs is not None and len(logprobs) != len(ids):
       raise ValueError(f'{len(logprobs)} logprobs for {len(ids)} ids')
-    if logprobs is None:
-      self._all_logprobs = False
     step = len(self._steps)
+    self._begin_step(logprobs is not None)
     self._append(ids, True, step, logprobs)
     if not ids or ids[-1] != IM_END_ID:
       self._append([IM_END_ID], False, step)
     body = ids[:-1] if ids and ids[-1] in (IM_END_ID, ENDOFTEXT_ID) else ids
     text = self.tokenizer.decode(body, skip_special_tokens=False)
-    return self._record_step(text, seconds)
+    return self._record_step(text, seconds, cut=cut and (not ids or ids[-1] != IM_END_ID))
 
   def append_assistant_text(self, text: str, seconds: float = 0.0) -> ParsedAction:
     """Appends an expert's assistant turn given as text (SFT data): its ids + <|im_end|>, all gen_mask 1."""
     self._check_can_act()
-    self._all_logprobs = False
     step = len(self._steps)
+    self._begin_step(False)
     self._append(_encode(self.tokenizer, text) + [IM_END_ID], True, step)
     return self._record_step(text, seconds)
+
+  def _begin_step(self, has_logprobs: bool):
+    self._marks.append((len(self._ids), len(self._images)))
+    self._step_logprobs.append(has_logprobs)
+
+  def truncate(self, num_steps: int) -> None:
+    """Keeps only the first `num_steps` whole steps (assistant turn + observation), dropping the rest.
+
+    The sequence then ends where step `num_steps` began (after an observation's '<|im_start|>assistant\\n'),
+    with the images of the kept steps only; no step, tool call or image span is ever split.
+    """
+    if not 0 <= num_steps <= len(self._steps):
+      raise ValueError(f'truncate({num_steps}): the builder has {len(self._steps)} steps')
+    if num_steps == len(self._steps):
+      return
+    tokens, images = self._marks[num_steps]
+    for buf in (self._ids, self._gen, self._step, self._logprobs):
+      del buf[tokens:]
+    del self._images[images:]
+    del self._steps[num_steps:]
+    del self._marks[num_steps:]
+    del self._step_logprobs[num_steps:]
 
   def _check_can_act(self):
     if not self._ids:
@@ -962,8 +1058,11 @@ class TrajectoryBuilder:
     if self.awaiting_observation:
       raise RuntimeError(f'step {len(self._steps) - 1} is a tool call: call append_observation first')
 
-  def _record_step(self, text: str, seconds: float) -> ParsedAction:
+  def _record_step(self, text: str, seconds: float, cut: bool = False) -> ParsedAction:
     action = parse_action(text, self.profile)
+    if cut:
+      why = 'turn cut at the token limit (max_new_tokens) before <|im_end|>; not executed'
+      action = ParsedAction(think=action.think, kind='malformed', error=why, problems=action.problems + [why])
     self._steps.append(Step(index=len(self._steps), text=text, action=action, result=None,
                             format_ok=action.format_ok, seconds=float(seconds)))
     return action
@@ -999,7 +1098,8 @@ class TrajectoryBuilder:
     return names
 
   def finish(self, prompt_id: str = '', sample_index: int = 0, answers: Sequence[str] = (),
-             fatal_step: int | None = None, policy_version: int = 0) -> Trajectory:
+             fatal_step: int | None = None, policy_version: int = 0, stop_reason: str | None = None
+             ) -> Trajectory:
     """The Trajectory so far (the builder may keep being used; the arrays are copies).
 
     final_response is the last step's response when it is one. A trailing observation's
@@ -1010,7 +1110,10 @@ class TrajectoryBuilder:
       answers: accepted answers.
       fatal_step: f_i from `rl.fatal.fatal_step` over `Trajectory.execution_errors`, or None.
       policy_version: weights version that produced the episode.
+      stop_reason: one of `STOP_REASONS` or None (see `Trajectory.stop_reason`).
     """
+    if stop_reason is not None and stop_reason not in STOP_REASONS:
+      raise ValueError(f'stop_reason={stop_reason!r} is not one of {STOP_REASONS}')
     if not self._ids:
       raise RuntimeError('call TrajectoryBuilder.start first')
     if fatal_step is not None and not 0 <= fatal_step < max(len(self._steps), 1):
@@ -1021,8 +1124,10 @@ class TrajectoryBuilder:
         gen_mask=np.asarray(self._gen, bool), step_of_token=np.asarray(self._step, np.int32),
         images=list(self._images), steps=[dataclasses.replace(s) for s in self._steps], final_response=final,
         fatal_step=fatal_step,
-        rollout_logprobs=np.asarray(self._logprobs, np.float32) if (self._all_logprobs and self._steps) else None,
-        policy_version=int(policy_version), question=self.question or '', answers=list(answers))
+        rollout_logprobs=(np.asarray(self._logprobs, np.float32) if (self._steps and all(self._step_logprobs))
+                          else None),
+        policy_version=int(policy_version), question=self.question or '', answers=list(answers),
+        stop_reason=stop_reason)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1036,8 +1141,13 @@ def check_trajectory(traj: Trajectory, max_problems: int = 20) -> list[str]:
     ImageRef, and pixel_values has prod(grid_thw) rows; no stray pad/vision tokens;
   - gen_mask is 1 only inside assistant turns (after '<|im_start|>assistant\\n', up to its <|im_end|>) and
     never on vision tokens;
-  - step_of_token starts at -1, is non-decreasing by steps of at most 1, ends at or below L, and prompt tokens
-    (-1) are never generated; fatal_step (if any) is a valid step index.
+  - step_of_token starts at -1, is non-decreasing by steps of at most 1, ends at exactly L (every step has
+    tokens), and prompt tokens (-1) are never generated; fatal_step (if any) is a valid step index;
+  - each grid is (1, h, w) with h, w multiples of merge_size, pixel_values is [prod(grid), 3*T*P*P];
+  - stop_reason is None or one of `STOP_REASONS`.
+
+  `validate_trajectory` raises `TrajectoryError` with these problems; `batching.collate` calls it on every
+  trajectory before an update.
   """
   problems: list[str] = []
   ids = np.asarray(traj.token_ids)
@@ -1067,9 +1177,16 @@ def check_trajectory(traj: Trajectory, max_problems: int = 20) -> list[str]:
                       f'grid {np.asarray(im.grid_thw).tolist()} needs {n}')
     else:
       covered[pos:end + 1] = True
-    if np.asarray(im.pixel_values).shape[0] != int(np.prod(im.grid_thw)):
-      problems.append(f'image {i + 1}: pixel_values has {np.asarray(im.pixel_values).shape[0]} rows, grid '
-                      f'{np.asarray(im.grid_thw).tolist()} needs {int(np.prod(im.grid_thw))}')
+  for i, im in enumerate(traj.images):
+    grid = np.asarray(im.grid_thw).reshape(-1)
+    pv = np.asarray(im.pixel_values)
+    width = 3 * im.temporal_patch_size * im.patch_size ** 2
+    if grid.shape != (3,) or grid[0] != 1 or grid[1] % im.merge_size or grid[2] % im.merge_size or grid.min() <= 0:
+      problems.append(f'image {i + 1}: grid {grid.tolist()} is not (1, h, w) with h, w multiples of '
+                      f'merge_size={im.merge_size}')
+    elif pv.ndim != 2 or pv.shape != (int(np.prod(grid)), width):
+      problems.append(f'image {i + 1}: pixel_values has shape {pv.shape}, grid {grid.tolist()} needs '
+                      f'({int(np.prod(grid))}, {width})')
   vision = np.isin(ids, (VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID))
   if np.any(vision & ~covered) and len(starts) == len(traj.images):
     problems.append(f'stray vision tokens at {np.flatnonzero(vision & ~covered)[:5].tolist()}')
@@ -1095,10 +1212,91 @@ def check_trajectory(traj: Trajectory, max_problems: int = 20) -> list[str]:
       problems.append(f'step_of_token decreases at {np.flatnonzero(d < 0)[:5].tolist()}')
     if np.any(d > 1):
       problems.append(f'step_of_token skips a step at {np.flatnonzero(d > 1)[:5].tolist()}')
-    if sot.max() > len(traj.steps) - 1:
-      problems.append(f'step_of_token reaches {sot.max()} with {len(traj.steps)} steps')
+    if sot.max() != len(traj.steps) - 1:
+      problems.append(f'step_of_token reaches {sot.max()} with {len(traj.steps)} steps (expected '
+                      f'{len(traj.steps) - 1})')
     if np.any(gen & (sot < 0)):
       problems.append('gen_mask on prompt tokens (step -1)')
   if traj.fatal_step is not None and not 0 <= traj.fatal_step < len(traj.steps):
     problems.append(f'fatal_step {traj.fatal_step} outside the {len(traj.steps)} steps')
+  stop_reason = getattr(traj, 'stop_reason', None)
+  if stop_reason is not None and stop_reason not in STOP_REASONS:
+    problems.append(f'stop_reason {stop_reason!r} is not one of {STOP_REASONS}')
   return problems[:max_problems]
+
+
+def validate_trajectory(traj: Trajectory) -> Trajectory:
+  """`check_trajectory`, raising: returns `traj` when sound.
+
+  Raises:
+    TrajectoryError: naming the trajectory (prompt_id, sample_index) and every problem found.
+  """
+  problems = check_trajectory(traj)
+  if problems:
+    raise TrajectoryError(f'trajectory prompt_id={traj.prompt_id!r} sample_index={traj.sample_index} is invalid: '
+                          + '; '.join(problems))
+  return traj
+
+
+# --------------------------------------------------------------------------------------------------------------
+# JSON lines: one `Trajectory.to_json()` per line.
+
+def write_jsonl(trajectories: Sequence[Trajectory], path: str | os.PathLike) -> None:
+  """Writes one `Trajectory.to_json()` line per trajectory (UTF-8)."""
+  with open(path, 'w', encoding='utf-8') as f:
+    for traj in trajectories:
+      f.write(traj.to_json() + '\n')
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[Trajectory]:
+  """Yields the trajectories of a file written by `write_jsonl` (blank lines skipped)."""
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      if line.strip():
+        yield Trajectory.from_json(line)
+
+
+def check_jsonl(path: str | os.PathLike) -> tuple[int, list[tuple[int, str, list[str]]]]:
+  """Checks every trajectory of a JSON-lines file.
+
+  Returns:
+    (number of trajectories, [(line number, 'prompt_id=... sample_index=...', problems)] for the invalid ones);
+    a line that does not decode into a Trajectory is invalid with the decoding error as its problem.
+  """
+  n, invalid = 0, []
+  with open(path, encoding='utf-8') as f:
+    for line_no, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      n += 1
+      try:
+        traj = Trajectory.from_json(line)
+      except Exception as e:  # pylint: disable=broad-except  # a broken line is reported, not fatal
+        invalid.append((line_no, '?', [f'cannot decode: {type(e).__name__}: {e}']))
+        continue
+      problems = check_trajectory(traj)
+      if problems:
+        invalid.append((line_no, f'prompt_id={traj.prompt_id!r} sample_index={traj.sample_index}', problems))
+  return n, invalid
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python -m osvl_jax.trajectory --check FILE.jsonl [...]`: prints each problem, then
+  `trajectories=<n> invalid=<m>`; exit status 1 when any trajectory is invalid."""
+  parser = argparse.ArgumentParser(prog='python -m osvl_jax.trajectory', description=__doc__.split('\n')[0])
+  parser.add_argument('--check', nargs='+', required=True, metavar='FILE.jsonl',
+                      help='JSON-lines files of Trajectory.to_json() records to validate')
+  args = parser.parse_args(argv)
+  total, bad = 0, 0
+  for path in args.check:
+    n, invalid = check_jsonl(path)
+    total, bad = total + n, bad + len(invalid)
+    for line_no, who, problems in invalid:
+      for problem in problems:
+        print(f'{path}:{line_no}: {who}: {problem}')
+  print(f'trajectories={total} invalid={bad}')
+  return 1 if bad else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

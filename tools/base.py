@@ -40,3 +40,14 @@ class ToolResult:
 def error(kind: str, text: str, seconds: float = 0.0) -> ToolResult:
   """A failed ToolResult of `kind` (ok=False except for `no_result`)."""
   return ToolResult(ok=(kind == 'no_result'), error_kind=kind, text=text, seconds=seconds)
+
+
+class ToolError(Exception):
+  """Raised inside a tool body for a failure of a given kind (e.g. a remote `timeout`); `ToolEnv.call` turns it
+  into `error(kind, message)`. `kind` must be one of `ERROR_KINDS`."""
+
+  def __init__(self, kind: str, message: str):
+    if kind not in ERROR_KINDS:
+      raise ValueError(f'ToolError kind {kind!r} is not one of {ERROR_KINDS}')
+    super().__init__(message)
+    self.kind = kind

@@ -98,7 +98,8 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, m
     advantages: Â, float32 [N*G].
     stats: float32 scalars; counts and sums so that several batches reduce exactly (Tunix weighted metrics):
       num_fatal, num_fatal_clamped (fatal with r̃ < 0), num_fatal_kept (fatal with r̃ >= 0),
-      fatal_clamped_frac = num_fatal_clamped / num_fatal, fatal_clamped_rtilde_sum / _mean (mean r̃ of the
+      fatal_clamped_frac = num_fatal_clamped / num_fatal, fatal_kept_frac = num_fatal_kept / num_fatal (both 0
+      without fatal samples), fatal_clamped_rtilde_sum / _mean (mean r̃ of the
       clamped, before clamping), fatal_kept_rtilde_sum / _mean (mean r̃ of the preserved fatal samples),
       num_zero_std_groups (groups whose rewards are all equal: no learning signal), reward_mean, rtilde_mean.
       The fatal_* numbers are reported in every mode (what the clamp would do); only 'mask_clamp' applies it.
@@ -130,6 +131,7 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, m
       'num_fatal_clamped': num_clamped,
       'num_fatal_kept': num_kept,
       'fatal_clamped_frac': safe_div(num_clamped, num_fatal),
+      'fatal_kept_frac': safe_div(num_kept, num_fatal),
       'fatal_clamped_rtilde_sum': clamped_sum,
       'fatal_clamped_rtilde_mean': safe_div(clamped_sum, num_clamped),
       'fatal_kept_rtilde_sum': kept_sum,

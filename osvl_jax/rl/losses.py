@@ -87,6 +87,18 @@ def seq_mean_token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences:
   return jnp.sum(jnp.where(row_tokens > 0, row_mean, 0.0)) / jnp.maximum(num_sequences, 1.0)
 
 
+@register_aggregation('seq_mean_token_sum')
+def seq_mean_token_sum(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
+                       num_tokens: jax.Array) -> jax.Array:
+  """verl's 'seq-mean-token-sum': (1/G) Σ_i Σ_t M_it x_it, G = `num_sequences` (longer rows weigh more)."""
+  del num_tokens
+  return jnp.sum(per_token * mask) / jnp.maximum(num_sequences, 1.0)
+
+
+def aggregations() -> list[str]:
+  return sorted(_AGGREGATIONS)
+
+
 @register_aggregation('token_mean')
 def token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
                num_tokens: jax.Array) -> jax.Array:
@@ -122,7 +134,9 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
     ref_logprobs: log π_ref, float32 [B, T], or None (needed when beta > 0).
     eps_low, eps_high: asymmetric clip range (official run: 0.2 / 0.28).
     beta: KL coefficient (official run: 0).
-    aggregation: 'seq_mean_token_mean' (Eq. 12) or 'token_mean'.
+    aggregation: 'seq_mean_token_mean' (Eq. 12: per-trajectory token mean, then mean over the G sequences),
+      'token_mean' (DAPO: one token mean over the whole batch) or 'seq_mean_token_sum' (verl: per-trajectory
+      token sum, then mean over the G sequences).
     num_sequences: G, the number of sequences in the WHOLE batch this call is a micro-batch of (default B).
     num_tokens: Σ M over the whole batch, used by 'token_mean' (default Σ M of this call).
     clip_ratio_c: optional dual-clip bound (verl's clip_ratio_c, e.g. 3.0): for Â < 0 the token objective is

@@ -14,8 +14,22 @@ Per step l:
     response (max_turns, fatal cascade, token budget) has format_ok False.
 Episodes end on a response, after `max_turns` steps, at fatality (n_err consecutive execution errors reaches
 `fatal_k`; `fatal_step` = f_i per `fatal_index`, `rl.fatal.fatal_step`), or when the token budget
-`max_total_tokens` would be exceeded (the trajectory then ends at the last whole step that fits). Bad model
-output never raises.
+`max_total_tokens` would be exceeded (the trajectory then ends at the last whole step that fits). The reason is
+recorded in `Trajectory.stop_reason`. Bad model output never raises.
+
+Token budgets (all counted in tokens of the one trajectory sequence; an image costs num_tokens + 2):
+  - `max_prompt_tokens` (per prompt): system + user turn + image spans + '<|im_start|>assistant\n'. A longer
+    prompt raises `trajectory.PromptTooLongError` naming the prompt; prompts are never cut (a cut could split an
+    image span). A prompt that leaves no room under `max_total_tokens` raises the same error.
+  - `max_new_tokens` (per assistant turn): ids the engine may emit in one turn, the closing <|im_end|> included.
+    A turn cut there (finish_reason 'length') is kept as emitted (gen_mask 1, the policy is accountable for it;
+    its <|im_end|> is added with gen_mask 0) but never executed: it is a malformed step answered with a
+    `malformed_call` observation, so a half-written tool call never runs.
+  - `max_total_tokens` (per trajectory): T, the whole sequence. A step (assistant turn + its observation with
+    its images) that would cross it is dropped whole, the episode ends with stop_reason 'token_budget', and the
+    trajectory ends at the last whole step: never inside a tool call or an image span. T <= max_total_tokens.
+  - the engine's own context limit (`JaxSampler.max_len`): a context with no room left gets an empty turn; the
+    episode ends with stop_reason 'context_full'.
 """
 
 import concurrent.futures
@@ -69,9 +83,7 @@ class _Episode:
     self.builder = builder
     self.fatal_step: int | None = None
     self.done = False
-    self.end_reason = ''
-    # Replay log of whole steps: (ids, logprobs, seconds, result or None), to cut back to the last whole step.
-    self.log: list[tuple[np.ndarray, np.ndarray, float, tools_base.ToolResult | None]] = []
+    self.end_reason: str | None = None
 
 
 def malformed_result(action: traj_lib.ParsedAction) -> tools_base.ToolResult:
@@ -90,23 +102,12 @@ def _call_tool(env, action: traj_lib.ParsedAction, images) -> tools_base.ToolRes
                             seconds=time.perf_counter() - t0)
 
 
-def _replay(episode: _Episode, make_builder, keep: int) -> traj_lib.TrajectoryBuilder:
-  """A fresh builder holding only the first `keep` logged steps (the builder itself is append-only)."""
-  builder = make_builder()
-  builder.start(episode.item.question, episode.item.image)
-  for ids, logprobs, seconds, result in episode.log[:keep]:
-    builder.append_assistant(ids, logprobs, seconds=seconds)
-    if result is not None:
-      builder.append_observation(result)
-  return builder
-
-
 def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj_lib.TrajectoryBuilder],
                  items: Sequence[Item | Mapping[str, Any]], num_generations: int = 1, max_turns: int = 8,
                  fatal_k: int = 3, fatal_index: str = 'first', max_new_tokens: int | None = None,
                  max_total_tokens: int | None = None, stop: Sequence[str] = (), policy_version: int = 0,
-                 tool_workers: int = 1, log_fn: Callable[[dict], None] | None = None
-                 ) -> list[traj_lib.Trajectory]:
+                 tool_workers: int = 1, log_fn: Callable[[dict], None] | None = None,
+                 max_prompt_tokens: int | None = None) -> list[traj_lib.Trajectory]:
   """Rolls out `num_generations` episodes per item, all batched together turn by turn.
 
   Args:
@@ -118,9 +119,10 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
     max_turns: at most this many steps (assistant turns) per episode.
     fatal_k: K, consecutive execution errors that make an episode fatal (it stops there).
     fatal_index: 'first' (f_i = first step of the run) or 'kth' (the K-th), `rl.fatal.FATAL_INDEX`.
-    max_new_tokens: cap per assistant turn (None: the engine's default).
+    max_new_tokens: cap per assistant turn (None: the engine's default); a turn cut there is never executed.
     max_total_tokens: token budget per trajectory (None: unlimited); a step that would cross it is dropped and
-      the episode ends at the last whole step.
+      the episode ends at the last whole step (stop_reason 'token_budget').
+    max_prompt_tokens: token budget of the rendered prompt (None: only what max_total_tokens implies).
     stop: stop strings passed to the engine (empty: the engine's default).
     policy_version: recorded in each Trajectory.
     tool_workers: threads running the tool calls of one turn concurrently (1: sequential).
@@ -128,15 +130,26 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
 
   Returns:
     N * G Trajectories, item-major (item i, samples 0..G-1), with steps, final_response, fatal_step,
-    rollout_logprobs from the engine and `policy_version`.
+    rollout_logprobs from the engine, `policy_version` and `stop_reason`.
+  Raises:
+    trajectory.PromptTooLongError: for a prompt over `max_prompt_tokens`, or with no room under
+      `max_total_tokens` (message names the prompt_id).
   """
   if fatal_index not in fatal_lib.FATAL_INDEX:
     raise ValueError(f'fatal_index {fatal_index!r} is not one of {sorted(fatal_lib.FATAL_INDEX)}')
+  prompt_limit = [b for b in (max_prompt_tokens, None if max_total_tokens is None else max_total_tokens - 1)
+                  if b is not None]
+  prompt_limit = min(prompt_limit) if prompt_limit else None
   episodes = []
   for item in map(as_item, items):
     for g in range(num_generations):
       builder = make_builder()
-      builder.start(item.question, item.image)
+      try:
+        builder.start(item.question, item.image, max_tokens=prompt_limit)
+      except traj_lib.PromptTooLongError as e:
+        raise traj_lib.PromptTooLongError(
+            f'prompt_id={item.prompt_id!r}: {e} (max_prompt_tokens={max_prompt_tokens}, '
+            f'max_total_tokens={max_total_tokens})') from e
       episodes.append(_Episode(item, g, builder))
 
   pool = concurrent.futures.ThreadPoolExecutor(tool_workers) if tool_workers > 1 else None
@@ -169,8 +182,8 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
         if gen.ids.size == 0 or (room is not None and needed > room[i]):
           e.done, e.end_reason = True, 'token_budget' if gen.ids.size else 'context_full'
           continue
-        action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds)
-        e.log.append((gen.ids, gen.logprobs, gen_seconds, None))
+        action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds,
+                                            cut=gen.finish_reason == engine_lib.FINISH_LENGTH)
         if action.kind == 'response':
           e.done, e.end_reason = True, 'response'
         elif action.kind == 'tool_call':
@@ -190,13 +203,14 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
       for e in active:
         if e.done:
           continue
+        if max_total_tokens is not None and e.builder.num_tokens > max_total_tokens:
+          # The observation (tool text, image spans) crossed the budget: drop the whole step.
+          e.builder.truncate(len(e.builder.steps) - 1)
+          e.done, e.end_reason = True, 'token_budget'
+          continue
         f = fatal_lib.fatal_step([s.is_execution_error for s in e.builder.steps], fatal_k, fatal_index)
         if f is not None:
           e.fatal_step, e.done, e.end_reason = f, True, 'fatal'
-        elif max_total_tokens is not None and e.builder.num_tokens > max_total_tokens:
-          e.builder = _replay(e, make_builder, len(e.log) - 1)  # the observation crossed the budget
-          e.log.pop()
-          e.done, e.end_reason = True, 'token_budget'
       if log_fn is not None:
         log_fn({'turn': turn, 'active': len(active), 'generate_s': gen_seconds, 'tools_s': tools_seconds,
                 'new_tokens': int(sum(g.ids.size for g in gens))})
@@ -209,7 +223,7 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
     if not e.done:
       e.end_reason = 'max_turns'
     traj = e.builder.finish(prompt_id=e.item.prompt_id, sample_index=e.sample_index, answers=e.item.answers,
-                            fatal_step=e.fatal_step, policy_version=policy_version)
+                            fatal_step=e.fatal_step, policy_version=policy_version, stop_reason=e.end_reason)
     if traj.steps and traj.steps[-1].action.kind != 'response':
       traj.steps[-1].format_ok = False  # r_fmt^(L) needs a response at l = L (DESIGN §6)
     out.append(traj)
@@ -218,8 +232,6 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
 
 def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:
   episode.builder.append_observation(result)
-  ids, logprobs, seconds, _ = episode.log[-1]
-  episode.log[-1] = (ids, logprobs, seconds, result)
 
 
 def run_episode(engine: engine_lib.Engine, env, make_builder: Callable[[], traj_lib.TrajectoryBuilder],

@@ -7,6 +7,7 @@ Computing the vocabulary projection only there keeps a 152k vocabulary from domi
 
 import numpy as np
 
+from osvl_jax import trajectory as traj_lib
 from osvl_jax.models.qwen3_vl import rope
 
 PAD_ID = 151643  # <|endoftext|>
@@ -41,9 +42,13 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
     -1 on padding), rollout_logprobs [B, K] float32 (0 where unknown).
   Raises:
     ValueError: on an empty list, or a fixed `length` / `num_loss` smaller than the batch needs.
+    trajectory.TrajectoryError: (a ValueError) when a trajectory breaks an invariant (`validate_trajectory`:
+      pads per image, gen_mask only on assistant tokens, step_of_token order, ...); nothing is repaired here.
   """
   if not trajectories:
     raise ValueError('collate: trajectories is empty')
+  for traj in trajectories:
+    traj_lib.validate_trajectory(traj)
   batch = len(trajectories)
   need_length, need_loss = padded_sizes(trajectories, length_multiple, loss_multiple)
   if (length is not None and length < need_length) or (num_loss is not None and num_loss < need_loss):

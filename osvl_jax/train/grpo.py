@@ -4,6 +4,10 @@ Reads top to bottom: prompts, policy (from the SFT checkpoint), tools, sampler; 
 samples per prompt with the current policy, score them (Eq. 9), group advantages (Eq. 11), post-fatal mask
 (Eq. 10), one clipped policy-gradient update (Eq. 12), metrics, checkpoint.
 
+The update accumulates gradients over `grpo.micro_batch_size`-row micro-batches, each on a ('data',) mesh of
+`grpo.data_parallel` devices (rows sharded, parameters replicated); every micro-batch loss is normalised by the
+whole group batch (num_sequences, num_tokens), so the update equals the full-batch one (DESIGN.md §6).
+
   .venv/bin/python -m osvl_jax.train.grpo --config=configs/demo.py --workdir=workdir/demo
 
 The policy starts from the latest checkpoint in `<workdir>/sft_ckpt` (or `config.grpo.init_from`);
@@ -15,7 +19,6 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
@@ -23,6 +26,7 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
@@ -30,8 +34,35 @@ from osvl_jax.train import batching, checkpoint, data, metrics, rollouts, sft, s
 
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Fails fast on a config the trainer cannot run (names not registered, batch that does not split).
+
+  Raises:
+    ValueError: an unknown fatal_mode / fatal_index / estimator / aggregation / judge, or a micro-batch size
+      that does not divide the group batch or is not a multiple of the data-parallel size.
+  """
+  cfg = config.grpo
+  fatal_lib.get_fatal_mode(cfg.fatal_mode)
+  advantages_lib.get_estimator(cfg.get('estimator', 'grpo'))
+  losses.get_aggregation(cfg.get('aggregation', 'seq_mean_token_mean'))
+  if config.rollout.fatal_index not in fatal_lib.FATAL_INDEX:
+    raise ValueError(f'rollout.fatal_index {config.rollout.fatal_index!r} is not one of '
+                     f'{sorted(fatal_lib.FATAL_INDEX)}')
+  judge_name = (config.get('judge') or {}).get('name', 'rule')
+  if judge_name not in judges_registry.judges():
+    raise ValueError(f'judge {judge_name!r} is not one of {judges_registry.judges()}')
+  batch = cfg.prompts_per_step * cfg.num_generations
+  micro = cfg.get('micro_batch_size', 0) or batch
+  if batch % micro:
+    raise ValueError(f'grpo.micro_batch_size={micro} does not divide the batch of {batch} trajectories')
+  data = cfg.get('data_parallel', 1)
+  data = len(jax.devices()) if data == 0 else data
+  if micro % data:
+    raise ValueError(f'grpo.micro_batch_size={micro} is not a multiple of grpo.data_parallel={data}')
+
+
 def make_logprob_fn():
-  """Jitted (model, batch, grid) -> [B, K] log-probs at loss positions (the trainer's old log-probs)."""
+  """Jitted (model, batch, grid) -> [B, K] log-probs at loss positions (the trainer's old / reference log-probs)."""
 
   @nnx.jit(static_argnums=2)
   def logprob_fn(model, batch, grid):
@@ -41,28 +72,209 @@ def make_logprob_fn():
   return logprob_fn
 
 
-def make_train_step(cfg: ml_collections.ConfigDict):
-  """Jitted GRPO update (model, optimizer, batch, grid) -> metrics (Eq. 12 loss over the whole group batch)."""
+def make_grad_fn(cfg: ml_collections.ConfigDict):
+  """Jitted (model, batch, grid, num_sequences, num_tokens) -> (grads, metrics) of −J (Eq. 12) on one micro-batch.
 
-  @nnx.jit(static_argnums=3)
-  def train_step(model, optimizer, batch, grid):
+  `num_sequences` (G·N rows) and `num_tokens` (Σ M) are those of the WHOLE group batch (float32 scalars), so the
+  gradients of the micro-batches sum to the full-batch gradient (DESIGN.md §6). The batch needs old_logprobs,
+  advantages, loss_mask (and ref_logprobs when beta > 0) beside `batching.collate`'s fields.
+  Loss settings from `cfg` (= config.grpo): eps_low, eps_high, beta, aggregation, clip_ratio_c.
+  """
+  eps_low, eps_high, beta = float(cfg.eps_low), float(cfg.eps_high), float(cfg.beta)
+  aggregation = cfg.get('aggregation', 'seq_mean_token_mean')
+  clip_ratio_c = cfg.get('clip_ratio_c', None)
+  losses.get_aggregation(aggregation)
+
+  @nnx.jit(static_argnums=2)
+  def grad_fn(model, batch, grid, num_sequences, num_tokens):
     batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
 
     def loss_fn(model):
       logprobs = state.loss_logprobs(model, batch)
       return losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
-                              eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta)
+                              ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
+                              eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
+                              num_tokens=num_tokens, clip_ratio_c=clip_ratio_c)
 
     (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    return grads, dict(aux, loss=loss)
+
+  return grad_fn
+
+
+def make_apply_fn():
+  """Jitted (model, optimizer, grads) -> global grad norm: one optimizer step with the accumulated gradient."""
+
+  @nnx.jit
+  def apply_fn(model, optimizer, grads):
     optimizer.update(model, grads)
-    return dict(aux, loss=loss, grad_norm=sft._global_norm(grads))
+    return sft._global_norm(grads)
+
+  return apply_fn
+
+
+def make_train_step(cfg: ml_collections.ConfigDict):
+  """Jitted GRPO update (model, optimizer, batch, grid) -> metrics on one whole batch (no micro-batching)."""
+  grad_fn, apply_fn = make_grad_fn(cfg), make_apply_fn()
+
+  def train_step(model, optimizer, batch, grid):
+    num_tokens = jax.numpy.sum(batch['loss_mask'])
+    grads, out = grad_fn(model, batch, grid, float(batch['advantages'].shape[0]), num_tokens)
+    return dict(out, grad_norm=apply_fn(model, optimizer, grads))
 
   return train_step
+
+
+def split_micro_batches(batch: dict, grid: tuple, micro_batch_size: int, merge_size: int = 2,
+                        image_token_id: int = 151655) -> list[tuple[dict, tuple]]:
+  """Splits a collated batch by rows into micro-batches, each with its own images (pixel_values, grid).
+
+  Images fill `<|image_pad|>` tokens in row-major order, and an image of grid (t, h, w) has t·h·w patches and
+  t·h·w / merge_size² pad tokens, so a row's patches are merge_size² × its pad-token count.
+
+  Args:
+    batch: `batching.collate` fields (+ per-row loss arrays) as host numpy arrays, without image_grid_thw.
+    grid: the batch's image grids as a tuple of (t, h, w) (`sft.grid_key`).
+    micro_batch_size: rows per micro-batch (0 or >= B: one micro-batch); must divide B.
+  Returns:
+    [(micro_batch dict, micro grid tuple)]; T and K are the batch's, so all parts share compiled shapes.
+  Raises:
+    ValueError: micro_batch_size does not divide B, or the image tokens do not match the grids.
+  """
+  rows = batch['input_ids'].shape[0]
+  size = rows if not micro_batch_size or micro_batch_size >= rows else int(micro_batch_size)
+  if rows % size:
+    raise ValueError(f'micro_batch_size={size} does not divide the batch of {rows} rows')
+  if size == rows:
+    return [(batch, grid)]
+  patches_per_row = merge_size ** 2 * np.sum(np.asarray(batch['input_ids']) == image_token_id, axis=1)
+  image_patches = [int(np.prod(g)) for g in grid]
+  image_end = np.cumsum(image_patches).tolist()
+  row_end = np.cumsum(patches_per_row).tolist()
+  if (row_end[-1] if row_end else 0) != (image_end[-1] if image_end else 0):
+    raise ValueError(f'{row_end[-1]} image patches by the pad tokens, {sum(image_patches)} by the grids')
+  parts = []
+  for lo in range(0, rows, size):
+    hi = lo + size
+    p_lo, p_hi = (row_end[lo - 1] if lo else 0), row_end[hi - 1]
+    images = [i for i, end in enumerate(image_end) if p_lo < end <= p_hi]
+    part = {}
+    for key, value in batch.items():
+      if value is None:
+        part[key] = None
+      elif key == 'pixel_values':
+        part[key] = value[p_lo:p_hi] if p_hi > p_lo else None
+      elif key == 'position_ids':
+        part[key] = value[:, lo:hi]
+      elif np.ndim(value) == 0:
+        part[key] = value
+      else:
+        part[key] = value[lo:hi]
+    parts.append((part, tuple(grid[i] for i in images)))
+  return parts
+
+
+def reduce_metrics(parts: list[dict]) -> dict:
+  """Exact full-batch values of `losses.grpo_loss` metrics from those of its micro-batches (Tunix style)."""
+  total = lambda k: float(sum(float(m[k]) for m in parts))
+  out = {k: total(k) for k in ('loss', 'pg_objective', 'num_tokens', 'num_sequences_with_tokens',
+                               'clipped_tokens', 'kl_sum')}
+  tokens = max(out['num_tokens'], 1.0)
+  out['clip_frac'] = out['clipped_tokens'] / tokens
+  out['kl'] = out['kl_sum'] / tokens
+  out['ratio_mean'] = sum(float(m['ratio_mean']) * float(m['num_tokens']) for m in parts) / tokens
+  out['ratio_max'] = max(float(m['ratio_max']) for m in parts)
+  return out
+
+
+def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequences: float,
+                     num_tokens: float) -> tuple[nnx.State, dict]:
+  """Σ over micro-batches of the gradient of −J, each normalised by the whole batch: the full-batch gradient.
+
+  Args:
+    parts: (device batch, grid) micro-batches (`split_micro_batches`, then `state.shard_batch`).
+    grad_fn: `make_grad_fn(cfg)`.
+    num_sequences, num_tokens: G·N and Σ M of the whole batch.
+  Returns:
+    (grads as an nnx.State like the model's params, reduced metrics).
+  """
+  grads, metrics_list = None, []
+  f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
+  for batch, grid in parts:
+    g, m = grad_fn(model, batch, grid, f32(num_sequences), f32(num_tokens))
+    grads = g if grads is None else jax.tree.map(jax.numpy.add, grads, g)
+    metrics_list.append(jax.device_get(m))
+  return grads, reduce_metrics(metrics_list)
+
+
+def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
+                  judge: judges_registry.Judge | None = None) -> tuple[dict, tuple, list, dict]:
+  """Scores a rollout batch and builds the update's arrays (Eq. 9, 10, 11).
+
+  Args:
+    trajectories: N*G trajectories, each prompt's G samples contiguous.
+    cfg: `config.grpo` (alpha, num_generations, fatal_mode, delta; optional estimator, std_ddof,
+      length_multiple, loss_multiple).
+    judge: r_acc / r_query judge (`osvl_jax.judges.registry`); None = the offline rule judge.
+  Returns:
+    (batch, grid, scores, advantage stats): `batch` is `batching.collate`'s dict plus loss_mask [B, K] float32
+    (Eq. 10 at the loss positions), advantages [B] float32 (Eq. 11), rewards [B], fatal_steps [B] int32 (-1 =
+    not fatal); `grid` is the static image-grid key; `scores` the per-trajectory reward components.
+  """
+  concurrency = int(judge.config.max_concurrency) if judge is not None and hasattr(judge, 'config') else 1
+  scores = rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge, max_concurrency=concurrency)
+  rewards = np.array([s['reward'] for s in scores], np.float32)
+  fatal_steps = fatal_lib.fatal_step_array([t.fatal_step for t in trajectories])
+  adv, adv_stats = advantages_lib.group_advantages(
+      rewards, fatal_steps != fatal_lib.NOT_FATAL, cfg.num_generations, mode=cfg.fatal_mode,
+      estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1))
+  batch = batching.collate(trajectories, length_multiple=cfg.get('length_multiple', 1024),
+                           loss_multiple=cfg.get('loss_multiple', 256))  # few distinct shapes
+  grid = sft.grid_key(batch)
+  batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['loss_valid'], batch['loss_step'], fatal_steps,
+                                                      cfg.fatal_mode))
+  batch['advantages'] = np.asarray(adv, np.float32)
+  batch['rewards'], batch['fatal_steps'] = rewards, fatal_steps
+  return batch, grid, scores, adv_stats
+
+
+def rollout_metrics(trajectories: list, scores: list[dict], fatal_steps: np.ndarray, adv_stats: dict,
+                    loss_mask: np.ndarray) -> dict:
+  """Per-step rollout metrics: reward components, fatal / clamped / kept fractions, turns, tool calls by tool."""
+  fatal = fatal_steps != fatal_lib.NOT_FATAL
+  stats = {k: float(v) for k, v in jax.device_get(adv_stats).items()}
+  tool_calls = collections.Counter(s.action.name for t in trajectories for s in t.steps
+                                   if s.action.kind == 'tool_call')
+  tool_errors = collections.Counter(s.result.error_kind for t in trajectories for s in t.steps
+                                    if s.result is not None and s.result.is_execution_error)
+  mean = lambda key: float(np.mean([s[key] for s in scores]))
+  return {
+      'mean_reward': mean('reward'),
+      'r_fmt': mean('r_fmt'),
+      'r_acc': mean('r_acc'),
+      'r_query': mean('r_query'),
+      'judge_errors': int(sum(s.get('judge_errors', 0) for s in scores)),
+      'fatal_fraction': float(np.mean(fatal)),
+      # of the fatal samples: clamped (r̃ < 0; Â = 0 under mask_clamp) vs preserved (r̃ >= 0, Â = r̃)
+      'fatal_clamped_fraction': stats['fatal_clamped_frac'],
+      'fatal_kept_fraction': stats['fatal_kept_frac'],
+      'fatal_kept_rtilde_mean': stats['fatal_kept_rtilde_mean'],
+      **stats,
+      'unmasked_tokens': int(np.asarray(loss_mask).sum()),
+      'mean_turns': float(np.mean([len(t.steps) for t in trajectories])),
+      'mean_tool_calls': float(sum(tool_calls.values()) / max(len(trajectories), 1)),
+      'tool_calls': dict(tool_calls),
+      'tool_errors': dict(tool_errors),
+  }
 
 
 def prompt_indices(step: int, prompts_per_step: int, num_prompts: int, seed: int) -> np.ndarray:
   """Prompts of `step` (seeded epochs, so a resumed run continues the same order)."""
   return sft.batch_indices(step, prompts_per_step, num_prompts, seed + 1)
+
+
+def _init_dir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathlib.Path:
+  return pathlib.Path(config.grpo.get('init_from') or workdir)
 
 
 def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path):
@@ -75,7 +287,7 @@ def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   if meta:
     print(f"grpo: resumed at step {meta['step']}", flush=True)
     return model, optimizer, mngr, meta['step']
-  init_dir = pathlib.Path(cfg.get('init_from') or workdir)
+  init_dir = _init_dir(config, workdir)
   sft_meta = checkpoint.restore(checkpoint.manager(init_dir, 'sft_ckpt'), model)
   if sft_meta is None and not config.model.get('hf_path'):
     raise FileNotFoundError(f'grpo: no SFT checkpoint in {init_dir / "sft_ckpt"}; run osvl_jax.train.sft first '
@@ -84,15 +296,45 @@ def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   return model, optimizer, mngr, 0
 
 
+def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> nnx.Module | None:
+  """π_ref for the KL term: a second, frozen copy of the SFT policy; None when beta = 0 (no KL, no second model).
+
+  Raises:
+    FileNotFoundError: beta > 0 but there is no SFT checkpoint (and no hf_path) to take π_ref from.
+  """
+  if not config.grpo.beta:
+    return None
+  ref = state.build_model(config, seed=config.seed)
+  init_dir = _init_dir(config, workdir)
+  if checkpoint.restore(checkpoint.manager(init_dir, 'sft_ckpt'), ref) is None and not config.model.get('hf_path'):
+    raise FileNotFoundError(f'grpo: beta={config.grpo.beta} needs the SFT checkpoint in {init_dir / "sft_ckpt"} '
+                            'as the reference policy')
+  print(f"grpo: reference policy (beta={config.grpo.beta}) from {init_dir / 'sft_ckpt'}", flush=True)
+  return ref
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
-  """Runs (or resumes) GRPO; returns the policy. Checkpoints in `<workdir>/grpo_ckpt`."""
+  """Runs (or resumes) GRPO; returns the policy. Checkpoints in `<workdir>/grpo_ckpt`.
+
+  Config (config.grpo unless noted): fatal_mode (none | hard | mask | mask_clamp), rollout.fatal_index
+  (first | kth), estimator (grpo | rloo | dr_grpo), aggregation (seq_mean_token_mean = Eq. 12 | token_mean |
+  seq_mean_token_sum), eps_low / eps_high, beta (> 0 loads π_ref), micro_batch_size (0 = whole batch),
+  data_parallel (devices on the 'data' mesh axis, 0 = all), judge.name (rule | llm).
+  """
   workdir = pathlib.Path(workdir)
   cfg = config.grpo
+  check_config(config)
   prompts = data.load_prompts(config, workdir)
   model, optimizer, mngr, start = init_policy(config, workdir)
+  ref_model = init_reference(config, workdir)
+  mesh = state.make_mesh(cfg.get('data_parallel', 1))
+  for module in (model, optimizer, ref_model):
+    if module is not None:
+      state.replicate(module, mesh)
   runner = rollouts.RolloutRunner(config, model)
+  judge = judges_registry.get_judge(config.get('judge'))
   writer = metrics.MetricWriter(workdir, 'grpo')
-  logprob_fn, train_step = make_logprob_fn(), make_train_step(cfg)
+  logprob_fn, grad_fn, apply_fn = make_logprob_fn(), make_grad_fn(cfg), make_apply_fn()
   group = cfg.num_generations
 
   for step in tqdm.trange(start, cfg.steps, desc='grpo', initial=start, total=cfg.steps):
@@ -101,34 +343,24 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
     trajectories = runner.run(items, num_generations=group, temperature=cfg.temperature, top_p=cfg.top_p,
                               seed=config.seed * 100_003 + step)
     rollout_seconds = time.time() - t0
-    scores = [rollouts.score(t, alpha=cfg.alpha) for t in trajectories]
-    rewards = np.array([s['reward'] for s in scores], np.float32)
-    fatal_steps = fatal_lib.fatal_step_array([t.fatal_step for t in trajectories])
-    adv, adv_stats = advantages_lib.group_advantages(rewards, fatal_steps != fatal_lib.NOT_FATAL, group,
-                                                     mode=cfg.fatal_mode, delta=cfg.delta)
-
-    batch = batching.collate(trajectories, length_multiple=1024, loss_multiple=256)  # few distinct shapes
-    grid = sft.grid_key(batch)
-    batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['loss_valid'], batch['loss_step'], fatal_steps,
-                                                        cfg.fatal_mode))
-    batch['advantages'] = np.asarray(adv, np.float32)
-    batch = state.device_batch(batch)
-    batch['old_logprobs'] = logprob_fn(model, batch, grid)
-    out = jax.device_get(train_step(model, optimizer, batch, grid))
-
-    tool_calls = collections.Counter(s.action.name for t in trajectories for s in t.steps
-                                     if s.action.kind == 'tool_call')
+    batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, judge)
+    batch.pop('rewards')
+    fatal_steps = batch.pop('fatal_steps')
+    num_sequences, num_tokens = len(trajectories), float(batch['loss_mask'].sum())
+    parts = [(state.shard_batch(b, mesh), g)
+             for b, g in split_micro_batches(batch, grid, cfg.get('micro_batch_size', 0))]
+    for b, g in parts:  # old (and reference) log-probs, recomputed by the trainer (Eq. 12's ρ)
+      b['old_logprobs'] = logprob_fn(model, b, g)
+      if ref_model is not None:
+        b['ref_logprobs'] = logprob_fn(ref_model, b, g)
+    grads, out = accumulate_grads(model, parts, grad_fn, num_sequences, num_tokens)
+    out['grad_norm'] = float(apply_fn(model, optimizer, grads))
     writer.write(step + 1, {
-        **{k: v for k, v in out.items()},
-        'mean_reward': float(rewards.mean()),
-        'r_fmt': float(np.mean([s['r_fmt'] for s in scores])),
-        'r_acc': float(np.mean([s['r_acc'] for s in scores])),
-        'r_query': float(np.mean([s['r_query'] for s in scores])),
-        'fatal_fraction': float(np.mean(fatal_steps != fatal_lib.NOT_FATAL)),
-        **adv_stats,
-        'unmasked_tokens': int(np.asarray(batch['loss_mask']).sum()),
-        'mean_turns': float(np.mean([len(t.steps) for t in trajectories])),
-        'tool_calls': dict(tool_calls),
+        **out,
+        **rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']),
+        'injected_tool_failures': dict(getattr(runner.env, 'injected_counts', None) or {}),  # cumulative
+        'micro_batches': len(parts),
+        'data_parallel': 1 if mesh is None else mesh.shape[state.DATA_AXIS],
         'rollout_seconds': rollout_seconds,
         'step_seconds': time.time() - t0,
     })

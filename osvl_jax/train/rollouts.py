@@ -1,10 +1,12 @@
 """Rollouts with the embedded JAX sampler against the real tool environment, and their rewards (Eq. 9)."""
 
+import concurrent.futures
+
 import ml_collections
 import numpy as np
 
 from osvl_jax import trajectory as trajectory_lib
-from osvl_jax.judges import rule
+from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rl import rewards
 from osvl_jax.rollout import agent_loop, jax_sampler
 from tools import registry
@@ -58,19 +60,43 @@ class RolloutRunner:
                                    max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens)
 
 
-def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8) -> dict[str, float]:
-  """r(τ) = r_fmt · (α r_acc + (1−α) r_query) (Eq. 9) with the rule-based judges (DESIGN §6).
+_RULE_JUDGE = judges_registry.RuleJudge()
 
-  r_fmt and r_query look only at steps before the fatal step; r_acc is 0 without a final response.
+
+def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
+          judge: judges_registry.Judge | None = None) -> dict:
+  """r(τ) = r_fmt · (α r_acc + (1−α) r_query) (Eq. 9) with `judge` (default: the offline rule judge, DESIGN §6).
+
+  r_fmt and r_query look only at steps before the fatal step; r_acc is 0 without a final response (no judge
+  call). A judge error never raises: the judge's fallback score is used and the error is recorded.
+
+  Returns:
+    {'reward', 'r_fmt', 'r_acc', 'r_query': float, 'judge_errors': int (judgements that fell back),
+     'judge_error_messages': list[str]}.
   """
+  judge = judge or _RULE_JUDGE
   prefix = traj.steps if traj.fatal_step is None else traj.steps[:traj.fatal_step]
   r_fmt = rewards.format_reward([s.format_ok for s in traj.steps], traj.fatal_step)
-  r_acc = rule.accuracy(traj.final_response, traj.answers) if traj.final_response is not None else 0.0
+  if traj.final_response is not None:
+    acc = judge.accuracy(traj.question, traj.final_response, list(traj.answers))
+  else:
+    acc = judges_registry.Verdict(0.0)
   calls = [(s.action.name, s.action.arguments) for s in prefix if s.action.kind == 'tool_call']
   results = [s.result for s in prefix if s.action.kind == 'tool_call']
-  r_query = rule.query_quality(calls, results, traj.question)
+  query = judge.query_quality(traj.question, calls, results)
+  errors = [v.error for v in (acc, query) if v.error is not None]
+  r_acc, r_query = float(acc.score), float(query.score)
   return {'reward': rewards.composite_reward(r_fmt, r_acc, r_query, alpha), 'r_fmt': r_fmt, 'r_acc': r_acc,
-          'r_query': r_query}
+          'r_query': r_query, 'judge_errors': len(errors), 'judge_error_messages': errors}
+
+
+def score_all(trajectories: list[trajectory_lib.Trajectory], alpha: float = 0.8,
+              judge: judges_registry.Judge | None = None, max_concurrency: int = 1) -> list[dict]:
+  """`score` of each trajectory, in order; `max_concurrency` threads when the judge is remote (I/O bound)."""
+  if max_concurrency <= 1 or judge is None or judge.name == 'rule' or len(trajectories) <= 1:
+    return [score(t, alpha, judge) for t in trajectories]
+  with concurrent.futures.ThreadPoolExecutor(min(max_concurrency, len(trajectories))) as pool:
+    return list(pool.map(lambda t: score(t, alpha, judge), trajectories))
 
 
 def format_ok_fraction(trajectories: list[trajectory_lib.Trajectory]) -> float:

@@ -1,5 +1,7 @@
 """Model, optimizer and the one forward pass both trainers use (log-probs at loss positions only)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -16,6 +18,8 @@ from osvl_jax.rl import losses
 def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Qwen3VLModel:
   """The policy named by `config.model`: `hf_path` (an HF Qwen3-VL folder) if set, else `name` ('tiny').
 
+  `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
+
   Raises:
     ValueError: for an unknown `config.model.name`.
   """
@@ -24,7 +28,11 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
     return model
   if config.model.name != 'tiny':
     raise ValueError(f"config.model.name={config.model.name!r}: only 'tiny' is built in; set model.hf_path")
-  return model_lib.Qwen3VLModel(config_lib.Qwen3VLConfig.tiny(), rngs=nnx.Rngs(seed))
+  model_config = config_lib.Qwen3VLConfig.tiny()
+  if config.model.get('text'):
+    model_config = dataclasses.replace(model_config,
+                                       text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
+  return model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed))
 
 
 def make_optimizer(model: nnx.Module, lr: float, steps: int, warmup_steps: int = 0,
@@ -59,3 +67,71 @@ def device_batch(batch: dict) -> dict:
 
 def num_params(model: nnx.Module) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data parallelism: a 1-D `jax.sharding.Mesh` with axis 'data'; the batch is split over it, parameters replicated.
+# ----------------------------------------------------------------------------------------------------------------
+
+DATA_AXIS = 'data'
+
+
+def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh | None:
+  """A ('data',) mesh over the first `num_devices` devices (0 = all); None for a single device (no sharding).
+
+  Raises:
+    ValueError: more devices asked for than exist.
+  """
+  devices = jax.devices()
+  n = len(devices) if num_devices in (0, None) else int(num_devices)
+  if n > len(devices) or n < 1:
+    raise ValueError(f'data parallelism over {n} devices, but {len(devices)} exist (XLA_FLAGS='
+                     '--xla_force_host_platform_device_count=N simulates N CPU devices)')
+  if n == 1:
+    return None
+  return jax.sharding.Mesh(np.asarray(devices[:n]), (DATA_AXIS,))
+
+
+def replicate(tree_or_module, mesh: jax.sharding.Mesh | None):
+  """Places every array of an nnx Module / Optimizer (in place) or of a pytree (returned) on all mesh devices."""
+  if mesh is None:
+    return tree_or_module
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  if isinstance(tree_or_module, nnx.Pytree):
+    nnx.update(tree_or_module, jax.device_put(nnx.state(tree_or_module), replicated))
+    return tree_or_module
+  return jax.device_put(tree_or_module, replicated)
+
+
+# Batch fields whose leading axis is not the row axis: position_ids [3, B, T] (rows on axis 1), pixel_values
+# [N, 1536] (patches of all rows' images: replicated; the vision tower sees every image, the text model its rows).
+_ROW_AXIS = {'position_ids': 1, 'pixel_values': None, 'image_grid_thw': None}
+
+
+def shard_batch(batch: dict, mesh: jax.sharding.Mesh | None) -> dict:
+  """Puts a collated batch on the mesh: row-major fields split over 'data' (NamedSharding), the rest replicated.
+
+  Without a mesh this is `device_batch`. Rows per device = B / mesh size (B must divide).
+
+  Raises:
+    ValueError: B is not a multiple of the mesh size.
+  """
+  if mesh is None:
+    return device_batch(batch)
+  size = mesh.shape[DATA_AXIS]
+  out = {}
+  for key, value in batch.items():
+    if key == 'image_grid_thw' or value is None:
+      out[key] = value
+      continue
+    value = jnp.asarray(value)
+    axis = _ROW_AXIS.get(key, 0)
+    if axis is None or value.ndim == 0:
+      spec = jax.sharding.PartitionSpec()
+    else:
+      if value.shape[axis] % size:
+        raise ValueError(f'batch field {key!r} has {value.shape[axis]} rows, not a multiple of the {size} '
+                         'data-parallel devices')
+      spec = jax.sharding.PartitionSpec(*([None] * axis + [DATA_AXIS]))
+    out[key] = jax.device_put(value, jax.sharding.NamedSharding(mesh, spec))
+  return out

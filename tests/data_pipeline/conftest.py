@@ -1,6 +1,5 @@
 """Shared fixtures: the real Wikispeedia corpus and its walk graph (loaded once per session)."""
 
-import ml_collections
 import pytest
 
 

@@ -137,3 +137,38 @@ def test_indexes_are_shared_across_envs():
 
 def test_result_type_is_tool_result(env):
   assert isinstance(env.call('nope', {}, []), base.ToolResult)
+
+
+def test_official_profile_schemas_use_the_release_names_and_arguments():
+  env = registry.ToolEnv({'tool_schema': 'official', 'enabled': (
+      'text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution', 'perspective_correct')})
+  fns = {s['function']['name']: s['function']['parameters'] for s in env.schemas()}
+  assert list(fns) == ['text_search', 'image_search', 'layout_parsing', 'crop', 'sharpen', 'super_resolution',
+                       'perspective_correct']
+  assert list(fns['text_search']['properties']) == ['q', 'hl', 'top_k'] and fns['text_search']['required'] == ['q']
+  assert list(fns['image_search']['properties']) == ['url']
+  assert list(fns['layout_parsing']['properties']) == ['image', 'use_chart_recognition',
+                                                       'use_doc_orientation_classify']
+  assert fns['layout_parsing']['properties']['use_chart_recognition']['type'] == 'boolean'
+  assert list(fns['crop']['properties']) == ['image', 'x', 'y', 'width', 'height']
+  assert list(fns['sharpen']['properties']) == ['image', 'amount']
+  assert list(fns['super_resolution']['properties']) == ['image', 'scale']
+
+
+def test_official_profile_calls_run_our_tools(taj):
+  env = registry.ToolEnv({'tool_schema': 'official', 'enabled': ('text_search', 'image_search', 'crop')})
+  r = env.call('text_search', {'q': 'Taj Mahal Agra mausoleum', 'hl': 'en', 'top_k': 2}, [])
+  assert r.ok and r.text.startswith('[1] Taj Mahal: ') and len(r.text.split('\n')) == 2
+  r = env.call('image_search', {'url': 'img_1'}, [cv2.GaussianBlur(taj, (0, 0), 2)])
+  assert r.ok and r.text.startswith('Best match: Taj Mahal')
+  r = env.call('text_search', {'query': 'Taj Mahal'}, [])  # Our names still work (the parser maps to them).
+  assert r.ok
+  r = env.call('image_search', {'url': 'https://example.org/x.jpg'}, [])
+  assert r.error_kind == 'bad_arguments'  # The local backend needs pixels.
+
+
+def test_unknown_profile_and_backend_are_rejected():
+  with pytest.raises(ValueError, match='tool_schema'):
+    registry.ToolEnv({'tool_schema': 'hermes'})
+  with pytest.raises(NotImplementedError, match='ocr backend'):
+    registry.ToolEnv({'enabled': ('ocr',), 'ocr': {'backend': 'cloud'}})

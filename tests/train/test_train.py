@@ -14,7 +14,7 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.train import batching, grpo, metrics, sft, state
+from osvl_jax.train import batching, grpo, metrics, sft
 from tools import registry
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -99,3 +99,48 @@ def test_batch_indices_are_seeded_epochs():
   first_epoch = np.concatenate([sft.batch_indices(s, 2, 6, seed=0) for s in range(3)])
   assert sorted(first_epoch.tolist()) == list(range(6))
   np.testing.assert_array_equal(sft.batch_indices(4, 2, 6, seed=0), sft.batch_indices(4, 2, 6, seed=0))
+
+
+BAD = tj.render_assistant_text('Try a tool.', tool_call={'name': 'browse', 'arguments': {'url': 'x'}})
+WRONG = tj.render_assistant_text('It is Delhi.', response='Delhi')
+
+
+def test_grpo_batch_masks_post_fatal_tokens_and_clamps_fatal_advantages():
+  """One group of G = 4 built by a scripted policy: right answer, wrong answer, fatal at step 0, fatal at step 1."""
+  tokenizer = tj.load_tokenizer()
+  env = registry.ToolEnv({'enabled': ('text_search',)})
+  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
+  scripts = {'right': [SEARCH, ANSWER], 'wrong': [SEARCH, WRONG], 'fatal0': [BAD, BAD, BAD],
+             'fatal1': [SEARCH, BAD, BAD, BAD]}
+
+  def policy(step, context):
+    text = tokenizer.decode(context.prompt_ids.tolist())
+    return scripts[next(k for k in scripts if f'case {k}?' in text)][step]
+
+  image = np.zeros((64, 64, 3), np.uint8)
+  items = [{'prompt_id': 'p', 'question': f'case {k}?', 'answers': ['Agra'], 'image': image} for k in scripts]
+  trajs = agent_loop.run_episodes(engine_lib.ScriptedEngine(policy, tokenizer), env,
+                                  lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas()), items,
+                                  num_generations=1, max_turns=6)
+  assert [t.fatal_step for t in trajs] == [None, None, 0, 1]
+  cfg = demo_config.get_config().grpo
+  cfg.num_generations = 4
+  batch, _, scores, stats = grpo.prepare_batch(trajs, cfg)
+
+  # Eq. 9 by hand: r = r_fmt * (0.8 r_acc + 0.2 r_query); fatal0 has an empty prefix (r = 0).
+  assert [s['r_fmt'] for s in scores] == [1.0, 1.0, 0.0, 1.0]
+  assert [s['r_acc'] for s in scores] == [1.0, 0.0, 0.0, 0.0]
+  for s in scores:
+    assert s['reward'] == pytest.approx(s['r_fmt'] * (0.8 * s['r_acc'] + 0.2 * s['r_query']))
+  # Eq. 11 by hand: group-normalised with the unbiased std, fatal samples below the mean clamped to 0.
+  r = np.array([s['reward'] for s in scores])
+  r_tilde = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+  assert r_tilde[2] < 0 and r_tilde[3] < 0
+  np.testing.assert_allclose(batch['advantages'], [r_tilde[0], r_tilde[1], 0.0, 0.0], rtol=1e-5, atol=1e-6)
+  assert stats['num_fatal'] == 2 and stats['num_fatal_clamped'] == 2
+  # Eq. 10: emitted tokens of steps >= f_i carry no loss; everything the policy emitted before them does.
+  mask, valid, step_of = batch['loss_mask'], batch['loss_valid'], batch['loss_step']
+  np.testing.assert_array_equal(mask[:2], valid[:2].astype(np.float32))
+  assert mask[2].sum() == 0
+  np.testing.assert_array_equal(mask[3], (valid[3] & (step_of[3] < 1)).astype(np.float32))
+  assert mask[3].sum() > 0

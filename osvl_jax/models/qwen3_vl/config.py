@@ -31,6 +31,13 @@ class TextConfig:
   hidden_act: str = 'silu'
   bos_token_id: int | None = 151643
   eos_token_id: int | None = 151645
+  # Mixture of experts (HF `Qwen3VLMoeTextConfig`); num_experts == 0 means dense.
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  norm_topk_prob: bool = True
 
   def __post_init__(self):
     if sum(self.mrope_section) != self.head_dim // 2:
@@ -39,6 +46,13 @@ class TextConfig:
       raise ValueError('num_attention_heads must be a multiple of num_key_value_heads')
     if self.hidden_act != 'silu':
       raise ValueError(f'only silu is supported, got {self.hidden_act}')
+    if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+      raise ValueError('num_experts_per_tok must be in [1, num_experts]')
+
+  def is_sparse_layer(self, layer: int) -> bool:
+    """Whether decoder layer `layer` uses the MoE block (HF `Qwen3VLMoeTextDecoderLayer.__init__`)."""
+    return (self.num_experts > 0 and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +100,18 @@ class Qwen3VLConfig:
   vision_end_token_id: int = 151653
   tie_word_embeddings: bool = False
 
+  @property
+  def is_moe(self) -> bool:
+    """True for the mixture-of-experts family (HF `Qwen3VLMoeForConditionalGeneration`)."""
+    return self.text.num_experts > 0
+
   @classmethod
   def from_hf_dict(cls, d: dict[str, Any]) -> Qwen3VLConfig:
-    """Parses a HF Qwen3-VL `config.json` dict (hub or transformers>=5 layout)."""
+    """Parses a HF Qwen3-VL or Qwen3-VL-MoE `config.json` dict (hub or transformers>=5 layout)."""
     t = dict(d.get('text_config') or {})
+    if 'num_local_experts' in t and 'num_experts' not in t:     # transformers>=5 writes the attribute_map alias
+      t['num_experts'] = t['num_local_experts']
+    t['mlp_only_layers'] = tuple(t.get('mlp_only_layers') or ())
     rope = dict(t.get('rope_parameters') or t.get('rope_scaling') or {})
     theta = rope.get('rope_theta', t.get('rope_theta', 5_000_000.0))
     if rope.get('rope_type', rope.get('type', 'default')) != 'default':
@@ -137,8 +159,17 @@ class Qwen3VLConfig:
         'deepstack_visual_indexes': list(v.deepstack_visual_indexes), 'hidden_act': v.hidden_act,
         'rope_parameters': {'rope_type': 'axial', 'rope_theta': v.rope_theta},
     }
+    if self.is_moe:
+      if not t.norm_topk_prob:
+        raise ValueError('transformers Qwen3VLMoe always renormalises the top-k weights (norm_topk_prob=True)')
+      text.update(model_type='qwen3_vl_moe_text', num_experts=t.num_experts,
+                  num_experts_per_tok=t.num_experts_per_tok, moe_intermediate_size=t.moe_intermediate_size,
+                  decoder_sparse_step=t.decoder_sparse_step, mlp_only_layers=list(t.mlp_only_layers))
+      vision['model_type'] = 'qwen3_vl_moe_vision'
+    arch, model_type = (('Qwen3VLMoeForConditionalGeneration', 'qwen3_vl_moe') if self.is_moe
+                        else ('Qwen3VLForConditionalGeneration', 'qwen3_vl'))
     return {
-        'architectures': ['Qwen3VLForConditionalGeneration'], 'model_type': 'qwen3_vl',
+        'architectures': [arch], 'model_type': model_type,
         'text_config': text, 'vision_config': vision,
         'image_token_id': self.image_token_id, 'video_token_id': self.video_token_id,
         'vision_start_token_id': self.vision_start_token_id, 'vision_end_token_id': self.vision_end_token_id,
@@ -159,3 +190,27 @@ class Qwen3VLConfig:
         depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, temporal_patch_size=2,
         spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=64, deepstack_visual_indexes=(0,))
     return cls(**{'text': text, 'vision': vision, 'tie_word_embeddings': True, **overrides})
+
+  @classmethod
+  def tiny_moe(cls, **overrides) -> Qwen3VLConfig:
+    """`tiny()` with a mixture-of-experts text decoder: 4 experts of width 32, top-2, both layers sparse."""
+    base = cls.tiny()
+    text = dataclasses.replace(base.text, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    return dataclasses.replace(base, **{'text': text, **overrides})
+
+
+def assembled_hf_dict(assembled: dict[str, Any], name: str) -> dict[str, Any]:
+  """A HF-style config dict for `name` from `qwen/configs/qwen3_vl_family_hparams.assembled.json` (its `common`
+  values plus the model's `text` / `vision` overrides), parseable by `Qwen3VLConfig.from_hf_dict`.
+
+  A non-boolean `tie_word_embeddings` (e.g. "unknown (likely false)") is read as False.
+  """
+  common, entry = assembled['common'], assembled[name]
+  text = {k: common[k] for k in ('vocab_size', 'head_dim', 'rms_norm_eps', 'rope_theta', 'rope_scaling',
+                                 'max_position_embeddings', 'bos_token_id', 'eos_token_id')}
+  text.update(entry['text'])
+  vision = {**common['vision_common'], **entry['vision']}
+  tie = entry.get('tie_word_embeddings')
+  top = {k: common[k] for k in ('image_token_id', 'video_token_id', 'vision_start_token_id', 'vision_end_token_id')}
+  return {'architectures': entry['architectures'], 'text_config': text, 'vision_config': vision,
+          'tie_word_embeddings': tie if isinstance(tie, bool) else False, **top}

@@ -1,5 +1,5 @@
-"""Qwen3-VL (dense) in Flax NNX: vision tower + text decoder + lm head (mirrors HF
-`Qwen3VLForConditionalGeneration`, logits path).
+"""Qwen3-VL (dense or MoE) in Flax NNX: vision tower + text decoder + lm head (mirrors HF
+`Qwen3VLForConditionalGeneration` / `Qwen3VLMoeForConditionalGeneration`, logits path).
 
 Typical use:
   position_ids, rope_deltas = rope.get_rope_index(input_ids, grid_thw, attention_mask,

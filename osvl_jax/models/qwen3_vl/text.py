@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from osvl_jax.models.qwen3_vl import attention as attention_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl.config import TextConfig
 
@@ -59,11 +60,14 @@ class Attention(nnx.Module):
     self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
     self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
+  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128):
     """
     Args:
-      x: [B, T, hidden]; cos/sin: [B, T, head_dim]; mask: bool [B, T, S] (S = T, or cache length).
+      x: [B, T, hidden]; cos/sin: [B, T, head_dim].
+      mask: bool [B, T, S] explicit mask (S = T, or cache length), or bool [B, T] key-padding mask (no cache
+        only): causal + padding, computed blockwise (`attention.causal_attention`) without a [T, T] tensor.
       kv_cache: optional (k, v) each [B, S, Hkv, D]; cache_index: int32 [B] write offsets.
+      block: query block length of the blockwise path.
 
     Returns:
       out [B, T, hidden], updated (k, v) or None.
@@ -81,10 +85,13 @@ class Attention(nnx.Module):
       new_cache = (k, v)
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
-    scores = jnp.einsum('btkgd,bskd->bkgts', q, k.astype(q.dtype)) * (self.head_dim ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(b, t, self.num_heads * self.head_dim)
+    if mask.ndim == 2:
+      if kv_cache is not None:
+        raise ValueError('a [B, T] key mask is only valid without a KV cache')
+      out = attention_lib.causal_attention(q, k, v, mask, block)
+    else:
+      out = attention_lib.dense_attention(q, k, v, mask)
+    out = out.reshape(b, t, self.num_heads * self.head_dim)
     return self.o_proj(out.astype(x.dtype)), new_cache
 
 
@@ -100,17 +107,78 @@ class MLP(nnx.Module):
     return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nnx.Module):
+class Experts(nnx.Module):
+  """The E expert SwiGLU MLPs as stacked weights (HF `Qwen3VLMoeTextExperts`).
+
+  `gate_up_proj`: [E, hidden, 2*I] (gate = first I columns, up = last I), `down_proj`: [E, I, hidden]; this is the
+  hub checkpoint layout (transformers>=5 keeps the transpose, see `weights.py`).
+  """
+
   def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
+    e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    init = nnx.initializers.normal(0.02)
+    self.gate_up_proj = nnx.Param(init(rngs.params(), (e, h, 2 * i), param_dtype))
+    self.down_proj = nnx.Param(init(rngs.params(), (e, i, h), param_dtype))
+    self.dtype = dtype
+
+  def __call__(self, x, top_index, top_weight):
+    """Grouped (ragged) matmuls over tokens sorted by expert.
+
+    Args:
+      x: [N, hidden]; top_index: int32 [N, k] chosen experts; top_weight: [N, k] their routing weights.
+
+    Returns:
+      [N, hidden] = sum_j top_weight[:, j] * expert_{top_index[:, j]}(x).
+    """
+    n, k = top_index.shape
+    e = self.gate_up_proj.shape[0]
+    flat = top_index.reshape(-1)                                            # [N*k]
+    order = jnp.argsort(flat, stable=True)
+    token = order // k
+    group_sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+    xs = x[token].astype(self.dtype)                                        # [N*k, hidden] grouped by expert
+    gate_up = jax.lax.ragged_dot(xs, self.gate_up_proj[...].astype(self.dtype), group_sizes)
+    gate, up = jnp.split(gate_up, 2, axis=-1)
+    ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, self.down_proj[...].astype(self.dtype), group_sizes)
+    ys = ys * top_weight.reshape(-1)[order][:, None].astype(ys.dtype)
+    return jnp.zeros((n, x.shape[-1]), ys.dtype).at[token].add(ys)
+
+
+class SparseMoeBlock(nnx.Module):
+  """Top-k mixture of experts (HF `Qwen3VLMoeTextSparseMoeBlock` + `Qwen3VLMoeTextTopKRouter`): router logits in
+  the compute dtype, softmax in float32, top-k, renormalised over the k chosen (`norm_topk_prob`), then cast back.
+  `gate.kernel` is [hidden, E]."""
+
+  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
+    self.top_k = config.num_experts_per_tok
+    self.norm_topk_prob = config.norm_topk_prob
+    self.gate = _linear(config.hidden_size, config.num_experts, rngs, dtype, param_dtype)
+    self.experts = Experts(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+  def __call__(self, x):
+    """x [B, T, hidden] -> [B, T, hidden]."""
+    b, t, h = x.shape
+    flat = x.reshape(-1, h)
+    logits = self.gate(flat)                                                # [N, E]
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    top_weight, top_index = jax.lax.top_k(probs, self.top_k)
+    if self.norm_topk_prob:
+      top_weight = top_weight / top_weight.sum(-1, keepdims=True)
+    out = self.experts(flat, top_index, top_weight.astype(logits.dtype))
+    return out.reshape(b, t, h).astype(x.dtype)
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype, layer_index: int = 0):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.self_attn = Attention(config, **kw)
-    self.mlp = MLP(config, **kw)
+    self.mlp = SparseMoeBlock(config, **kw) if config.is_sparse_layer(layer_index) else MLP(config, **kw)
     self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
     self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype,
                                             param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
-    h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, cache_index)
+  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128):
+    h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, cache_index, block)
     x = x + h
     return x + self.mlp(self.post_attention_layernorm(x)), new_cache
 
@@ -140,14 +208,27 @@ def attention_mask_for(attention_mask, batch: int, length: int, cache=None, cach
 
 
 class Qwen3VLText(nnx.Module):
-  """Embedding + decoder layers + final norm (HF `Qwen3VLTextModel`)."""
+  """Embedding + decoder layers + final norm (HF `Qwen3VLTextModel`).
+
+  Without a cache, attention is causal + padding and by default computed blockwise (`attention_impl =
+  'blockwise'`, query blocks of `attention_block`, `attention.causal_attention`); `attention_impl = 'dense'`
+  builds the [B, T, T] mask and the full score matrix (reference). Both are plain attributes that may be set after
+  construction. With a cache the dense path is always used.
+
+  `remat = True` (also a plain attribute) rematerialises each decoder layer in the backward pass
+  (`nnx.remat`, same numerics, activation memory of one layer instead of all).
+  """
+
+  attention_impl: str = 'blockwise'
+  attention_block: int = 128
+  remat: bool = False
 
   def __init__(self, config: TextConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
     self.config = config
     self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
                                   rngs=rngs)
-    self.layers = nnx.List([DecoderLayer(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-                            for _ in range(config.num_hidden_layers)])
+    self.layers = nnx.List([DecoderLayer(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype, layer_index=i)
+                            for i in range(config.num_hidden_layers)])
     self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
 
   def __call__(self, inputs_embeds, position_ids, attention_mask=None, visual_pos_mask=None, deepstack=(),
@@ -170,15 +251,23 @@ class Qwen3VLText(nnx.Module):
     b, t, _ = x.shape
     cos, sin = rope.mrope_cos_sin(position_ids, c.head_dim, c.rope_theta, c.mrope_section, c.mrope_interleaved,
                                   dtype=x.dtype)
-    mask, slot_mask = attention_mask_for(attention_mask, b, t, cache, cache_index)
+    if cache is None and self.attention_impl == 'blockwise':
+      mask = jnp.ones((b, t), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
+      slot_mask = None
+    elif self.attention_impl in ('blockwise', 'dense'):
+      mask, slot_mask = attention_mask_for(attention_mask, b, t, cache, cache_index)
+    else:
+      raise ValueError(f'unknown attention_impl {self.attention_impl!r}')
     if cache is not None:
       cache_index = jnp.asarray(cache_index, jnp.int32)
     k_all = v_all = None
     if cache is not None:
       k_all, v_all = cache['k'], cache['v']
+    block = self.attention_block
+    run = nnx.remat(lambda lyr, *a: lyr(*a, block)) if self.remat else (lambda lyr, *a: lyr(*a, block))
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (k_all[i], v_all[i])
-      x, kv = layer(x, cos, sin, mask, kv, cache_index)
+      x, kv = run(layer, x, cos, sin, mask, kv, cache_index)
       if kv is not None:
         k_all, v_all = k_all.at[i].set(kv[0]), v_all.at[i].set(kv[1])
       if i < len(deepstack):

@@ -7,7 +7,16 @@ checkpoints): `model.visual.*`, `model.language_model.*`, `lm_head.weight`. Olde
 `model.layers.*`) are normalised on load.
 
 Transforms: `LINEAR` transposes torch's [out, in] to Flax's [in, out]; `CONV3D` flattens the [hidden, C, Tp, P, P]
-patch-embedding kernel to [C*Tp*P*P, hidden]; `SAME` copies.
+patch-embedding kernel to [C*Tp*P*P, hidden]; `SAME` copies; `EXPERTS` handles the stacked MoE expert weights.
+
+MoE expert layouts (HF `Qwen3VLMoeTextExperts`; transformers' `conversion_mapping.py` entry `qwen3_vl_moe`
+transposes dims 1 and 2 on load when the shape differs):
+  * hub checkpoints (`Qwen/Qwen3-VL-30B-A3B-*`, transformers 4.57): `gate_up_proj` [E, hidden, 2I],
+    `down_proj` [E, I, hidden] -- the Flax layout (`layout='hub'`);
+  * transformers>=5 in memory and `save_pretrained`: `gate_up_proj` [E, 2I, hidden], `down_proj` [E, hidden, I]
+    (`layout='transformers'`, the default for export, so `to_hf_state_dict` equals `model.state_dict()`).
+On load the layout is read from the shapes; only when hidden == 2I (resp. I) is it ambiguous, and then
+`expert_layout` (or, for a folder, `config.json`'s `transformers_version`) decides.
 """
 
 from __future__ import annotations
@@ -42,6 +51,9 @@ CONV3D = Transform(
     lambda x, c: x.T.reshape(x.shape[1], c.vision.in_channels, c.vision.temporal_patch_size,
                              c.vision.patch_size, c.vision.patch_size))
 
+EXPERTS = Transform(lambda x, c: x, lambda x, c: x)   # marker: layout handled by `_experts_to_flax` / `_to_hf`
+EXPERT_LAYOUTS = ('hub', 'transformers')
+
 _V, _T = 'model.visual', 'model.language_model'
 _MERGER = ('norm', 'linear_fc1', 'linear_fc2')
 
@@ -73,6 +85,9 @@ RULES: tuple[tuple[str, str, Transform, tuple[str, ...]], ...] = (
      ('self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj', 'self_attn.o_proj')),
     (f'{_T}.layers.{{n}}.{{p}}.weight', 'language_model.layers.{n}.{p}.weight', SAME,
      ('self_attn.q_norm', 'self_attn.k_norm', 'input_layernorm', 'post_attention_layernorm')),
+    (f'{_T}.layers.{{n}}.mlp.gate.weight', 'language_model.layers.{n}.mlp.gate.kernel', LINEAR, ()),
+    (f'{_T}.layers.{{n}}.mlp.experts.{{p}}', 'language_model.layers.{n}.mlp.experts.{p}', EXPERTS,
+     ('gate_up_proj', 'down_proj')),
     (f'{_T}.norm.weight', 'language_model.norm.weight', SAME, ()),
     ('lm_head.weight', 'lm_head.kernel', LINEAR, ()),
 )
@@ -113,13 +128,29 @@ def _normalise_hf_name(name: str) -> str:
   return name
 
 
+def _experts_to_flax(x: np.ndarray, want: tuple[int, ...], layout: str | None, name: str) -> np.ndarray:
+  """Stacked expert weight in either HF layout -> Flax layout `want` ([E, hidden, 2I] or [E, I, hidden])."""
+  want = tuple(want)
+  transposed = (x.shape[0], x.shape[2], x.shape[1])
+  if want[1] == want[2]:
+    if layout not in EXPERT_LAYOUTS:
+      raise ValueError(f'{name}: square expert matrices {x.shape}; pass expert_layout="hub" or "transformers"')
+    return x if layout == 'hub' else x.transpose(0, 2, 1)
+  if tuple(x.shape) == want:
+    return x
+  if transposed == want:
+    return x.transpose(0, 2, 1)
+  raise ValueError(f'{name}: expert weight shape {x.shape} fits neither layout of {want}')
+
+
 def _flat_params(model: Qwen3VLModel) -> dict[str, object]:
   pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   return {'.'.join(str(k) for k in path): v for path, v in traverse_util.flatten_dict(pure).items()}
 
 
 def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict: Mapping[str, np.ndarray], *,
-                       dtype=jnp.float32, param_dtype=jnp.float32, strict: bool = True) -> Qwen3VLModel:
+                       dtype=jnp.float32, param_dtype=jnp.float32, strict: bool = True,
+                       expert_layout: str | None = None) -> Qwen3VLModel:
   """Builds (or fills) a `Qwen3VLModel` from a HF state dict of numpy arrays.
 
   Args:
@@ -128,6 +159,8 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
     state_dict: HF name -> numpy array (any float dtype; cast to `param_dtype`).
     strict: raise on HF tensors without a rule and on model parameters left unfilled. When
       `tie_word_embeddings`, a `lm_head.weight` in the dict is ignored.
+    expert_layout: 'hub' | 'transformers' | None (MoE only; needed only when the expert matrices are square, see
+      the module docstring).
 
   Returns:
     The model with the loaded parameters.
@@ -147,8 +180,11 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
         unknown.append(name)
       continue
     path, tr = hit
-    array = tr.to_flax(np.asarray(value), config)
     want = targets[path]
+    if tr is EXPERTS:
+      array = _experts_to_flax(np.asarray(value), want.shape, expert_layout, name)
+    else:
+      array = tr.to_flax(np.asarray(value), config)
     if tuple(array.shape) != tuple(want.shape):
       raise ValueError(f'{name} -> {path}: shape {array.shape} != {want.shape}')
     loaded[path] = jnp.asarray(array, dtype=want.dtype)
@@ -170,19 +206,27 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
   return model
 
 
-def to_hf_state_dict(model: Qwen3VLModel, dtype=None) -> dict[str, np.ndarray]:
+def to_hf_state_dict(model: Qwen3VLModel, dtype=None, expert_layout: str = 'transformers'
+                     ) -> dict[str, np.ndarray]:
   """HF state dict (name -> numpy array) of a model; `lm_head.weight` omitted when tied (as `save_pretrained`).
 
   Args:
     dtype: optional numpy dtype to cast to (default: keep the parameter dtype).
+    expert_layout: MoE expert weight layout, 'transformers' (as `save_pretrained` in transformers>=5) or 'hub'.
   """
+  if expert_layout not in EXPERT_LAYOUTS:
+    raise ValueError(f'expert_layout must be one of {EXPERT_LAYOUTS}')
   out = {}
   for path, value in _flat_params(model).items():
     hit = flax_to_hf_name(path)
     if hit is None:
       raise ValueError(f'no HF name for parameter {path}')
     name, tr = hit
-    array = tr.to_hf(np.asarray(jax.device_get(value)), model.config)
+    array = np.asarray(jax.device_get(value))
+    if tr is EXPERTS:
+      array = array if expert_layout == 'hub' else array.transpose(0, 2, 1)
+    else:
+      array = tr.to_hf(array, model.config)
     out[name] = array.astype(dtype) if dtype is not None else array
   return out
 
@@ -211,23 +255,30 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
 
 def load_hf_folder(path: str | pathlib.Path, *, dtype=jnp.float32, param_dtype=jnp.float32
                    ) -> tuple[Qwen3VLModel, Qwen3VLConfig]:
-  """Loads a HF Qwen3-VL folder (`config.json` + `*.safetensors`) into a Flax model."""
+  """Loads a HF Qwen3-VL (or -MoE) folder (`config.json` + `*.safetensors`) into a Flax model. Square MoE expert
+  matrices are read in the transformers>=5 layout when `config.json` says `transformers_version` >= 5, else the
+  hub layout."""
   path = pathlib.Path(path)
-  config = Qwen3VLConfig.from_hf_dict(json.loads((path / 'config.json').read_text()))
+  raw = json.loads((path / 'config.json').read_text())
+  config = Qwen3VLConfig.from_hf_dict(raw)
+  version = str(raw.get('transformers_version') or '4')
+  layout = 'transformers' if version.split('.')[0].isdigit() and int(version.split('.')[0]) >= 5 else 'hub'
   state = {}
   for file in sorted(path.glob('*.safetensors')):
     state.update(read_safetensors(file))
   if not state:
     raise FileNotFoundError(f'no .safetensors files in {path}')
-  return load_hf_state_dict(config, state, dtype=dtype, param_dtype=param_dtype), config
+  return load_hf_state_dict(config, state, dtype=dtype, param_dtype=param_dtype, expert_layout=layout), config
 
 
 def save_hf_folder(model: Qwen3VLModel, path: str | pathlib.Path, dtype=None) -> None:
-  """Writes `config.json` + `model.safetensors` that `transformers.Qwen3VLForConditionalGeneration
-  .from_pretrained` loads."""
+  """Writes `config.json` + `model.safetensors` that `transformers.Qwen3VLForConditionalGeneration` (or
+  `Qwen3VLMoeForConditionalGeneration`) `.from_pretrained` loads."""
   from safetensors.numpy import save_file  # local: only needed for export
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  (path / 'config.json').write_text(json.dumps(model.config.to_hf_dict(), indent=2))
+  # The tensors are in the transformers>=5 layout (MoE experts); say so for `load_hf_folder`.
+  config = {**model.config.to_hf_dict(), 'transformers_version': '5.0.0'}
+  (path / 'config.json').write_text(json.dumps(config, indent=2))
   tensors = {k: np.ascontiguousarray(v) for k, v in to_hf_state_dict(model, dtype).items()}
   save_file(tensors, str(path / 'model.safetensors'), metadata={'format': 'pt'})

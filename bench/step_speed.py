@@ -1,0 +1,143 @@
+"""Training-step speed, JAX (Flax NNX) vs transformers (PyTorch), same small Qwen3-VL config, in one run.
+
+Command: `.venv/bin/python bench/step_speed.py [--tokens 1024] [--vocab 16384] [--repeats 3]`
+Config: text hidden 512, 4 layers, 8 heads / 4 kv heads of 64, SwiGLU 1536, vocabulary `--vocab`; vision 2 blocks
+of 256; one 256-patch image (64 merged tokens) inside a `--tokens`-token sequence, batch 1, float32.
+A step is forward + backward of the mean next-token cross-entropy (no optimizer update). Also times a float32
+[2048, 2048] x [2048, 2048] matmul in both frameworks, as the machine's reachable matmul throughput.
+
+Prints, among others:
+  step_flops_utilization=<x>   JAX step model-FLOP/s (6 * matmul params * tokens + attention) / JAX matmul FLOP/s
+  ratio_jax_over_torch_tokens_per_s=<y>
+Best of `--repeats` after one warm-up (compile) step; the two frameworks alternate so machine noise hits both.
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import parity
+from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import vision
+from osvl_jax.models.qwen3_vl import weights
+from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig, TextConfig, VisionConfig
+
+
+def bench_config(vocab: int) -> Qwen3VLConfig:
+  text = TextConfig(vocab_size=vocab, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=4, head_dim=64, mrope_section=(12, 10, 10),
+                    bos_token_id=None, eos_token_id=None)
+  vis = VisionConfig(depth=2, hidden_size=256, intermediate_size=1024, num_heads=4, out_hidden_size=512,
+                     num_position_embeddings=256, deepstack_visual_indexes=(0,))
+  return Qwen3VLConfig(text=text, vision=vis, image_token_id=vocab - 3, vision_start_token_id=vocab - 5,
+                       vision_end_token_id=vocab - 4, video_token_id=vocab - 2, tie_word_embeddings=False)
+
+
+def step_flops(config: Qwen3VLConfig, tokens: int, patches: int) -> float:
+  """Model FLOPs of forward+backward: 6 * (matmul weights) * rows + attention (12 * T^2 * heads * head_dim / 2
+  causal, per layer), for text and vision."""
+  t, v = config.text, config.vision
+  attn = t.hidden_size * t.head_dim * (2 * t.num_attention_heads + 2 * t.num_key_value_heads)
+  mlp = 3 * t.hidden_size * t.intermediate_size
+  text = 6 * tokens * (t.num_hidden_layers * (attn + mlp) + t.hidden_size * t.vocab_size)
+  text += t.num_hidden_layers * 12 * tokens * tokens * t.num_attention_heads * t.head_dim / 2
+  vblock = 4 * v.hidden_size ** 2 + 2 * v.hidden_size * v.intermediate_size
+  merged = v.hidden_size * 4
+  vis = 6 * patches * (v.patch_dim * v.hidden_size + v.depth * vblock)
+  vis += 6 * (patches // 4) * (1 + len(v.deepstack_visual_indexes)) * (merged * merged + merged * v.out_hidden_size)
+  vis += v.depth * 12 * patches * patches * v.hidden_size
+  return float(text + vis)
+
+
+def _best(fn, repeats):
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument('--tokens', type=int, default=1024)
+  ap.add_argument('--vocab', type=int, default=16384)
+  ap.add_argument('--repeats', type=int, default=3)
+  ap.add_argument('--matmul', type=int, default=2048)
+  args = ap.parse_args()
+  config = bench_config(args.vocab)
+  grid = np.array([[1, 16, 16]])
+  patches = 256
+  rng = np.random.default_rng(0)
+  n_img = patches // 4
+  ids = rng.integers(0, args.vocab - 10, size=(1, args.tokens))
+  ids[0, 10] = config.vision_start_token_id
+  ids[0, 11:11 + n_img] = config.image_token_id
+  ids[0, 11 + n_img] = config.vision_end_token_id
+  pixels = rng.standard_normal((patches, config.vision.patch_dim)).astype(np.float32)
+
+  # Same weights in both (HF random init, copied into Flax).
+  hf = parity.hf_model(config)
+  hf.config._attn_implementation = 'sdpa'
+  hf.train()
+  model = weights.load_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()})
+  pos, _ = rope.get_rope_index(ids, grid, image_token_id=config.image_token_id)
+  grid_t = vision.as_grid_tuple(grid)
+
+  def loss_fn(m, ids, pos, pix, g):
+    logits = m.logits(m(ids, pos, None, pix, g)[0])
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    return -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1).mean()
+
+  grad_step = nnx.jit(nnx.value_and_grad(loss_fn), static_argnums=4)
+  j_ids, j_pos, j_pix = jnp.asarray(ids, jnp.int32), jnp.asarray(pos), jnp.asarray(pixels)
+
+  def jax_step():
+    loss, grads = grad_step(model, j_ids, j_pos, j_pix, grid_t)
+    jax.block_until_ready(grads)
+    return float(loss)
+
+  t_ids, t_pix, t_grid = torch.tensor(ids), torch.tensor(pixels), torch.tensor(grid)
+  mm = torch.tensor((ids == config.image_token_id).astype(np.int32))
+
+  def torch_step():
+    hf.zero_grad(set_to_none=True)
+    out = hf(input_ids=t_ids, pixel_values=t_pix, image_grid_thw=t_grid, mm_token_type_ids=mm, labels=t_ids)
+    out.loss.backward()
+    return float(out.loss)
+
+  a = jnp.asarray(rng.standard_normal((args.matmul, args.matmul)), jnp.float32)
+  matmul = jax.jit(lambda x: x @ x)
+  ta = torch.tensor(np.asarray(a))
+
+  t0 = time.perf_counter()
+  jl, tl = jax_step(), torch_step()          # warm-up (JAX compile)
+  jax.block_until_ready(matmul(a))
+  _ = ta @ ta
+  print(f'warmup_seconds={time.perf_counter() - t0:.1f} loss_jax={jl:.4f} loss_torch={tl:.4f}', flush=True)
+  jt, tt, jm, tm = [], [], [], []
+  for _ in range(args.repeats):              # alternate frameworks
+    jt.append(_best(jax_step, 1))
+    tt.append(_best(torch_step, 1))
+    jm.append(_best(lambda: jax.block_until_ready(matmul(a)), 1))
+    tm.append(_best(lambda: ta @ ta, 1))
+  jt, tt, jm, tm = min(jt), min(tt), min(jm), min(tm)
+  flops = step_flops(config, args.tokens, patches)
+  mm_flops = 2 * args.matmul ** 3
+  print(f'jax_step_s={jt:.3f} torch_step_s={tt:.3f} step_gflop={flops / 1e9:.1f}')
+  print(f'jax_tokens_per_s={args.tokens / jt:.0f} torch_tokens_per_s={args.tokens / tt:.0f}')
+  print(f'jax_matmul_gflops={mm_flops / jm / 1e9:.1f} torch_matmul_gflops={mm_flops / tm / 1e9:.1f}')
+  print(f'jax_step_gflops={flops / jt / 1e9:.1f} torch_step_gflops={flops / tt / 1e9:.1f}')
+  print(f'step_flops_utilization={flops / jt / (mm_flops / jm):.3f}')
+  print(f'torch_step_flops_utilization={flops / tt / (mm_flops / tm):.3f}')
+  print(f'ratio_jax_over_torch_tokens_per_s={tt / jt:.3f}')
+  print(f'devices={jax.devices()} torch_threads={torch.get_num_threads()}')
+
+
+if __name__ == '__main__':
+  main()

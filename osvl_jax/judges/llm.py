@@ -1,0 +1,244 @@
+"""LLM judges over any OpenAI-compatible `/v1/chat/completions` endpoint (DESIGN.md §6; the paper used GPT-4o).
+
+Two judgements, one prompt each (temperature 0 from config):
+  accuracy       binary, VDR-Bench style: does the response contain the ground-truth answer (or an unambiguous
+                 equivalent)? The judge replies `Correct` or `Incorrect`.      -> r_acc ∈ {0, 1}
+  query quality  the pre-fatal steps' tool calls and their (truncated) results; the judge replies
+                 `Score: <number in [0, 1]>`.                                   -> r_query ∈ [0, 1]
+
+Robustness: the reply is parsed leniently (`parse_binary`, `parse_score`: reasoning in <think> blocks dropped,
+JSON or free text, last verdict wins, 0-10 / percent / `7/10` scales mapped to [0, 1]). A failed request (HTTP
+error, timeout, connection error) or an unparseable reply is retried `max_retries` times with exponential backoff;
+then the error is recorded in the `Verdict` and the judge's counters and the fallback score is returned
+(`on_error`: the rule judge's value, or 0). A judge never raises into the trainer.
+
+No call is made when there is nothing to judge: no final response -> r_acc = 0; no tool calls -> r_query = 0.
+"""
+
+import json
+import os
+import re
+import threading
+import time
+from typing import Any, Sequence
+
+import ml_collections
+import openai
+
+from osvl_jax.judges import registry, rule
+
+ACCURACY_PROMPT = """\
+You are grading the final answer of a multimodal search agent against the ground truth.
+
+Question: {question}
+Ground-truth answer (aliases separated by " | "): {answers}
+Agent response: {response}
+
+The response is Correct if it contains the ground-truth answer or an unambiguous equivalent (the same entity under \
+another name, the same number up to formatting, rounding or units, the same date in another format). Extra correct \
+detail is fine. It is Incorrect if it gives a different answer, hedges between several candidates, or says it \
+does not know.
+
+Reply with exactly one word: Correct or Incorrect."""
+
+QUERY_PROMPT = """\
+You are grading the search process of a multimodal search agent, not its final answer.
+
+Question: {question}
+
+The agent's tool calls, in order, each with the start of its result:
+{calls}
+
+Rate the quality of these tool calls from 0 to 1: are the queries relevant to the question and specific, do they \
+build on what earlier results revealed instead of repeating themselves, are the tools appropriate (image search \
+for the picture, text search for facts, crop/sharpen for details), and did they retrieve useful evidence? \
+0 = useless or erroneous calls, 1 = an efficient, well-targeted search.
+
+Reply with one line: Score: <number between 0 and 1>"""
+
+_THINK_RE = re.compile(r'<think>.*?(</think>|$)', re.DOTALL | re.IGNORECASE)
+_BINARY_RE = re.compile(r'\b(not\s+correct|incorrect|correct|wrong|right|yes|no|true|false)\b', re.IGNORECASE)
+_BINARY_VALUE = {'not correct': 0.0, 'incorrect': 0.0, 'wrong': 0.0, 'no': 0.0, 'false': 0.0,
+                 'correct': 1.0, 'right': 1.0, 'yes': 1.0, 'true': 1.0}
+_NUMBER = r'(-?\d+(?:\.\d+)?|-?\.\d+)'
+_SCORE_RE = re.compile(rf'score\s*(?:is|of)?\s*[:=]?\s*{_NUMBER}(?:\s*(?:/|out of)\s*{_NUMBER})?', re.IGNORECASE)
+_FRACTION_RE = re.compile(rf'{_NUMBER}\s*(?:/|out of)\s*{_NUMBER}', re.IGNORECASE)
+_LONE_NUMBER_RE = re.compile(rf'^\W*{_NUMBER}\s*(%?)\W*$')
+
+
+class JudgeParseError(ValueError):
+  """The judge's reply holds no verdict."""
+
+
+def _strip_reasoning(text: str | None) -> str:
+  if text is None:
+    raise JudgeParseError('empty reply (no message content)')
+  text = _THINK_RE.sub(' ', text).strip()
+  if not text:
+    raise JudgeParseError('empty reply')
+  return text
+
+
+def parse_binary(text: str | None) -> float:
+  """A Correct / Incorrect reply -> 1.0 / 0.0.
+
+  Accepts `Correct`, `**Incorrect**`, `The response is correct.`, `{"correct": true}`, `yes` / `no`, `1` / `0`;
+  the last verdict word wins (`... so it is not correct` -> 0). <think> blocks are ignored.
+
+  Raises:
+    JudgeParseError: no verdict in the reply.
+  """
+  text = _strip_reasoning(text)
+  lone = _LONE_NUMBER_RE.match(text)
+  if lone and lone[1] in ('0', '1'):
+    return float(lone[1])
+  words = _BINARY_RE.findall(text)
+  if not words:
+    raise JudgeParseError(f'no Correct/Incorrect verdict in {text[:200]!r}')
+  return _BINARY_VALUE[re.sub(r'\s+', ' ', words[-1].lower())]
+
+
+def _to_unit(value: float, denominator: float | None, percent: bool = False) -> float:
+  if denominator is not None:
+    if denominator <= 0:
+      raise JudgeParseError(f'bad score denominator {denominator}')
+    value = value / denominator
+  elif percent:
+    value = value / 100.0
+  elif 1.0 < value <= 10.0:  # a 0-10 scale
+    value = value / 10.0
+  elif 10.0 < value <= 100.0:  # a percentage
+    value = value / 100.0
+  if not 0.0 <= value <= 1.0:
+    raise JudgeParseError(f'score {value} is outside [0, 1]')
+  return float(value)
+
+
+def parse_score(text: str | None) -> float:
+  """A `Score: x` reply -> x ∈ [0, 1].
+
+  Accepts `Score: 0.7`, `score = 7/10`, `**Score:** 70%`, `{"score": 0.7}`, a lone number (`0.7`, `7`, `70%`);
+  a number in (1, 10] is read on a 0-10 scale, in (10, 100] as a percentage. The last `Score` wins.
+
+  Raises:
+    JudgeParseError: no score, or a score that maps outside [0, 1].
+  """
+  text = _strip_reasoning(text)
+  try:
+    data = json.loads(text)
+    if isinstance(data, dict) and isinstance(data.get('score'), (int, float)):
+      return _to_unit(float(data['score']), None)
+  except json.JSONDecodeError:
+    pass
+  matches = _SCORE_RE.findall(text.replace('*', ''))
+  if matches:
+    value, denominator = matches[-1]
+    return _to_unit(float(value), float(denominator) if denominator else None)
+  lone = _LONE_NUMBER_RE.match(text)
+  if lone:
+    return _to_unit(float(lone[1]), None, percent=bool(lone[2]))
+  fraction = _FRACTION_RE.findall(text)
+  if len(fraction) == 1:
+    return _to_unit(float(fraction[0][0]), float(fraction[0][1]))
+  raise JudgeParseError(f'no score in {text[:200]!r}')
+
+
+def format_calls(tool_calls: Sequence[tuple[str, Any]], results: Sequence[Any], max_chars: int = 600) -> str:
+  """The query judge's view of the tool calls: `[k] name {arguments}` then `-> status: result text`."""
+  lines = []
+  for k, ((name, arguments), result) in enumerate(zip(tool_calls, results), 1):
+    try:
+      args = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+      args = repr(arguments)
+    if result is None:
+      status, text = 'no result', ''
+    elif getattr(result, 'is_execution_error', False):
+      status, text = f'error ({result.error_kind})', result.text
+    elif getattr(result, 'error_kind', None) == 'no_result':
+      status, text = 'nothing found', result.text
+    else:
+      status, text = 'ok', result.text
+    text = ' '.join(str(text).split())
+    if len(text) > max_chars:
+      text = text[:max_chars] + ' ...'
+    lines.append(f'[{k}] {name} {args}\n    -> {status}: {text}')
+  return '\n'.join(lines)
+
+
+class LLMJudge(registry.Judge):
+  """Accuracy and query-quality judges over an OpenAI-compatible chat endpoint.
+
+  Args:
+    config: `registry.default_config()` fields (base_url, model, temperature, api_key_env, timeout_s,
+      max_retries, retry_backoff_s, max_tokens, on_error, max_result_chars).
+  Raises:
+    ValueError: when base_url or model is empty, or on_error is unknown.
+  """
+  name = 'llm'
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__()
+    if not config.base_url or not config.model:
+      raise ValueError('the llm judge needs config.judge.base_url and config.judge.model')
+    if config.on_error not in ('rule', 'zero'):
+      raise ValueError(f"judge.on_error must be 'rule' or 'zero', got {config.on_error!r}")
+    self.config = config
+    self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or 'EMPTY',
+                                timeout=float(config.timeout_s), max_retries=0)  # retries are ours, bounded
+    self._cache: dict[str, float] = {}
+    self._cache_lock = threading.Lock()
+
+  def _ask(self, prompt: str, parse) -> tuple[float | None, str | None, str]:
+    """(score, None, raw) on success, (None, error, raw) after 1 + max_retries failed attempts."""
+    with self._cache_lock:
+      if prompt in self._cache:
+        self._count('cache_hits')
+        return self._cache[prompt], None, ''
+    self._count('calls')
+    error, raw = None, ''
+    for attempt in range(1 + int(self.config.max_retries)):
+      if attempt:
+        self._count('retries')
+        time.sleep(float(self.config.retry_backoff_s) * 2 ** (attempt - 1))
+      try:
+        reply = self.client.chat.completions.create(
+            model=self.config.model, messages=[{'role': 'user', 'content': prompt}],
+            temperature=float(self.config.temperature), max_tokens=int(self.config.max_tokens))
+        if not reply.choices:
+          raise JudgeParseError('reply has no choices')
+        raw = reply.choices[0].message.content or ''
+        score = parse(reply.choices[0].message.content)
+      except Exception as e:  # noqa: BLE001 — a judge never crashes the trainer; every failure is retried
+        error = f'{type(e).__name__}: {str(e)[:300]}'
+        continue
+      with self._cache_lock:
+        self._cache[prompt] = score
+      return score, None, raw
+    self._count('errors')
+    return None, error, raw
+
+  def _fallback(self, rule_score: float) -> float:
+    return rule_score if self.config.on_error == 'rule' else 0.0
+
+  def accuracy(self, question: str, response: str | None, answers: Sequence[str]) -> registry.Verdict:
+    """r_acc ∈ {0, 1}; 0 without a call when there is no (or an empty) final response."""
+    if response is None or not response.strip():
+      return registry.Verdict(0.0)
+    prompt = ACCURACY_PROMPT.format(question=question, answers=' | '.join(answers), response=response)
+    score, error, raw = self._ask(prompt, parse_binary)
+    if error is not None:
+      return registry.Verdict(self._fallback(rule.accuracy(response, answers)), error, raw)
+    return registry.Verdict(score, None, raw)
+
+  def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]],
+                    results: Sequence[Any]) -> registry.Verdict:
+    """r_query ∈ [0, 1] over the pre-fatal tool calls; 0 without a call when there are none."""
+    if not tool_calls:
+      return registry.Verdict(0.0)
+    prompt = QUERY_PROMPT.format(question=question,
+                                 calls=format_calls(tool_calls, results, int(self.config.max_result_chars)))
+    score, error, raw = self._ask(prompt, parse_score)
+    if error is not None:
+      return registry.Verdict(self._fallback(rule.query_quality(tool_calls, results, question)), error, raw)
+    return registry.Verdict(score, None, raw)

@@ -1,0 +1,140 @@
+"""Sharded forward and gradient equal the unsharded ones on 8 simulated CPU devices (fsdp=8; fsdp=2 x tensor=4;
+MoE with expert=4), and the rules map parameters to the expected mesh axes.
+
+The multi-device tests need `XLA_FLAGS=--xla_force_host_platform_device_count=8` before jax starts; in a normal
+(1-device) pytest run `test_sharded_numerics_on_8_simulated_devices` reruns this file in a subprocess with it.
+"""
+
+import dataclasses
+import functools
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
+
+multi = pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (simulated) devices')
+IMAGE = 1000
+
+
+def _small_vocab(config):
+  """The tiny config with a 1,024-token vocabulary (image token 1000), so each compile stays small."""
+  return dataclasses.replace(config, text=dataclasses.replace(config.text, vocab_size=1024), image_token_id=IMAGE)
+
+
+DENSE, MOE = _small_vocab(Qwen3VLConfig.tiny()), _small_vocab(Qwen3VLConfig.tiny_moe())
+
+
+def test_rules_map_parameters_to_mesh_axes():
+  config = Qwen3VLConfig.tiny_moe(tie_word_embeddings=False)
+  model = nnx.eval_shape(lambda: Qwen3VLModel(config, nnx.Rngs(0)))
+  specs = sharding.param_specs(model)          # no mesh: no divisibility check
+  layer = specs['language_model']['layers'][0]
+  assert layer['self_attn']['q_proj']['kernel'] == P('fsdp', 'tensor')
+  assert layer['self_attn']['o_proj']['kernel'] == P('tensor', 'fsdp')
+  assert layer['mlp']['experts']['gate_up_proj'] == P('expert', 'fsdp', 'tensor')
+  assert layer['mlp']['gate']['kernel'] == P('fsdp', None)
+  assert layer['input_layernorm']['weight'] == P(None)
+  assert specs['language_model']['embed_tokens']['embedding'] == P('tensor', 'fsdp')
+  assert specs['lm_head']['kernel'] == P('fsdp', 'tensor')
+  assert specs['visual']['blocks'][0]['attn']['qkv']['kernel'] == P('fsdp', 'tensor')
+  # A dim not divisible by its mesh axes is replicated.
+  assert sharding.logical_to_spec(('embed', 'kv_heads'), (64, 6), sharding.make_mesh()) == P('fsdp', 'tensor')
+
+
+def _inputs(batch=8, length=24):
+  """ids [B, T] with one 4x4-patch image in row 0, positions, mask (row 1 left-padded), pixels, grid."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, 1000, size=(batch, length))
+  ids[0, 2:6] = IMAGE                                             # grid (1, 4, 4) -> 4 merged tokens
+  mask = np.ones((batch, length), bool)
+  mask[1, :5] = False
+  grid = np.array([[1, 4, 4]])
+  pixels = rng.standard_normal((16, 1536)).astype(np.float32)
+  pos, _ = rope.get_rope_index(ids, grid, mask, image_token_id=IMAGE)
+  return ids, pos, mask, pixels, grid
+
+
+def _loss_and_logits(model, ids, pos, mask, pixels, grid):
+  hidden, _ = model(ids, pos, mask, pixels, grid)
+  logits = model.logits(hidden)
+  logp = jax.nn.log_softmax(logits[:, :-1])
+  nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+  return (nll * mask[:, 1:]).sum() / mask[:, 1:].sum(), logits
+
+
+def _run(model, inputs, mesh=None):
+  ids, pos, mask, pixels, grid = inputs
+  ids, pos, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(pos), jnp.asarray(mask)
+  if mesh is not None:
+    sharding.shard_model(model, mesh)
+    ids = jax.device_put(ids, sharding.data_sharding(mesh, 2))
+    mask = jax.device_put(mask, sharding.data_sharding(mesh, 2))
+    pos = jax.device_put(pos, sharding.data_sharding(mesh, 3, batch_dim=1))
+  step = nnx.jit(nnx.value_and_grad(_loss_and_logits, has_aux=True), static_argnums=5)
+  (loss, logits), grads = step(model, ids, pos, mask, jnp.asarray(pixels), tuple(map(tuple, grid.tolist())))
+  return float(loss), np.asarray(logits), jax.tree.map(np.asarray, nnx.to_pure_dict(grads))
+
+
+@functools.cache
+def _reference(config):
+  return _run(Qwen3VLModel(config, nnx.Rngs(0)), _inputs())
+
+
+def _check_sharded_equals_unsharded(config, mesh_kw, expect_sharded):
+  inputs = _inputs()
+  ref_loss, ref_logits, ref_grads = _reference(config)
+  model = Qwen3VLModel(config, nnx.Rngs(0))
+  loss, logits, grads = _run(model, inputs, sharding.make_mesh(**mesh_kw))
+  for path, spec in expect_sharded.items():
+    leaf = nnx.state(model, nnx.Param)
+    for key in path:
+      leaf = leaf[key]
+    got = tuple(leaf[...].sharding.spec)
+    assert got + (None,) * (len(spec) - len(got)) == tuple(spec), (path, got)
+  assert abs(loss - ref_loss) <= 1e-5
+  assert np.abs(logits - ref_logits).max() <= 2e-5
+  flat, ref_flat = jax.tree.leaves(grads), jax.tree.leaves(ref_grads)
+  for g, r in zip(flat, ref_flat):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+
+
+@multi
+def test_fsdp8_forward_and_gradient_equal_unsharded():
+  _check_sharded_equals_unsharded(
+      DENSE, {'fsdp': 8},
+      {('language_model', 'layers', 0, 'mlp', 'up_proj', 'kernel'): P('fsdp', None)})
+
+
+@multi
+def test_fsdp2_tensor4_forward_and_gradient_equal_unsharded():
+  _check_sharded_equals_unsharded(
+      DENSE, {'fsdp': 2, 'tensor': 4},
+      {('language_model', 'layers', 0, 'self_attn', 'q_proj', 'kernel'): P('fsdp', 'tensor'),
+       ('language_model', 'embed_tokens', 'embedding'): P('tensor', 'fsdp')})
+
+
+@multi
+def test_moe_expert4_forward_and_gradient_equal_unsharded():
+  _check_sharded_equals_unsharded(
+      MOE, {'fsdp': 2, 'expert': 4},
+      {('language_model', 'layers', 1, 'mlp', 'experts', 'down_proj'): P('expert', None, 'fsdp')})
+
+
+@pytest.mark.skipif(jax.device_count() >= 8, reason='already running with 8 devices')
+def test_sharded_numerics_on_8_simulated_devices():
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
+  proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', __file__, '-k', 'unsharded'],
+                        env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+  assert '3 passed' in proc.stdout, proc.stdout[-2000:]

@@ -1,0 +1,62 @@
+"""The update's forward (`batching.collate` -> `state.loss_logprobs`) reproduces the log-probs the JaxSampler
+reported for a turn that came after two tool-returned images: same ids, same pixels, same 3-D positions."""
+
+import numpy as np
+from flax import nnx
+
+from osvl_jax import trajectory as tj
+from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.models.qwen3_vl import vision
+from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+from osvl_jax.rollout import agent_loop
+from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import jax_sampler
+from osvl_jax.train import batching
+from osvl_jax.train import state
+from tools import registry
+
+SCRIPT = [
+    tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
+        'image': 'img_1', 'x': 8, 'y': 0, 'width': 56, 'height': 40}}),
+    tj.render_assistant_text('Sharpen.', tool_call={'name': 'sharpen', 'arguments': {'image': 'img_2'}}),
+]
+
+
+class ScriptThenSample(engine_lib.Engine):
+  """Steps 0-1 from the script (tool calls returning images), later steps sampled by the model."""
+
+  def __init__(self, scripted, sampler, tokenizer):
+    self.scripted, self.sampler, self.tokenizer = scripted, sampler, tokenizer
+
+  def generate(self, contexts, max_new_tokens=None, stop=None):
+    contexts = [engine_lib.as_context(c) for c in contexts]
+    if engine_lib.count_assistant_turns(contexts[0].prompt_ids, self.tokenizer) < len(SCRIPT):
+      return self.scripted.generate(contexts, max_new_tokens, stop)
+    return self.sampler.generate(contexts, max_new_tokens, stop)
+
+
+def test_loss_logprobs_of_the_collated_batch_equal_the_samplers():
+  tokenizer = tj.load_tokenizer()
+  model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
+  env = registry.ToolEnv({'enabled': ('crop', 'sharpen')})
+  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
+  sampler = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=1, temperature=1.0, seed=0, max_len=1024,
+                                   bucket=64, pad_batch_pow2=False)
+  engine = ScriptThenSample(engine_lib.ScriptedEngine(SCRIPT, tokenizer), sampler, tokenizer)
+  image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+  item = {'prompt_id': 'q0', 'question': 'Where is this?', 'image': image, 'answers': ['x']}
+  (traj,) = agent_loop.run_episodes(engine, env, lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas()),
+                                    [item], max_turns=3)
+  assert len(traj.images) == 3 and len(traj.steps) == 3 and traj.stop_reason == 'max_turns'
+  batch = batching.collate([traj], length_multiple=64, loss_multiple=16)
+  grid = vision.as_grid_tuple(batch['image_grid_thw'])
+
+  @nnx.jit(static_argnums=2)  # as the trainer calls it (train/grpo.py make_logprob_fn)
+  def logprob_fn(model, batch, grid):
+    return state.loss_logprobs(model, dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3)))
+
+  device = state.device_batch({k: v for k, v in batch.items() if k != 'image_grid_thw'})
+  logprobs = np.asarray(logprob_fn(model, device, grid))[0]
+  sampled = batch['loss_valid'][0] & (batch['loss_step'][0] == 2)
+  assert sampled.sum() == 1
+  np.testing.assert_allclose(logprobs[sampled], batch['rollout_logprobs'][0][sampled], atol=2e-4)
