@@ -39,8 +39,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.name = 'tiny'
   c.model.hf_path = ''  # an HF folder instead of `name`, e.g. a Qwen3-VL checkpoint.
-  # Deeper than the test config (layers are cheap here; the 152k-vocabulary projection dominates the cost).
-  c.model.text = ml_collections.ConfigDict({'num_hidden_layers': 6, 'intermediate_size': 256})
+  # Deeper than the test config (layers are cheap here; the 152k-vocabulary projection dominates the cost), and
+  # rope_theta 1e4: with head_dim 16 there are only 8 rotary frequencies, and Qwen3-VL's 5e6 would leave almost
+  # all of them too slow to tell nearby tokens apart.
+  c.model.text = ml_collections.ConfigDict(
+      {'num_hidden_layers': 4, 'intermediate_size': 256, 'rope_theta': 10_000.0})
 
   c.tools = ml_collections.ConfigDict()
   c.tools.enabled = ('text_search', 'image_search', 'crop', 'sharpen')
@@ -72,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.grpo = ml_collections.ConfigDict()
   c.grpo.steps = 10
-  c.grpo.prompts_per_step = 2
+  c.grpo.prompts_per_step = 1
   c.grpo.num_generations = 4
   c.grpo.lr = 1e-4
   c.grpo.eps_low = 0.2
