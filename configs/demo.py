@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Data pipeline (DESIGN §7), embedded offline defaults; short paths and 3 hits per search keep the
   # expert trajectories (and so SFT on CPU) short. `dir` = '' builds/reads `<workdir>/data`.
   c.data = build.default_config()
-  c.data.num_items = 64
+  c.data.num_items = 100
   c.data.hop_probs = (0.7, 0.3, 0.0)
   c.data.top_k = 3
   c.data.min_pixels = c.image.get_ref('min_pixels')
@@ -57,14 +57,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.fatal_index = 'first'
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 300
+  c.sft.steps = 450
   c.sft.batch_size = 2
   c.sft.lr = 3e-3
   c.sft.warmup_steps = 20
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
   c.sft.log_every = 10
-  c.sft.ckpt_every = 100
+  c.sft.ckpt_every = 150
 
   # Sampling the SFT'd policy on the training prompts (sft_format_ok).
   c.eval = ml_collections.ConfigDict()
