@@ -113,18 +113,6 @@ def make_apply_fn():
   return apply_fn
 
 
-def make_train_step(cfg: ml_collections.ConfigDict):
-  """Jitted GRPO update (model, optimizer, batch, grid) -> metrics on one whole batch (no micro-batching)."""
-  grad_fn, apply_fn = make_grad_fn(cfg), make_apply_fn()
-
-  def train_step(model, optimizer, batch, grid):
-    num_tokens = jax.numpy.sum(batch['loss_mask'])
-    grads, out = grad_fn(model, batch, grid, float(batch['advantages'].shape[0]), num_tokens)
-    return dict(out, grad_norm=apply_fn(model, optimizer, grads))
-
-  return train_step
-
-
 def split_micro_batches(batch: dict, grid: tuple, micro_batch_size: int, merge_size: int = 2,
                         image_token_id: int = 151655) -> list[tuple[dict, tuple]]:
   """Splits a collated batch by rows into micro-batches, each with its own images (pixel_values, grid).
