@@ -27,22 +27,6 @@ UNKNOWN = _call('browse', {'url': 'https://example.org'})
 MISSING_IMAGE = _call('crop', {'image': 'img_9', 'x': 0, 'y': 0, 'width': 8, 'height': 8})
 
 
-@pytest.fixture(scope='module')
-def tokenizer():
-  return tj.load_tokenizer()
-
-
-@pytest.fixture(scope='module')
-def env():
-  return registry.ToolEnv({'enabled': ('crop', 'sharpen')})
-
-
-@pytest.fixture(scope='module')
-def make_builder(tokenizer, env):
-  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
-  return lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas())
-
-
 def _item(prompt_id='q0', question='In which city is this building?'):
   image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
   return {'prompt_id': prompt_id, 'question': question, 'image': image, 'answers': ['Agra']}

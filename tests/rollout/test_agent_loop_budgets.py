@@ -1,34 +1,16 @@
 """Token budgets of the agent loop: per-turn max_new_tokens, per-trajectory max_total_tokens, and stop_reason."""
 
 import numpy as np
-import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from tools import registry
 
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
     'image': 'img_1', 'x': 0, 'y': 0, 'width': 48, 'height': 40}})
 SHARPEN = tj.render_assistant_text('Sharpen it.', tool_call={'name': 'sharpen', 'arguments': {'image': 'img_2'}})
 UNKNOWN = tj.render_assistant_text('Browse.', tool_call={'name': 'browse', 'arguments': {}})
 ANSWER = tj.render_assistant_text('Done.', response='Agra')
-
-
-@pytest.fixture(scope='module')
-def tokenizer():
-  return tj.load_tokenizer()
-
-
-@pytest.fixture(scope='module')
-def env():
-  return registry.ToolEnv({'enabled': ('crop', 'sharpen')})
-
-
-@pytest.fixture(scope='module')
-def make_builder(tokenizer, env):
-  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
-  return lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas())
 
 
 def _run(tokenizer, env, make_builder, script, engine=None, **kw):

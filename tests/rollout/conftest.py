@@ -1,0 +1,22 @@
+"""Shared fixtures of the agent-loop tests: the real tokenizer, a ToolEnv with image tools, a small builder."""
+
+import pytest
+
+from osvl_jax import trajectory as tj
+from tools import registry
+
+
+@pytest.fixture(scope='module')
+def tokenizer():
+  return tj.load_tokenizer()
+
+
+@pytest.fixture(scope='module')
+def env():
+  return registry.ToolEnv({'enabled': ('crop', 'sharpen')})
+
+
+@pytest.fixture(scope='module')
+def make_builder(tokenizer, env):
+  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
+  return lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas())
