@@ -44,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
   # all of them too slow to tell nearby tokens apart.
   c.model.text = ml_collections.ConfigDict(
       {'num_hidden_layers': 4, 'intermediate_size': 256, 'rope_theta': 10_000.0})
+  # Decoder layers under jax.lax.scan (stacked parameters; compile time independent of depth) and per-layer remat.
+  c.model.scan_layers = False
+  c.model.remat = False
 
   c.tools = ml_collections.ConfigDict()
   c.tools.enabled = ('text_search', 'image_search', 'crop', 'sharpen')

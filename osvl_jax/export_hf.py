@@ -60,11 +60,16 @@ def export(workdir: str | pathlib.Path, out: str | pathlib.Path, hf_config=None,
   from osvl_jax.train import checkpoint
   config = read_config(hf_config)
   name, latest = latest_checkpoint(workdir)
-  model = Qwen3VLModel(config, nnx.Rngs(0))
-  try:
-    meta = checkpoint.restore(checkpoint.manager(workdir, name), model, step=latest if step is None else step)
-  except ValueError as e:   # shape/structure mismatch: the checkpoint is of another architecture
-    raise ValueError(f'checkpoint {workdir}/{name} does not fit this architecture; pass --hf_config') from e
+  error = None
+  for scan_layers in (False, True):     # the checkpoint holds per-layer or stacked (scan_layers) parameters
+    model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=scan_layers)
+    try:
+      meta = checkpoint.restore(checkpoint.manager(workdir, name), model, step=latest if step is None else step)
+      break
+    except ValueError as e:   # shape/structure mismatch
+      error = e
+  else:
+    raise ValueError(f'checkpoint {workdir}/{name} does not fit this architecture; pass --hf_config') from error
   np_dtype = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}[dtype]
   out = pathlib.Path(out)
   weights.save_hf_folder(model, out, dtype=np_dtype)

@@ -19,20 +19,26 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
   """The policy named by `config.model`: `hf_path` (an HF Qwen3-VL folder) if set, else `name` ('tiny').
 
   `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
+  `config.model.scan_layers` / `config.model.remat` (optional, default False): run the decoder layers under
+  `jax.lax.scan` (stacked parameter layout) / rematerialise each layer in the backward pass (`text.Qwen3VLText`).
+  Checkpoints keep the layout they were written with: resume with the same `scan_layers`.
 
   Raises:
     ValueError: for an unknown `config.model.name`.
   """
+  scan_layers = bool(config.model.get('scan_layers', False))
   if config.model.get('hf_path'):
-    model, _ = weights.load_hf_folder(config.model.hf_path)
-    return model
-  if config.model.name != 'tiny':
+    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers)
+  elif config.model.name != 'tiny':
     raise ValueError(f"config.model.name={config.model.name!r}: only 'tiny' is built in; set model.hf_path")
-  model_config = config_lib.Qwen3VLConfig.tiny()
-  if config.model.get('text'):
-    model_config = dataclasses.replace(model_config,
-                                       text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
-  return model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed))
+  else:
+    model_config = config_lib.Qwen3VLConfig.tiny()
+    if config.model.get('text'):
+      model_config = dataclasses.replace(model_config,
+                                         text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
+    model = model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed), scan_layers=scan_layers)
+  model.language_model.remat = bool(config.model.get('remat', False))
+  return model
 
 
 def make_optimizer(model: nnx.Module, lr: float, steps: int, warmup_steps: int = 0,

@@ -10,6 +10,7 @@ transformers = pytest.importorskip('transformers')
 
 from osvl_jax import export_hf  # noqa: E402
 from osvl_jax.models.qwen3_vl import parity  # noqa: E402
+from osvl_jax.models.qwen3_vl import weights  # noqa: E402
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # noqa: E402
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel  # noqa: E402
 from osvl_jax.train import checkpoint  # noqa: E402
@@ -39,3 +40,15 @@ def test_export_latest_checkpoint_loads_in_transformers_with_same_logits(tmp_pat
 def test_export_without_checkpoint_raises(tmp_path):
   with pytest.raises(FileNotFoundError):
     export_hf.latest_checkpoint(tmp_path)
+
+
+def test_export_of_a_scan_layers_checkpoint_writes_the_per_layer_hf_tensors(tmp_path):
+  config = Qwen3VLConfig.tiny()
+  scanned = Qwen3VLModel(config, nnx.Rngs(3), scan_layers=True)
+  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, scanned, None, {'stage': 'sft'})
+  export_hf.main([f'--workdir={tmp_path}', f'--out={tmp_path / "hf"}'])
+  written = weights.read_safetensors(tmp_path / 'hf' / 'model.safetensors')
+  expected = weights.to_hf_state_dict(Qwen3VLModel(config, nnx.Rngs(3)))      # same init, unrolled layout
+  assert written.keys() == expected.keys()
+  for name, value in expected.items():
+    np.testing.assert_array_equal(written[name], value, err_msg=name)

@@ -1,5 +1,6 @@
 """Sharded forward and gradient equal the unsharded ones on 8 simulated CPU devices (fsdp=8; fsdp=2 x tensor=4;
-MoE with expert=4), and the rules map parameters to the expected mesh axes.
+MoE with expert=4; scan_layers with fsdp=2 x tensor=4), the rules map parameters to the expected mesh axes, and an
+orbax checkpoint saved on one mesh restores onto another.
 
 The multi-device tests need `XLA_FLAGS=--xla_force_host_platform_device_count=8` before jax starts; in a normal
 (1-device) pytest run `test_sharded_numerics_on_8_simulated_devices` reruns this file in a subprocess with it.
@@ -91,11 +92,20 @@ def _reference(config):
   return _run(Qwen3VLModel(config, nnx.Rngs(0)), _inputs())
 
 
-def _check_sharded_equals_unsharded(config, mesh_kw, expect_sharded):
+def _unstack_layers(grads, num_layers):
+  """Pure-dict gradients of a scan_layers model with the stacked layer subtree split into {n: subtree}."""
+  stacked = grads['language_model']['layers']
+  layers = {n: jax.tree.map(lambda x, n=n: x[n], stacked) for n in range(num_layers)}
+  return {**grads, 'language_model': {**grads['language_model'], 'layers': layers}}
+
+
+def _check_sharded_equals_unsharded(config, mesh_kw, expect_sharded, scan_layers=False):
   inputs = _inputs()
   ref_loss, ref_logits, ref_grads = _reference(config)
-  model = Qwen3VLModel(config, nnx.Rngs(0))
+  model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=scan_layers)
   loss, logits, grads = _run(model, inputs, sharding.make_mesh(**mesh_kw))
+  if scan_layers:
+    grads = _unstack_layers(grads, config.text.num_hidden_layers)
   for path, spec in expect_sharded.items():
     leaf = nnx.state(model, nnx.Param)
     for key in path:
@@ -131,10 +141,34 @@ def test_moe_expert4_forward_and_gradient_equal_unsharded():
       {('language_model', 'layers', 1, 'mlp', 'experts', 'down_proj'): P('expert', None, 'fsdp')})
 
 
+@multi
+def test_scan_layers_fsdp2_tensor4_forward_and_gradient_equal_unsharded():
+  _check_sharded_equals_unsharded(
+      DENSE, {'fsdp': 2, 'tensor': 4},
+      {('language_model', 'layers', 'self_attn', 'q_proj', 'kernel'): P(None, 'fsdp', 'tensor')},
+      scan_layers=True)
+
+
+@multi
+def test_orbax_checkpoint_saved_on_one_mesh_restores_onto_another(tmp_path):
+  """Saved from fsdp=8, restored into a model placed on fsdp=2 x tensor=4: same values, the new layout."""
+  from osvl_jax.train import checkpoint
+  saved = sharding.shard_model(Qwen3VLModel(DENSE, nnx.Rngs(5)), sharding.make_mesh(fsdp=8))
+  checkpoint.save(checkpoint.manager(tmp_path, 'ckpt'), 3, saved, None, {'stage': 'test'})
+  target = sharding.shard_model(Qwen3VLModel(DENSE, nnx.Rngs(6)), sharding.make_mesh(fsdp=2, tensor=4))
+  meta = checkpoint.restore(checkpoint.manager(tmp_path, 'ckpt'), target)
+  assert meta == {'stage': 'test', 'step': 3}
+  q = target.language_model.layers[0].self_attn.q_proj.kernel[...]
+  assert tuple(q.sharding.spec) == ('fsdp', 'tensor') and q.sharding.mesh.shape['tensor'] == 4
+  for got, want in zip(jax.tree.leaves(nnx.state(target, nnx.Param)), jax.tree.leaves(nnx.state(saved, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 @pytest.mark.skipif(jax.device_count() >= 8, reason='already running with 8 devices')
 def test_sharded_numerics_on_8_simulated_devices():
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
-  proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', __file__, '-k', 'unsharded'],
+  proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', __file__,
+                         '-k', 'not on_8_simulated_devices'],
                         env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-  assert '3 passed' in proc.stdout, proc.stdout[-2000:]
+  assert '6 passed' in proc.stdout and 'skipped' not in proc.stdout, proc.stdout[-2000:]

@@ -29,12 +29,14 @@ from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 class Qwen3VLModel(nnx.Module):
   """Qwen3-VL with HF parameter names: `visual.*`, `language_model.*`, `lm_head` (absent when tied)."""
 
-  def __init__(self, config: Qwen3VLConfig, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+  def __init__(self, config: Qwen3VLConfig, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+               scan_layers: bool = False):
+    """`scan_layers`: store and run the decoder layers stacked under `jax.lax.scan` (see `text.Qwen3VLText`)."""
     self.config = config
     self.dtype = dtype
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.visual = vision_lib.Qwen3VLVision(config.vision, **kw)
-    self.language_model = text_lib.Qwen3VLText(config.text, **kw)
+    self.language_model = text_lib.Qwen3VLText(config.text, scan_layers=scan_layers, **kw)
     if not config.tie_word_embeddings:
       self.lm_head = nnx.Linear(config.text.hidden_size, config.text.vocab_size, use_bias=False, **kw)
 

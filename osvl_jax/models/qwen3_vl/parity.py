@@ -28,7 +28,9 @@ from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 TOL = 2e-5
 BF16_TOL = 0.05  # max-abs logit difference, bf16 weights+compute vs float32 HF (tiny logits span about +-1)
 IMAGE, VSTART, VEND, IM_START, IM_END = 151655, 151652, 151653, 151644, 151645
-CASES = ('text', 'text_untied', 'one_image', 'multi_image_multi_turn', 'padded_batch', 'moe', 'bf16')
+CASES = ('text', 'text_untied', 'one_image', 'multi_image_multi_turn', 'padded_batch', 'moe', 'bf16',
+         'scan_multi_image_multi_turn', 'scan_moe')
+# `scan_*`: the same inputs through a model built with `scan_layers=True` (stacked layers under `jax.lax.scan`).
 
 
 @dataclasses.dataclass
@@ -56,13 +58,14 @@ def hf_model(config: Qwen3VLConfig, seed: int = 0):
   return cls(hf_config).eval()
 
 
-def hf_and_flax(config: Qwen3VLConfig, seed: int = 0, folder: str | pathlib.Path | None = None, dtype=jnp.float32):
+def hf_and_flax(config: Qwen3VLConfig, seed: int = 0, folder: str | pathlib.Path | None = None, dtype=jnp.float32,
+                scan_layers: bool = False):
   """(hf model, Flax model) with the same weights, the Flax one read back from `hf.save_pretrained(folder)`."""
   hf = hf_model(config, seed)
   with tempfile.TemporaryDirectory() as tmp:
     folder = pathlib.Path(folder or tmp)
     hf.save_pretrained(folder)
-    model, _ = weights.load_hf_folder(folder, dtype=dtype, param_dtype=dtype)
+    model, _ = weights.load_hf_folder(folder, dtype=dtype, param_dtype=dtype, scan_layers=scan_layers)
   return hf, model
 
 
@@ -126,11 +129,11 @@ def case_inputs(name: str) -> dict:
   if name in ('text', 'text_untied'):
     return {'ids': np.random.RandomState(0).randint(0, 151000, size=(2, 11)), 'mask': None,
             'pixel_values': None, 'grid': None}
-  if name in ('one_image', 'moe', 'bf16'):
+  if name in ('one_image', 'moe', 'bf16', 'scan_moe'):
     pv, grid = imgs[0]
     ids = np.array([[IM_START, 872, 198] + image_tokens(grid[0]) + [3838, 374, 419, 30, IM_END, 198]])
     return {'ids': ids, 'mask': None, 'pixel_values': pv, 'grid': grid}
-  if name == 'multi_image_multi_turn':
+  if name in ('multi_image_multi_turn', 'scan_multi_image_multi_turn'):
     # user: img0 text / assistant: text / user: img1 img2 text -- three grids, two user turns.
     (pv0, g0), (pv1, g1), (pv2, g2) = imgs
     row = ([IM_START, 872, 198] + image_tokens(g0[0]) + [3838, 374, 30, IM_END, 198, IM_START, 77091, 198, 40, 1490,
@@ -153,14 +156,14 @@ def case_inputs(name: str) -> dict:
 def case_config(name: str) -> Qwen3VLConfig:
   if name == 'text_untied':
     return Qwen3VLConfig.tiny(tie_word_embeddings=False)
-  if name == 'moe':
+  if name in ('moe', 'scan_moe'):
     return Qwen3VLConfig.tiny_moe()
   return Qwen3VLConfig.tiny()
 
 
 @functools.cache
-def _models(config: Qwen3VLConfig, bf16: bool = False):
-  hf, model = hf_and_flax(config)
+def _models(config: Qwen3VLConfig, bf16: bool = False, scan_layers: bool = False):
+  hf, model = hf_and_flax(config, scan_layers=scan_layers)
   if bf16:
     state = {k: v.float().numpy() for k, v in hf.state_dict().items()}
     model = weights.load_hf_state_dict(config, state, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
@@ -170,7 +173,7 @@ def _models(config: Qwen3VLConfig, bf16: bool = False):
 def run_case(name: str) -> CaseResult:
   """Runs one parity case (models are built once per config and cached)."""
   inputs = case_inputs(name)
-  hf, model = _models(case_config(name), name == 'bf16')
+  hf, model = _models(case_config(name), name == 'bf16', name.startswith('scan_'))
   ref = hf_logits(hf, inputs['ids'], inputs['mask'], inputs['pixel_values'], inputs['grid'])
   got = flax_logits(model, inputs['ids'], inputs['mask'], inputs['pixel_values'], inputs['grid'])
   mask = np.ones(inputs['ids'].shape, bool) if inputs['mask'] is None else inputs['mask']

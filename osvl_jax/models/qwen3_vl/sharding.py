@@ -2,8 +2,8 @@
 
 Two small tables (MaxText / big_vision style); the model code never mentions devices.
   * `PARAM_RULES`: regex over the dot-joined `nnx.state(model, nnx.Param)` path -> one logical name per dim
-    (`embed`, `mlp`, `heads`, `kv_heads`, `vocab`, `experts`, or None). First match wins; unmatched parameters
-    (norms, biases) are replicated.
+    (`embed`, `mlp`, `heads`, `kv_heads`, `vocab`, `experts`, `layers`, or None). First match wins; unmatched
+    parameters (norms, biases) are replicated.
   * `LOGICAL_RULES`: logical name -> mesh axis (or tuple of axes, or None). Activations use `batch` and `length`.
 A dimension whose size is not divisible by its mesh axes is replicated instead (e.g. 2 kv heads on tensor=4).
 
@@ -51,6 +51,7 @@ PARAM_RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ('batch', ('data', 'fsdp')),
     ('length', None),
+    ('layers', None),               # the stacked-layer axis of scan_layers (MaxText keeps it unsharded)
     ('embed', 'fsdp'),
     ('mlp', 'tensor'),
     ('heads', 'tensor'),
@@ -70,8 +71,14 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, expert: int = 1, de
   return Mesh(np.asarray(devices[:n]).reshape(shape), MESH_AXES)
 
 
+_STACKED_LAYERS = re.compile(r'language_model\.layers\.(?!\d)')
+
+
 def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
-  """Logical axis names of the parameter at dot-joined `path` (all None = replicated)."""
+  """Logical axis names of the parameter at dot-joined `path` (all None = replicated). Stacked decoder layers
+  (`scan_layers=True`: `language_model.layers.<p>` [L, ...]) get the logical axis `layers` first."""
+  if _STACKED_LAYERS.match(path):
+    return ('layers',) + logical_axes(path[len('language_model.layers.'):], ndim - 1)
   for pattern, axes in PARAM_RULES:
     if re.search(pattern, path):
       if len(axes) != ndim:

@@ -216,19 +216,37 @@ class Qwen3VLText(nnx.Module):
   construction. With a cache the dense path is always used.
 
   `remat = True` (also a plain attribute) rematerialises each decoder layer in the backward pass
-  (`nnx.remat`, same numerics, activation memory of one layer instead of all).
+  (`nnx.remat` / `jax.checkpoint`, same numerics, activation memory of one layer instead of all).
+
+  `scan_layers = True` (constructor argument: it fixes the parameter layout) stores the L decoder layers as one
+  `DecoderLayer` whose parameters carry a leading layer axis ([L, ...], MaxText's `scan_layers`) and runs them with
+  `jax.lax.scan`: one compiled layer body instead of L, so compile time and program size do not grow with depth.
+  Same initial values (the layers are built one by one from the same `rngs`, then stacked) and the same outputs as
+  the unrolled loop. Needs identical layers: a MoE config mixing dense and sparse layers raises ValueError.
+  `weights.py` and `sharding.py` read and write the stacked layout under the per-layer HF names.
   """
 
   attention_impl: str = 'blockwise'
   attention_block: int = 128
   remat: bool = False
 
-  def __init__(self, config: TextConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+  def __init__(self, config: TextConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+               scan_layers: bool = False):
     self.config = config
+    self.scan_layers = scan_layers
     self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
                                   rngs=rngs)
-    self.layers = nnx.List([DecoderLayer(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype, layer_index=i)
-                            for i in range(config.num_hidden_layers)])
+    if scan_layers and len({config.is_sparse_layer(i) for i in range(config.num_hidden_layers)}) > 1:
+      raise ValueError('scan_layers needs identical decoder layers; this MoE config mixes dense and sparse layers '
+                       f'(mlp_only_layers={config.mlp_only_layers}, decoder_sparse_step={config.decoder_sparse_step})')
+    layers = [DecoderLayer(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype, layer_index=i)
+              for i in range(config.num_hidden_layers)]
+    if scan_layers:
+      graphdef = nnx.graphdef(layers[0])
+      stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(layer) for layer in layers))
+      self.layers = nnx.merge(graphdef, stacked)
+    else:
+      self.layers = nnx.List(layers)
     self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
 
   def __call__(self, inputs_embeds, position_ids, attention_mask=None, visual_pos_mask=None, deepstack=(),
@@ -260,20 +278,45 @@ class Qwen3VLText(nnx.Module):
       raise ValueError(f'unknown attention_impl {self.attention_impl!r}')
     if cache is not None:
       cache_index = jnp.asarray(cache_index, jnp.int32)
-    k_all = v_all = None
-    if cache is not None:
-      k_all, v_all = cache['k'], cache['v']
+    kv_all = None if cache is None else (cache['k'], cache['v'])
+    if self.scan_layers:
+      x, kv_all = self._scan(x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack)
+    else:
+      x, kv_all = self._unrolled(x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack)
+    new_cache = None if cache is None else {'k': kv_all[0], 'v': kv_all[1], 'mask': slot_mask}
+    return self.norm(x), new_cache
+
+  def _unrolled(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack):
+    """Python loop over the layer list; kv_all: ([L, B, S, Hkv, D],) * 2 or None."""
     block = self.attention_block
     run = nnx.remat(lambda lyr, *a: lyr(*a, block)) if self.remat else (lambda lyr, *a: lyr(*a, block))
     for i, layer in enumerate(self.layers):
-      kv = None if cache is None else (k_all[i], v_all[i])
+      kv = None if kv_all is None else (kv_all[0][i], kv_all[1][i])
       x, kv = run(layer, x, cos, sin, mask, kv, cache_index)
       if kv is not None:
-        k_all, v_all = k_all.at[i].set(kv[0]), v_all.at[i].set(kv[1])
+        kv_all = (kv_all[0].at[i].set(kv[0]), kv_all[1].at[i].set(kv[1]))
       if i < len(deepstack):
         x = scatter_add_rows(x, visual_pos_mask, deepstack[i])
-    new_cache = None if cache is None else {'k': k_all, 'v': v_all, 'mask': slot_mask}
-    return self.norm(x), new_cache
+    return x, kv_all
+
+  def _scan(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack):
+    """`jax.lax.scan` over the stacked layer; DeepStack features are added after layer i < len(deepstack)."""
+    block = self.attention_block
+    graphdef, stacked = nnx.split(self.layers)
+    ds = jnp.stack([d.astype(x.dtype) for d in deepstack]) if deepstack else None   # [n_ds, N, hidden]
+
+    def body(h, xs):
+      layer_state, i, kv = xs
+      h, kv = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, kv, cache_index, block)
+      if ds is not None:
+        features = ds[jnp.minimum(i, ds.shape[0] - 1)] * (i < ds.shape[0]).astype(h.dtype)
+        h = scatter_add_rows(h, visual_pos_mask, features)
+      return h, kv
+
+    if self.remat:
+      body = jax.checkpoint(body)
+    x, kv_all = jax.lax.scan(body, x, (stacked, jnp.arange(self.config.num_hidden_layers), kv_all))
+    return x, kv_all
 
 
 def _gather_index(pos_mask, n: int):

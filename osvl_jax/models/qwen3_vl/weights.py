@@ -17,6 +17,9 @@ transposes dims 1 and 2 on load when the shape differs):
     (`layout='transformers'`, the default for export, so `to_hf_state_dict` equals `model.state_dict()`).
 On load the layout is read from the shapes; only when hidden == 2I (resp. I) is it ambiguous, and then
 `expert_layout` (or, for a folder, `config.json`'s `transformers_version`) decides.
+
+A model built with `scan_layers=True` stores the decoder layers stacked (`language_model.layers.<p>` [L, ...]);
+conversion sees it through the same per-layer paths (`language_model.layers.{n}.<p>` = stacked[n]).
 """
 
 from __future__ import annotations
@@ -143,14 +146,34 @@ def _experts_to_flax(x: np.ndarray, want: tuple[int, ...], layout: str | None, n
   raise ValueError(f'{name}: expert weight shape {x.shape} fits neither layout of {want}')
 
 
+_STACKED_PREFIX = 'language_model.layers.'
+
+
+def _is_stacked(model: Qwen3VLModel) -> bool:
+  return model.language_model.scan_layers
+
+
 def _flat_params(model: Qwen3VLModel) -> dict[str, object]:
+  """Dot-joined parameter path -> array (or ShapeDtypeStruct), with stacked layers seen per layer."""
   pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  return {'.'.join(str(k) for k in path): v for path, v in traverse_util.flatten_dict(pure).items()}
+  flat = {'.'.join(str(k) for k in path): v for path, v in traverse_util.flatten_dict(pure).items()}
+  if not _is_stacked(model):
+    return flat
+  out = {}
+  for key, value in flat.items():
+    if not key.startswith(_STACKED_PREFIX):
+      out[key] = value
+      continue
+    rest = key[len(_STACKED_PREFIX):]
+    for n in range(value.shape[0]):
+      out[f'{_STACKED_PREFIX}{n}.{rest}'] = (jax.ShapeDtypeStruct(value.shape[1:], value.dtype)
+                                              if isinstance(value, jax.ShapeDtypeStruct) else value[n])
+  return out
 
 
 def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict: Mapping[str, np.ndarray], *,
                        dtype=jnp.float32, param_dtype=jnp.float32, strict: bool = True,
-                       expert_layout: str | None = None) -> Qwen3VLModel:
+                       expert_layout: str | None = None, scan_layers: bool = False) -> Qwen3VLModel:
   """Builds (or fills) a `Qwen3VLModel` from a HF state dict of numpy arrays.
 
   Args:
@@ -161,13 +184,15 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
       `tie_word_embeddings`, a `lm_head.weight` in the dict is ignored.
     expert_layout: 'hub' | 'transformers' | None (MoE only; needed only when the expert matrices are square, see
       the module docstring).
+    scan_layers: layout of the model built from a config (ignored when a model is passed).
 
   Returns:
     The model with the loaded parameters.
   """
   if isinstance(model_or_config, Qwen3VLConfig):
     config = model_or_config
-    model = nnx.eval_shape(lambda: Qwen3VLModel(config, nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype))
+    model = nnx.eval_shape(lambda: Qwen3VLModel(config, nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype,
+                                                scan_layers=scan_layers))
   else:
     model, config = model_or_config, model_or_config.config
   targets = _flat_params(model)
@@ -195,10 +220,15 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
   graphdef, state = nnx.split(model)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   flat = traverse_util.flatten_dict(params)
-  for path in flat:
+  for path, value in flat.items():
     key = '.'.join(str(k) for k in path)
     if key in loaded:
       flat[path] = loaded[key]
+    elif _is_stacked(model) and key.startswith(_STACKED_PREFIX):
+      rest = key[len(_STACKED_PREFIX):]
+      layers = [loaded.get(f'{_STACKED_PREFIX}{n}.{rest}') for n in range(value.shape[0])]
+      if all(x is not None for x in layers):
+        flat[path] = jnp.stack(layers)
   nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(flat))
   if isinstance(model_or_config, Qwen3VLConfig):
     return nnx.merge(graphdef, state)
@@ -253,8 +283,8 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
   return out
 
 
-def load_hf_folder(path: str | pathlib.Path, *, dtype=jnp.float32, param_dtype=jnp.float32
-                   ) -> tuple[Qwen3VLModel, Qwen3VLConfig]:
+def load_hf_folder(path: str | pathlib.Path, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                   scan_layers: bool = False) -> tuple[Qwen3VLModel, Qwen3VLConfig]:
   """Loads a HF Qwen3-VL (or -MoE) folder (`config.json` + `*.safetensors`) into a Flax model. Square MoE expert
   matrices are read in the transformers>=5 layout when `config.json` says `transformers_version` >= 5, else the
   hub layout."""
@@ -268,7 +298,9 @@ def load_hf_folder(path: str | pathlib.Path, *, dtype=jnp.float32, param_dtype=j
     state.update(read_safetensors(file))
   if not state:
     raise FileNotFoundError(f'no .safetensors files in {path}')
-  return load_hf_state_dict(config, state, dtype=dtype, param_dtype=param_dtype, expert_layout=layout), config
+  model = load_hf_state_dict(config, state, dtype=dtype, param_dtype=param_dtype, expert_layout=layout,
+                             scan_layers=scan_layers)
+  return model, config
 
 
 def save_hf_folder(model: Qwen3VLModel, path: str | pathlib.Path, dtype=None) -> None:
