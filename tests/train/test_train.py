@@ -95,6 +95,18 @@ def test_sft_loss_falls_and_a_resumed_run_equals_an_uninterrupted_one(trajectori
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_sft_with_scan_layers_and_remat_follows_the_same_losses(trajectories, tmp_path):
+  _write_sft_dataset(trajectories, tmp_path / 'data')
+  sft.train(_config(tmp_path / 'data', 2), tmp_path / 'plain')
+  switched = _config(tmp_path / 'data', 2)
+  switched.model.update(scan_layers=True, remat=True)
+  model = sft.train(switched, tmp_path / 'scan')
+  assert model.language_model.scan_layers and model.language_model.remat
+  plain = [r['loss'] for r in metrics.read_metrics(tmp_path / 'plain', 'sft')]
+  scan = [r['loss'] for r in metrics.read_metrics(tmp_path / 'scan', 'sft')]
+  np.testing.assert_allclose(scan, plain, rtol=1e-5)
+
+
 def test_batch_indices_are_seeded_epochs():
   first_epoch = np.concatenate([sft.batch_indices(s, 2, 6, seed=0) for s in range(3)])
   assert sorted(first_epoch.tolist()) == list(range(6))
