@@ -5,13 +5,16 @@ Shapes: q [B, T, Hkv, G, D] (G = query heads per kv head), k/v [B, S, Hkv, D]; o
 * `dense_attention`: explicit bool mask [B, T, S]; materialises the [B, Hkv, G, T, S] float32 scores. Used
   with the KV cache (decode) and as the reference.
 * `causal_attention`: causal + key-padding mask given as key_mask [B, T] (S = T, no cache). Static loop over
-  query blocks; block i only sees keys [0, end_i), so the upper triangle is never computed and the live score
-  tensor is at most [B, Hkv, G, block, T]. Same numerics as `dense_attention` with
-  mask = tril & key_mask[:, None, :], including rows with no visible key (left padding), which get the uniform
-  average of all S values exactly as the dense softmax over all-`finfo.min` scores does.
+  query blocks with a FlashAttention-style custom VJP; block i only sees keys [0, end_i), so the upper triangle is
+  never computed and the live score tensor is at most [B, Hkv, G, block, T]; nothing of size T x T is saved for
+  the backward pass. Same numerics as `dense_attention` with mask = tril & key_mask[:, None, :], including rows
+  with no visible key (left padding), which get the uniform average of all S values exactly as the dense softmax
+  over all-`finfo.min` scores does.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -39,45 +42,94 @@ def dense_attention(q, k, v, mask):
   return _softmax_attend(q, k, v, mask[:, None, None], q.shape[-1] ** -0.5)
 
 
-def _attend_hm(q, k, v, mask, scale):
-  """Head-major: q [B, Hkv, G, t, D], k/v [B, Hkv, s, D], mask broadcastable to [B, 1, 1, t, s] -> [B, Hkv, G, t, D]."""
-  scores = jnp.einsum('bkgtd,bksd->bkgts', q, k.astype(q.dtype)) * scale
-  scores = jnp.where(mask, scores.astype(jnp.float32), _NEG)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum('bkgts,bksd->bkgtd', probs, v)
+def _block_mask(key_mask, start: int, rows: int):
+  """bool [B, 1, 1, rows, S]: query rows start..start+rows-1 may see keys s <= row that are real."""
+  cols = jnp.arange(key_mask.shape[1])[None, :]
+  causal = cols <= start + jnp.arange(rows)[:, None]
+  return causal[None, None, None] & key_mask[:, None, None, None, :]
 
 
-def causal_attention(q, k, v, key_mask=None, block: int = 512, remat: bool = False):
+def _block_scores(q, k, key_mask, start):
+  """Masked float32 scores [B, Hkv, G, t, s] of query block q [B, Hkv, G, t, D] (pre-scaled), keys [B, Hkv, s, D]."""
+  scores = jnp.einsum('bkgtd,bksd->bkgts', q, k, preferred_element_type=jnp.float32)
+  return jnp.where(_block_mask(key_mask, start, q.shape[3]), scores, _NEG)
+
+
+def _flash_forward(q, k, v, key_mask, block):
+  """Per query block: softmax(QK^T) V and the row log-sum-exp [B, Hkv, G, T] (the only saved statistic)."""
+  outs, lses = [], []
+  for start in range(0, q.shape[3], block):
+    end = min(start + block, q.shape[3])
+    scores = _block_scores(q[:, :, :, start:end], k[:, :, :end], key_mask[:, :end], start)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    p = jnp.exp(scores - m)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    o = jnp.einsum('bkgts,bksd->bkgtd', p.astype(v.dtype), v[:, :, :end], preferred_element_type=jnp.float32)
+    outs.append((o / denom).astype(v.dtype))
+    lses.append((m + jnp.log(denom))[..., 0])
+  return jnp.concatenate(outs, axis=3), jnp.concatenate(lses, axis=3)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, key_mask, block):
+  return _flash_forward(q, k, v, key_mask, block)[0]
+
+
+def _flash_fwd(q, k, v, key_mask, block):
+  out, lse = _flash_forward(q, k, v, key_mask, block)
+  return out, (q, k, v, key_mask, out, lse)
+
+
+def _flash_bwd(block, residuals, d_out):
+  """Recomputes each block's probabilities from the saved log-sum-exp; dS = P * (dP - rowsum(dO * O))."""
+  q, k, v, key_mask, out, lse = residuals
+  dqs = []
+  dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+  for start in range(0, q.shape[3], block):
+    end = min(start + block, q.shape[3])
+    rows = slice(start, end)
+    qb, do = q[:, :, :, rows], d_out[:, :, :, rows]
+    p = jnp.exp(_block_scores(qb, k[:, :, :end], key_mask[:, :end], start) - lse[:, :, :, rows, None])
+    dp = jnp.einsum('bkgtd,bksd->bkgts', do, v[:, :, :end], preferred_element_type=jnp.float32)
+    delta = jnp.sum(do.astype(jnp.float32) * out[:, :, :, rows].astype(jnp.float32), axis=-1, keepdims=True)
+    ds = (p * (dp - delta)).astype(q.dtype)
+    dqs.append(jnp.einsum('bkgts,bksd->bkgtd', ds, k[:, :, :end]))
+    dk = dk.at[:, :, :end].add(jnp.einsum('bkgts,bkgtd->bksd', ds, qb, preferred_element_type=jnp.float32))
+    dv = dv.at[:, :, :end].add(jnp.einsum('bkgts,bkgtd->bksd', p.astype(do.dtype), do,
+                                          preferred_element_type=jnp.float32))
+  return jnp.concatenate(dqs, axis=3), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def causal_attention(q, k, v, key_mask=None, block: int = 128):
   """Causal self-attention with key padding, computed in query blocks with causal block skipping.
 
-  Equal (up to float32 rounding) to `dense_attention(q, k, v, tril(T, T) & key_mask[:, None, :])`.
+  Equal (up to float32 rounding) to `dense_attention(q, k, v, tril(T, T) & key_mask[:, None, :])`. Forward and
+  backward are blockwise (FlashAttention's recurrence, Dao et al. 2022, as a `jax.custom_vjp`): query block i only
+  sees keys [0, end_i), so the upper triangle is never computed; the backward recomputes each block's
+  probabilities from the saved row log-sum-exp instead of storing them, and uses
+  dS = P * (dP - rowsum(dO * O)), which saves a reduction over keys.
 
   Args:
     q: [B, T, Hkv, G, D]; k, v: [B, T, Hkv, D].
     key_mask: bool [B, T] (True = real token; left or right padding) or None (all real).
     block: query block length (T need not be a multiple).
-    remat: wrap each block in `jax.checkpoint` (recompute scores in the backward pass).
 
   Returns:
     [B, T, Hkv, G, D] (dtype of v).
   """
   b, t = q.shape[:2]
-  scale = q.shape[-1] ** -0.5
   if key_mask is None:
     key_mask = jnp.ones((b, t), bool)
   key_mask = key_mask.astype(bool)
-  attend = jax.checkpoint(_attend_hm, static_argnums=(4,)) if remat else _attend_hm
-  qh = q.transpose(0, 2, 3, 1, 4)                                          # [B, Hkv, G, T, D]
+  qh = (q * q.shape[-1] ** -0.5).transpose(0, 2, 3, 1, 4)                  # [B, Hkv, G, T, D], pre-scaled
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)                # [B, Hkv, T, D]
-  outs = []
-  for start in range(0, t, block):
-    end = min(start + block, t)
-    rows = jnp.arange(start, end)[:, None]
-    cols = jnp.arange(end)[None, :]
-    mask = (cols <= rows)[None] & key_mask[:, None, :end]                 # [B, tq, end]
-    outs.append(attend(qh[:, :, :, start:end], kh[:, :, :end], vh[:, :, :end], mask[:, None, None], scale))
-  out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
-  out = out.transpose(0, 3, 1, 2, 4)                                       # [B, T, Hkv, G, D]
+  # Materialise q, k, v once: otherwise XLA fuses their producers (norm, rotary, transpose) into every block's
+  # slice and recomputes them per block (~15% of a training step on CPU, bench/step_speed.py).
+  qh, kh, vh = jax.lax.optimization_barrier((qh, kh, vh))
+  out = _flash(qh, kh, vh, key_mask, block).transpose(0, 3, 1, 2, 4)       # [B, T, Hkv, G, D]
   # Rows with no visible key: dense softmax over all-masked scores is uniform over all S keys.
   any_visible = jnp.cumsum(key_mask.astype(jnp.int32), axis=1) > 0      # [B, T]
   mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)     # [B, Hkv, D]
