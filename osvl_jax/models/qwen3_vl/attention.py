@@ -126,9 +126,6 @@ def causal_attention(q, k, v, key_mask=None, block: int = 128):
   key_mask = key_mask.astype(bool)
   qh = (q * q.shape[-1] ** -0.5).transpose(0, 2, 3, 1, 4)                  # [B, Hkv, G, T, D], pre-scaled
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)                # [B, Hkv, T, D]
-  # Materialise q, k, v once: otherwise XLA fuses their producers (norm, rotary, transpose) into every block's
-  # slice and recomputes them per block (~15% of a training step on CPU, bench/step_speed.py).
-  qh, kh, vh = jax.lax.optimization_barrier((qh, kh, vh))
   out = _flash(qh, kh, vh, key_mask, block).transpose(0, 3, 1, 2, 4)       # [B, T, Hkv, G, D]
   # Rows with no visible key: dense softmax over all-masked scores is uniform over all S keys.
   any_visible = jnp.cumsum(key_mask.astype(jnp.int32), axis=1) > 0      # [B, T]
