@@ -3,6 +3,8 @@
 Command: `.venv/bin/python bench/step_speed.py [--tokens 1024] [--vocab 16384] [--repeats 5]`
 Config: text hidden 512, 4 layers, 8 heads / 4 kv heads of 64, SwiGLU 1536, vocabulary `--vocab`; vision 2 blocks
 of 256; one 256-patch image (64 merged tokens) inside a `--tokens`-token sequence, batch 1, float32.
+`--hidden/--layers/--heads/--kv_heads/--head_dim/--intermediate/--dtype/--matmul/--attention_block` change the size and precision
+(e.g. a larger bfloat16 config on a GPU: PyTorch then runs on CUDA, JAX on its default device).
 A step is forward + backward of the mean next-token cross-entropy over all positions (no optimizer update): in JAX
 through the trainers' own loss path (`train.state.loss_logprobs` + `rl.losses.sft_loss`, jitted with
 `nnx.cached_partial`), in PyTorch through `Qwen3VLForConditionalGeneration(..., labels=...)` (SDPA attention).
@@ -33,11 +35,15 @@ from osvl_jax.rl import losses
 from osvl_jax.train import state
 
 
-def bench_config(vocab: int) -> Qwen3VLConfig:
-  text = TextConfig(vocab_size=vocab, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                    num_attention_heads=8, num_key_value_heads=4, head_dim=64, mrope_section=(12, 10, 10),
+def bench_config(vocab: int, hidden: int = 512, layers: int = 4, heads: int = 8, kv_heads: int = 4,
+                 head_dim: int = 64, intermediate: int = 1536) -> Qwen3VLConfig:
+  """The benchmark's text decoder (defaults: the CPU config of the module docstring) + a 2-block vision tower."""
+  half = head_dim // 2
+  mrope = (half - 2 * (half * 20 // 64), half * 20 // 64, half * 20 // 64)    # (24, 20, 20) at head_dim 128
+  text = TextConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                    num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, mrope_section=mrope,
                     bos_token_id=None, eos_token_id=None)
-  vis = VisionConfig(depth=2, hidden_size=256, intermediate_size=1024, num_heads=4, out_hidden_size=512,
+  vis = VisionConfig(depth=2, hidden_size=256, intermediate_size=1024, num_heads=4, out_hidden_size=hidden,
                      num_position_embeddings=256, deepstack_visual_indexes=(0,))
   return Qwen3VLConfig(text=text, vision=vis, image_token_id=vocab - 3, vision_start_token_id=vocab - 5,
                        vision_end_token_id=vocab - 4, video_token_id=vocab - 2, tie_word_embeddings=False)
@@ -74,8 +80,22 @@ def main():
   ap.add_argument('--vocab', type=int, default=16384)
   ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--matmul', type=int, default=2048)
+  ap.add_argument('--hidden', type=int, default=512)
+  ap.add_argument('--layers', type=int, default=4)
+  ap.add_argument('--heads', type=int, default=8)
+  ap.add_argument('--kv_heads', type=int, default=4)
+  ap.add_argument('--head_dim', type=int, default=64)
+  ap.add_argument('--intermediate', type=int, default=1536)
+  ap.add_argument('--attention_block', type=int, default=128, help='query block of the blockwise attention')
+  ap.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
+                  help='parameters and compute in both frameworks (and the matmul)')
   args = ap.parse_args()
-  config = bench_config(args.vocab)
+  config = bench_config(args.vocab, args.hidden, args.layers, args.heads, args.kv_heads, args.head_dim,
+                        args.intermediate)
+  jdtype = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[args.dtype]
+  tdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[args.dtype]
+  tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
+  sync = torch.cuda.synchronize if tdev == 'cuda' else (lambda: None)
   grid = np.array([[1, 16, 16]])
   patches = 256
   rng = np.random.default_rng(0)
@@ -90,11 +110,14 @@ def main():
   hf = parity.hf_model(config)
   hf.config._attn_implementation = 'sdpa'
   hf.train()
-  model = weights.load_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()})
+  model = weights.load_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()},
+                                     dtype=jdtype, param_dtype=jdtype)
+  model.language_model.attention_block = args.attention_block
+  hf.to(device=tdev, dtype=tdtype)
   pos, _ = rope.get_rope_index(ids, grid, image_token_id=config.image_token_id)
 
   batch = {'input_ids': jnp.asarray(ids, jnp.int32), 'position_ids': jnp.asarray(pos), 'attention_mask': None,
-           'pixel_values': jnp.asarray(pixels), 'loss_positions': jnp.arange(args.tokens - 1)[None],
+           'pixel_values': jnp.asarray(pixels, jdtype), 'loss_positions': jnp.arange(args.tokens - 1)[None],
            'loss_targets': jnp.asarray(ids[:, 1:], jnp.int32), 'loss_valid': jnp.ones((1, args.tokens - 1), bool)}
 
   def loss_fn(m, batch):
@@ -108,30 +131,36 @@ def main():
     jax.block_until_ready(grads)
     return float(loss)
 
-  t_ids, t_pix, t_grid = torch.tensor(ids), torch.tensor(pixels), torch.tensor(grid)
-  mm = torch.tensor((ids == config.image_token_id).astype(np.int32))
+  t_ids, t_grid = torch.tensor(ids, device=tdev), torch.tensor(grid, device=tdev)
+  t_pix = torch.tensor(pixels, device=tdev, dtype=tdtype)
+  mm = torch.tensor((ids == config.image_token_id).astype(np.int32), device=tdev)
 
   def torch_step():
     hf.zero_grad(set_to_none=True)
     out = hf(input_ids=t_ids, pixel_values=t_pix, image_grid_thw=t_grid, mm_token_type_ids=mm, labels=t_ids)
     out.loss.backward()
+    sync()
     return float(out.loss)
 
-  a = jnp.asarray(rng.standard_normal((args.matmul, args.matmul)), jnp.float32)
+  a = jnp.asarray(rng.standard_normal((args.matmul, args.matmul)), jdtype)
   matmul = jax.jit(lambda x: x @ x)
-  ta = torch.tensor(np.asarray(a))
+  ta = torch.tensor(np.asarray(a, np.float32), device=tdev, dtype=tdtype)
+
+  def torch_matmul():
+    _ = ta @ ta
+    sync()
 
   t0 = time.perf_counter()
   jl, tl = jax_step(), torch_step()          # warm-up (JAX compile)
   jax.block_until_ready(matmul(a))
-  _ = ta @ ta
+  torch_matmul()
   print(f'warmup_seconds={time.perf_counter() - t0:.1f} loss_jax={jl:.4f} loss_torch={tl:.4f}', flush=True)
   jt, tt, jm, tm = [], [], [], []
   for _ in range(args.repeats):              # alternate frameworks
     jt.append(_best(jax_step, 1))
     tt.append(_best(torch_step, 1))
     jm.append(_best(lambda: jax.block_until_ready(matmul(a)), 1))
-    tm.append(_best(lambda: ta @ ta, 1))
+    tm.append(_best(torch_matmul, 1))
   jt, tt, jm, tm = min(jt), min(tt), min(jm), min(tm)
   flops = step_flops(config, args.tokens, patches)
   mm_flops = 2 * args.matmul ** 3
@@ -143,7 +172,7 @@ def main():
   print(f'step_flops_utilization={flops / jt / best_matmul:.3f}')
   print(f'torch_step_flops_utilization={flops / tt / best_matmul:.3f}')
   print(f'ratio_jax_over_torch_tokens_per_s={tt / jt:.3f}')
-  print(f'devices={jax.devices()} torch_threads={torch.get_num_threads()}')
+  print(f'devices={jax.devices()} torch_device={tdev} torch_threads={torch.get_num_threads()} dtype={args.dtype}')
 
 
 if __name__ == '__main__':
