@@ -3,7 +3,8 @@
 Command: `.venv/bin/python bench/step_speed.py [--tokens 1024] [--vocab 16384] [--repeats 5]`
 Config: text hidden 512, 4 layers, 8 heads / 4 kv heads of 64, SwiGLU 1536, vocabulary `--vocab`; vision 2 blocks
 of 256; one 256-patch image (64 merged tokens) inside a `--tokens`-token sequence, batch 1, float32.
-`--hidden/--layers/--heads/--kv_heads/--head_dim/--intermediate/--dtype/--matmul/--attention_block` change the size and precision
+`--hidden/--layers/--heads/--kv_heads/--head_dim/--intermediate/--dtype/--matmul/--attention_block/--scan_layers`
+change the size and precision
 (e.g. a larger bfloat16 config on a GPU: PyTorch then runs on CUDA, JAX on its default device).
 A step is forward + backward of the mean next-token cross-entropy over all positions (no optimizer update): in JAX
 through the trainers' own loss path (`train.state.loss_logprobs` + `rl.losses.sft_loss`, jitted with
@@ -87,6 +88,7 @@ def main():
   ap.add_argument('--head_dim', type=int, default=64)
   ap.add_argument('--intermediate', type=int, default=1536)
   ap.add_argument('--attention_block', type=int, default=128, help='query block of the blockwise attention')
+  ap.add_argument('--scan_layers', action='store_true', help='JAX decoder layers under jax.lax.scan')
   ap.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
                   help='parameters and compute in both frameworks (and the matmul)')
   args = ap.parse_args()
@@ -111,7 +113,7 @@ def main():
   hf.config._attn_implementation = 'sdpa'
   hf.train()
   model = weights.load_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()},
-                                     dtype=jdtype, param_dtype=jdtype)
+                                     dtype=jdtype, param_dtype=jdtype, scan_layers=args.scan_layers)
   model.language_model.attention_block = args.attention_block
   hf.to(device=tdev, dtype=tdtype)
   pos, _ = rope.get_rope_index(ids, grid, image_token_id=config.image_token_id)
