@@ -81,11 +81,17 @@ def _flash_fwd(q, k, v, key_mask, block):
 
 
 def _flash_bwd(block, residuals, d_out):
-  """Recomputes each block's probabilities from the saved log-sum-exp; dS = P * (dP - rowsum(dO * O))."""
+  """Recomputes each block's probabilities from the saved log-sum-exp; dS = P * (dP - rowsum(dO * O)).
+
+  Query blocks are visited last to first: query block i touches keys [0, end_i), so once it is done the gradients
+  of keys [start_i, end_i) are final; they are split off the running [0, end_i) accumulators (no scatter or pad
+  into a length-T buffer, which makes XLA's simplifier loop on long sequences).
+  """
   q, k, v, key_mask, out, lse = residuals
-  dqs = []
-  dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
-  for start in range(0, q.shape[3], block):
+  starts = list(range(0, q.shape[3], block))
+  dqs, dk_done, dv_done = [], [], []
+  dk_acc = dv_acc = None
+  for start in reversed(starts):
     end = min(start + block, q.shape[3])
     rows = slice(start, end)
     qb, do = q[:, :, :, rows], d_out[:, :, :, rows]
@@ -94,10 +100,16 @@ def _flash_bwd(block, residuals, d_out):
     delta = jnp.sum(do.astype(jnp.float32) * out[:, :, :, rows].astype(jnp.float32), axis=-1, keepdims=True)
     ds = (p * (dp - delta)).astype(q.dtype)
     dqs.append(jnp.einsum('bkgts,bksd->bkgtd', ds, k[:, :, :end]))
-    dk = dk.at[:, :, :end].add(jnp.einsum('bkgts,bkgtd->bksd', ds, qb, preferred_element_type=jnp.float32))
-    dv = dv.at[:, :, :end].add(jnp.einsum('bkgts,bkgtd->bksd', p.astype(do.dtype), do,
-                                          preferred_element_type=jnp.float32))
-  return jnp.concatenate(dqs, axis=3), dk.astype(k.dtype), dv.astype(v.dtype), None
+    dk_b = jnp.einsum('bkgts,bkgtd->bksd', ds, qb, preferred_element_type=jnp.float32)            # [.., end, D]
+    dv_b = jnp.einsum('bkgts,bkgtd->bksd', p.astype(do.dtype), do, preferred_element_type=jnp.float32)
+    dk_acc = dk_b if dk_acc is None else dk_acc[:, :, :end] + dk_b
+    dv_acc = dv_b if dv_acc is None else dv_acc[:, :, :end] + dv_b
+    dk_done.append(dk_acc[:, :, start:])
+    dv_done.append(dv_acc[:, :, start:])
+  dq = jnp.concatenate(dqs[::-1], axis=3)
+  dk = jnp.concatenate(dk_done[::-1], axis=2).astype(k.dtype)
+  dv = jnp.concatenate(dv_done[::-1], axis=2).astype(v.dtype)
+  return dq, dk, dv, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
