@@ -131,6 +131,44 @@ def test_three_images_across_three_turns_get_hf_positions(tokenizer, rng):
   assert (p[:, vs + 1 + 24] == p[0, vs + 1] + 6).all()  # <|vision_end|> resumes at start + max(6, 4)
 
 
+def test_positions_after_a_cut_at_a_token_budget_get_hf_positions(tokenizer, rng):
+  """The three-image trajectory cut at a token budget that falls inside its second step, the way the agent loop
+  cuts (`TrajectoryBuilder.truncate` to whole steps): the cut row (two images, ending at
+  '<|im_start|>assistant\n'), next to a right-padded row, gets HF's position ids and rope deltas."""
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=g-import-not-at-top
+  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=256 * 256)
+  b = tj.TrajectoryBuilder(tokenizer, processor, [])
+  image = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+  b.start('Where is it?', image(64, 64))
+  b.append_assistant_text(CROP)
+  b.append_observation(ToolResult(ok=True, text='Here is the crop.', images=[image(96, 160)]))
+  kept = b.num_tokens
+  b.append_assistant_text(CROP)
+  b.append_observation(ToolResult(ok=True, text='And another.', images=[image(200, 120)]))
+  budget = kept + 30                      # inside the second step: the whole step (and its image) goes
+  assert kept < budget < b.num_tokens
+  b.truncate(1)
+  cut = b.finish(prompt_id='cut', stop_reason='token_budget')
+  assert cut.num_tokens == kept and cut.image_grid_thw.tolist() == [[1, 4, 4], [1, 6, 10]] and cut.truncated
+  batch = batching.collate([_run_short(tokenizer, rng), cut], length_multiple=64, loss_multiple=16)
+  torch.manual_seed(0)
+  hf = transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**Qwen3VLConfig.tiny().to_hf_dict()))
+  ref, ref_deltas = hf.model.get_rope_index(
+      torch.tensor(batch['input_ids'], dtype=torch.long),
+      torch.tensor((batch['input_ids'] == tj.IMAGE_PAD_ID).astype(np.int32)),
+      torch.tensor(batch['image_grid_thw'], dtype=torch.long),
+      attention_mask=torch.tensor(batch['attention_mask'].astype(np.int64)))
+  np.testing.assert_array_equal(batch['position_ids'], ref.numpy())
+  pos, deltas = rope.get_rope_index(batch['input_ids'], batch['image_grid_thw'], batch['attention_mask'])
+  np.testing.assert_array_equal(pos, ref.numpy())
+  np.testing.assert_array_equal(deltas, ref_deltas.numpy())
+  # The cut row ends right after its last real token: position of the last token + 1 == length + delta.
+  last = kept - 1
+  assert pos[0, 1, last] + 1 == kept + deltas[1, 0]
+
+
 def _run_short(tokenizer, rng):
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=256 * 256)
   b = tj.TrajectoryBuilder(tokenizer, processor, [])
