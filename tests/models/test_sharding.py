@@ -6,6 +6,7 @@ The multi-device tests need `XLA_FLAGS=--xla_force_host_platform_device_count=8`
 (1-device) pytest run `test_sharded_numerics_on_8_simulated_devices` reruns this file in a subprocess with it.
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -21,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.models.qwen3_vl import text as text_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
 
@@ -74,7 +76,9 @@ def _loss_and_logits(model, ids, pos, mask, pixels, grid):
   return (nll * mask[:, 1:]).sum() / mask[:, 1:].sum(), logits
 
 
-def _run(model, inputs, mesh=None):
+def _run(model, inputs, mesh=None, set_mesh=False):
+  """Loss, logits and gradients; with `mesh` the model and inputs are placed on it, and with `set_mesh` the step is
+  traced under `jax.set_mesh(mesh)` (activation constraints on)."""
   ids, pos, mask, pixels, grid = inputs
   ids, pos, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(pos), jnp.asarray(mask)
   if mesh is not None:
@@ -83,7 +87,8 @@ def _run(model, inputs, mesh=None):
     mask = jax.device_put(mask, sharding.data_sharding(mesh, 2))
     pos = jax.device_put(pos, sharding.data_sharding(mesh, 3, batch_dim=1))
   step = nnx.jit(nnx.value_and_grad(_loss_and_logits, has_aux=True), static_argnums=5)
-  (loss, logits), grads = step(model, ids, pos, mask, jnp.asarray(pixels), tuple(map(tuple, grid.tolist())))
+  with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+    (loss, logits), grads = step(model, ids, pos, mask, jnp.asarray(pixels), tuple(map(tuple, grid.tolist())))
   return float(loss), np.asarray(logits), jax.tree.map(np.asarray, nnx.to_pure_dict(grads))
 
 
@@ -99,11 +104,11 @@ def _unstack_layers(grads, num_layers):
   return {**grads, 'language_model': {**grads['language_model'], 'layers': layers}}
 
 
-def _check_sharded_equals_unsharded(config, mesh_kw, expect_sharded, scan_layers=False):
+def _check_sharded_equals_unsharded(config, mesh_kw, expect_sharded, scan_layers=False, set_mesh=False):
   inputs = _inputs()
   ref_loss, ref_logits, ref_grads = _reference(config)
   model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=scan_layers)
-  loss, logits, grads = _run(model, inputs, sharding.make_mesh(**mesh_kw))
+  loss, logits, grads = _run(model, inputs, sharding.make_mesh(**mesh_kw), set_mesh)
   if scan_layers:
     grads = _unstack_layers(grads, config.text.num_hidden_layers)
   for path, spec in expect_sharded.items():
@@ -150,6 +155,29 @@ def test_scan_layers_fsdp2_tensor4_forward_and_gradient_equal_unsharded():
 
 
 @multi
+def test_fsdp2_tensor4_with_activation_constraints_equal_unsharded():
+  _check_sharded_equals_unsharded(
+      DENSE, {'fsdp': 2, 'tensor': 4},
+      {('language_model', 'layers', 0, 'self_attn', 'q_proj', 'kernel'): P('fsdp', 'tensor')}, set_mesh=True)
+
+
+@multi
+def test_constrain_pins_the_residual_stream_to_the_batch_axes_under_a_set_mesh():
+  x = jnp.ones((8, 4, 16))
+  pin = jax.jit(lambda x: text_lib.sharding.constrain(x, text_lib.RESIDUAL_AXES) * 2)
+  assert pin(x).sharding.is_fully_replicated                              # no mesh set: a no-op
+  for mesh_kw, spec in (({'fsdp': 2, 'tensor': 4}, P(('data', 'fsdp'), None, None)),
+                        ({'data': 8}, P(('data', 'fsdp'), None, None))):
+    mesh = sharding.make_mesh(**mesh_kw)
+    with jax.set_mesh(mesh):
+      out = jax.jit(lambda x: text_lib.sharding.constrain(x, text_lib.RESIDUAL_AXES) * 2)(x)
+    assert out.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, spec), 3)
+    assert out.sharding.shard_shape(x.shape) == (8 // mesh_kw.get('fsdp', 8), 4, 16)     # rows split, rest whole
+  only_data = jax.sharding.Mesh(np.asarray(jax.devices()[:8]), ('data',))  # the trainers' data-parallel mesh
+  assert sharding.logical_to_spec(text_lib.RESIDUAL_AXES, x.shape, only_data) == P('data', None, None)
+
+
+@multi
 def test_orbax_checkpoint_saved_on_one_mesh_restores_onto_another(tmp_path):
   """Saved from fsdp=8, restored into a model placed on fsdp=2 x tensor=4: same values, the new layout."""
   from osvl_jax.train import checkpoint
@@ -171,4 +199,4 @@ def test_sharded_numerics_on_8_simulated_devices():
                          '-k', 'not on_8_simulated_devices'],
                         env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-  assert '6 passed' in proc.stdout and 'skipped' not in proc.stdout, proc.stdout[-2000:]
+  assert '8 passed' in proc.stdout and 'skipped' not in proc.stdout, proc.stdout[-2000:]

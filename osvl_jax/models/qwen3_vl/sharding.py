@@ -4,14 +4,22 @@ Two small tables (MaxText / big_vision style); the model code never mentions dev
   * `PARAM_RULES`: regex over the dot-joined `nnx.state(model, nnx.Param)` path -> one logical name per dim
     (`embed`, `mlp`, `heads`, `kv_heads`, `vocab`, `experts`, `layers`, or None). First match wins; unmatched
     parameters (norms, biases) are replicated.
-  * `LOGICAL_RULES`: logical name -> mesh axis (or tuple of axes, or None). Activations use `batch` and `length`.
-A dimension whose size is not divisible by its mesh axes is replicated instead (e.g. 2 kv heads on tensor=4).
+  * `LOGICAL_RULES`: logical name -> mesh axis (or tuple of axes, or None). Activations use `batch`, `length` and
+    `activation_embed`.
+A dimension whose size is not divisible by its mesh axes is replicated instead (e.g. 2 kv heads on tensor=4);
+mesh axes the mesh does not have are ignored (e.g. a ('data',)-only mesh).
+
+Activations: the text decoder pins its residual stream [B, T, hidden] to ('batch', 'length', 'activation_embed')
+with `constrain` (MaxText's `with_logical_constraint`): batch over ('data', 'fsdp'), hidden replicated, so GSPMD
+all-gathers FSDP-sharded weights instead of resharding activations. It is a no-op unless a mesh is set with
+`jax.set_mesh(mesh)` around the traced call.
 
 Typical use:
   mesh = make_mesh(fsdp=2, tensor=4)
   shard_model(model, mesh)                          # parameters placed in place
   ids = jax.device_put(ids, data_sharding(mesh, 2)) # [B, T] split over ('data', 'fsdp')
-  logits = nnx.jit(fwd)(model, ids, ...)            # GSPMD propagates the rest
+  with jax.set_mesh(mesh):                          # activates the activation constraints
+    logits = nnx.jit(fwd)(model, ids, ...)          # GSPMD propagates the rest
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ('batch', ('data', 'fsdp')),
     ('length', None),
     ('layers', None),               # the stacked-layer axis of scan_layers (MaxText keeps it unsharded)
+    ('activation_embed', None),     # the hidden dim of the residual stream stays whole on every device
     ('embed', 'fsdp'),
     ('mlp', 'tensor'),
     ('heads', 'tensor'),
@@ -90,13 +99,17 @@ def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None, mesh: Mesh | None = None,
                     rules=LOGICAL_RULES) -> PartitionSpec:
   """PartitionSpec for logical `axes`; with `shape` and `mesh`, dims not divisible by their mesh size (or mapped to
-  a mesh axis already used by an earlier dim) are replicated."""
+  a mesh axis already used by an earlier dim) are replicated, and mesh axes missing from `mesh` are dropped."""
   table = dict(rules)
   out, used = [], set()
   for i, name in enumerate(axes):
     mesh_axes = table.get(name) if name is not None else None
     if mesh_axes is not None:
       tup = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+      if mesh is not None:
+        tup = tuple(a for a in tup if a in mesh.axis_names)
+        mesh_axes = (tup[0] if len(tup) == 1 else tup) if tup else None
+    if mesh_axes is not None:
       size = int(np.prod([mesh.shape[a] for a in tup])) if mesh is not None else 1
       if used & set(tup) or (shape is not None and shape[i] % size):
         mesh_axes = None
@@ -123,6 +136,15 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules=LOGICAL_RULES) -> nnx.Modul
   shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
   nnx.update(model, jax.device_put(state, shardings))
   return model
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None], rules=LOGICAL_RULES) -> jax.Array:
+  """`jax.lax.with_sharding_constraint` of x by logical `axes` (one per dim) on the mesh set with `jax.set_mesh`;
+  returns x unchanged when no mesh is set (single device, sampler, tests without a mesh)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, x.shape, mesh, rules))
 
 
 def data_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0, rules=LOGICAL_RULES) -> NamedSharding:

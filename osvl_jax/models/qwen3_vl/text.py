@@ -17,6 +17,7 @@ from flax import nnx
 
 from osvl_jax.models.qwen3_vl import attention as attention_lib
 from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import TextConfig
 
 
@@ -41,6 +42,9 @@ class RMSNorm(nnx.Module):
 
 def _linear(din, dout, rngs, dtype, param_dtype, use_bias=False):
   return nnx.Linear(din, dout, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+RESIDUAL_AXES = ('batch', 'length', 'activation_embed')   # logical axes of the residual stream [B, T, hidden]
 
 
 def _write_rows(buf, new, index):
@@ -276,7 +280,7 @@ class Qwen3VLText(nnx.Module):
       hidden [B, T, hidden] after the final norm, updated cache (or None).
     """
     c = self.config
-    x = inputs_embeds
+    x = sharding.constrain(inputs_embeds, RESIDUAL_AXES)
     b, t, _ = x.shape
     cos, sin = rope.mrope_cos_sin(position_ids, c.head_dim, c.rope_theta, c.mrope_section, c.mrope_interleaved,
                                   dtype=x.dtype)
@@ -308,6 +312,7 @@ class Qwen3VLText(nnx.Module):
         kv_all = (kv_all[0].at[i].set(kv[0]), kv_all[1].at[i].set(kv[1]))
       if i < len(deepstack):
         x = scatter_add_rows(x, visual_pos_mask, deepstack[i])
+      x = sharding.constrain(x, RESIDUAL_AXES)
     return x, kv_all
 
   def _scan(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack):
@@ -322,7 +327,7 @@ class Qwen3VLText(nnx.Module):
       if ds is not None:
         features = ds[jnp.minimum(i, ds.shape[0] - 1)] * (i < ds.shape[0]).astype(h.dtype)
         h = scatter_add_rows(h, visual_pos_mask, features)
-      return h, kv
+      return sharding.constrain(h, RESIDUAL_AXES), kv
 
     if self.remat:
       body = jax.checkpoint(body)
