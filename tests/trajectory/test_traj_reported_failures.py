@@ -93,7 +93,8 @@ def test_a_prompt_with_an_image_over_the_prompt_budget_is_a_clear_error(tokenize
 
 # 3 ------------------------------------------------------------------------------------------------------------
 
-def _three_image_trajectory(tokenizer, rng):
+def _three_image_builder(tokenizer, rng):
+  """A builder holding: prompt image 64x64, crop -> 96x160 image, crop -> 200x120 image, answer (3 steps)."""
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=256 * 256)
   b = tj.TrajectoryBuilder(tokenizer, processor, [])
   image = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
@@ -103,7 +104,11 @@ def _three_image_trajectory(tokenizer, rng):
   b.append_assistant_text(CROP)
   b.append_observation(ToolResult(ok=True, text='And another.', images=[image(200, 120)]))
   b.append_assistant_text(ANSWER)
-  return b.finish(prompt_id='three')
+  return b
+
+
+def _three_image_trajectory(tokenizer, rng):
+  return _three_image_builder(tokenizer, rng).finish(prompt_id='three')
 
 
 def test_three_images_across_three_turns_get_hf_positions(tokenizer, rng):
@@ -138,17 +143,11 @@ def test_positions_after_a_cut_at_a_token_budget_get_hf_positions(tokenizer, rng
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')
   from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=g-import-not-at-top
-  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=256 * 256)
-  b = tj.TrajectoryBuilder(tokenizer, processor, [])
-  image = lambda h, w: rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-  b.start('Where is it?', image(64, 64))
-  b.append_assistant_text(CROP)
-  b.append_observation(ToolResult(ok=True, text='Here is the crop.', images=[image(96, 160)]))
-  kept = b.num_tokens
-  b.append_assistant_text(CROP)
-  b.append_observation(ToolResult(ok=True, text='And another.', images=[image(200, 120)]))
+  b = _three_image_builder(tokenizer, rng)
+  full = b.finish()
+  kept = int(np.flatnonzero(full.step_of_token <= 0)[-1]) + 1   # end of step 0 (its observation included)
   budget = kept + 30                      # inside the second step: the whole step (and its image) goes
-  assert kept < budget < b.num_tokens
+  assert kept < budget < full.num_tokens
   b.truncate(1)
   cut = b.finish(prompt_id='cut', stop_reason='token_budget')
   assert cut.num_tokens == kept and cut.image_grid_thw.tolist() == [[1, 4, 4], [1, 6, 10]] and cut.truncated
