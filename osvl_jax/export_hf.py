@@ -4,9 +4,9 @@ Command:
   python -m osvl_jax.export_hf --workdir=W --out=DIR [--hf_config=PATH] [--dtype=float32|bfloat16] [--step=N]
 
 Reads the latest orbax checkpoint under `W/grpo_ckpt` (else `W/sft_ckpt`; `osvl_jax/train/checkpoint.py`, item
-'params' = `nnx.state(model, nnx.Param)`) into a model of the given architecture (`--hf_config`: a config.json or
-a HF folder holding one, i.e. the trainer's `config.model.hf_path`; default the built-in tiny config, as
-`config.model.name='tiny'`), then writes `DIR/config.json`, `DIR/model.safetensors` (`weights.save_hf_folder`)
+'params' = `nnx.state(model, nnx.Param)`) into a model of the architecture the checkpoint's meta records (the
+trainers write it; `--hf_config`, a config.json or a HF folder holding one, overrides it; checkpoints without it
+default to the built-in tiny config) and its parameter layout (`scan_layers`), then writes `DIR/config.json`, `DIR/model.safetensors` (`weights.save_hf_folder`)
 and the tokenizer files (`osvl_jax.trajectory.load_tokenizer().save_pretrained`). The folder loads with
 `transformers.Qwen3VLForConditionalGeneration.from_pretrained(DIR)` (or the MoE class) and gives the same logits.
 """
@@ -29,9 +29,12 @@ from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
 CHECKPOINT_DIRS = ('grpo_ckpt', 'sft_ckpt')   # in order of preference
 
 
-def read_config(hf_config: str | pathlib.Path | None) -> Qwen3VLConfig:
-  """The model architecture: from a config.json (or a folder containing one), else `Qwen3VLConfig.tiny()`."""
+def read_config(hf_config: str | pathlib.Path | None, meta: dict | None = None) -> Qwen3VLConfig:
+  """The model architecture: from a config.json (or a folder containing one), else the checkpoint meta's
+  `model_config`, else `Qwen3VLConfig.tiny()`."""
   if not hf_config:
+    if meta and meta.get('model_config'):
+      return Qwen3VLConfig.from_hf_dict(meta['model_config'])
     return Qwen3VLConfig.tiny()
   path = pathlib.Path(hf_config)
   path = path / 'config.json' if path.is_dir() else path
@@ -58,18 +61,16 @@ def export(workdir: str | pathlib.Path, out: str | pathlib.Path, hf_config=None,
   """Restores the checkpoint and writes the HF folder; returns {'checkpoint', 'step', 'out', 'params'}."""
   from osvl_jax import trajectory
   from osvl_jax.train import checkpoint
-  config = read_config(hf_config)
   name, latest = latest_checkpoint(workdir)
-  error = None
-  for scan_layers in (False, True):     # the checkpoint holds per-layer or stacked (scan_layers) parameters
-    model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=scan_layers)
-    try:
-      meta = checkpoint.restore(checkpoint.manager(workdir, name), model, step=latest if step is None else step)
-      break
-    except ValueError as e:   # shape/structure mismatch
-      error = e
-  else:
-    raise ValueError(f'checkpoint {workdir}/{name} does not fit this architecture; pass --hf_config') from error
+  step = latest if step is None else step
+  mngr = checkpoint.manager(workdir, name)
+  saved = checkpoint.read_meta(mngr, step)
+  config = read_config(hf_config, saved)
+  model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=bool(saved.get('scan_layers', False)))
+  try:
+    meta = checkpoint.restore(mngr, model, step=step)
+  except ValueError as e:   # shape/structure mismatch
+    raise ValueError(f'checkpoint {workdir}/{name} does not fit this architecture; pass --hf_config') from e
   np_dtype = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}[dtype]
   out = pathlib.Path(out)
   weights.save_hf_folder(model, out, dtype=np_dtype)
@@ -86,7 +87,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--workdir', required=True)
   ap.add_argument('--out', required=True)
-  ap.add_argument('--hf_config', default=None, help='config.json (or HF folder) of the architecture; default tiny')
+  ap.add_argument('--hf_config', default=None, help='config.json (or HF folder) of the architecture; default: the checkpoint\'s')
   ap.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'))
   ap.add_argument('--step', type=int, default=None)
   args = ap.parse_args(argv)

@@ -13,9 +13,21 @@ def manager(workdir: str | pathlib.Path, name: str, max_to_keep: int = 2) -> ocp
   return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
 
+def _architecture(model: nnx.Module) -> dict:
+  """{'model_config': HF config dict, 'scan_layers': bool} of a Qwen3VLModel; {} for other modules."""
+  if not hasattr(model, 'config') or not hasattr(model.config, 'to_hf_dict'):
+    return {}
+  return {'model_config': model.config.to_hf_dict(), 'scan_layers': bool(model.language_model.scan_layers)}
+
+
 def save(mngr: ocp.CheckpointManager, step: int, model: nnx.Module, optimizer: nnx.Optimizer | None,
          meta: dict) -> None:
-  """Saves params (and optimizer state when given) at `step`, with JSON `meta`; blocks until written."""
+  """Saves params (and optimizer state when given) at `step`, with JSON `meta`; blocks until written.
+
+  The meta also records the model's architecture (`model_config`, the HF config dict, and `scan_layers`), which
+  `export_hf` reads and `restore` names when a checkpoint does not fit.
+  """
+  meta = {**meta, **_architecture(model)}
   items = {'params': ocp.args.StandardSave(nnx.state(model, nnx.Param)), 'meta': ocp.args.JsonSave(meta)}
   if optimizer is not None:
     items['opt'] = ocp.args.StandardSave(nnx.state(optimizer))
@@ -34,10 +46,18 @@ def restore(mngr: ocp.CheckpointManager, model: nnx.Module, optimizer: nnx.Optim
     step: which step; None = latest.
   Returns:
     The checkpoint's meta dict (with 'step'), or None when there is no checkpoint.
+
+  Raises:
+    ValueError: the checkpoint's `scan_layers` layout differs from the model's, or its parameters do not fit.
   """
   step = mngr.latest_step() if step is None else step
   if step is None:
     return None
+  saved = read_meta(mngr, step)
+  want = _architecture(model)
+  if saved.get('scan_layers', want.get('scan_layers')) != want.get('scan_layers'):
+    raise ValueError(f'checkpoint {mngr.directory}/{step} was written with scan_layers={saved["scan_layers"]} but '
+                     f'the model has scan_layers={want["scan_layers"]}: set config.model.scan_layers to match')
   abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
   items = {'params': ocp.args.StandardRestore(abstract(nnx.state(model, nnx.Param))),
            'meta': ocp.args.JsonRestore()}
@@ -48,3 +68,11 @@ def restore(mngr: ocp.CheckpointManager, model: nnx.Module, optimizer: nnx.Optim
   if optimizer is not None:
     nnx.update(optimizer, restored['opt'])
   return {**restored['meta'], 'step': int(step)}
+
+
+def read_meta(mngr: ocp.CheckpointManager, step: int | None = None) -> dict:
+  """The JSON meta of the latest (or `step`) checkpoint, without reading any array; {} when there is none."""
+  step = mngr.latest_step() if step is None else step
+  if step is None:
+    return {}
+  return dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'])

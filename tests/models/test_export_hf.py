@@ -1,6 +1,8 @@
 """`python -m osvl_jax.export_hf`: the latest orbax checkpoint of a workdir -> HF folder that transformers loads to
 the same logits, with the tokenizer files."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from flax import nnx
@@ -43,7 +45,10 @@ def test_export_without_checkpoint_raises(tmp_path):
 
 
 def test_export_of_a_scan_layers_checkpoint_writes_the_per_layer_hf_tensors(tmp_path):
-  config = Qwen3VLConfig.tiny()
+  """A non-default architecture (as the demo's) and the stacked layout, both read from the checkpoint's meta."""
+  base = Qwen3VLConfig.tiny()
+  config = dataclasses.replace(base, text=dataclasses.replace(base.text, num_hidden_layers=3, intermediate_size=96,
+                                                              rope_theta=10_000.0))
   scanned = Qwen3VLModel(config, nnx.Rngs(3), scan_layers=True)
   checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, scanned, None, {'stage': 'sft'})
   export_hf.main([f'--workdir={tmp_path}', f'--out={tmp_path / "hf"}'])
@@ -52,3 +57,10 @@ def test_export_of_a_scan_layers_checkpoint_writes_the_per_layer_hf_tensors(tmp_
   assert written.keys() == expected.keys()
   for name, value in expected.items():
     np.testing.assert_array_equal(written[name], value, err_msg=name)
+
+
+def test_restoring_into_the_other_layout_names_scan_layers(tmp_path):
+  config = Qwen3VLConfig.tiny()
+  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, Qwen3VLModel(config, nnx.Rngs(0)), None, {})
+  with pytest.raises(ValueError, match='scan_layers=False but the model has scan_layers=True'):
+    checkpoint.restore(checkpoint.manager(tmp_path, 'sft_ckpt'), Qwen3VLModel(config, nnx.Rngs(0), scan_layers=True))

@@ -55,6 +55,17 @@ def test_rules_map_parameters_to_mesh_axes():
   assert sharding.logical_to_spec(('embed', 'kv_heads'), (64, 6), sharding.make_mesh()) == P('fsdp', 'tensor')
 
 
+def test_stacked_layer_rules_hold_under_a_prefix_and_constrain_checks_its_axes():
+  assert sharding.logical_axes('policy.language_model.layers.self_attn.q_proj.kernel', 3) == ('layers', 'embed',
+                                                                                               'heads')
+  assert sharding.logical_axes('language_model.layers.0.self_attn.q_proj.kernel', 2) == ('embed', 'heads')
+  x = jnp.ones((2, 3, 4))
+  with pytest.raises(ValueError, match='2 logical axes'):
+    sharding.constrain(x, ('batch', 'length'))
+  with jax.set_mesh(sharding.make_mesh()):
+    assert sharding.constrain(x, text_lib.RESIDUAL_AXES) is x          # eager call: a no-op, not an error
+
+
 def _inputs(batch=8, length=24):
   """ids [B, T] with one 4x4-patch image in row 0, positions, mask (row 1 left-padded), pixels, grid."""
   rng = np.random.default_rng(0)
@@ -185,7 +196,7 @@ def test_orbax_checkpoint_saved_on_one_mesh_restores_onto_another(tmp_path):
   checkpoint.save(checkpoint.manager(tmp_path, 'ckpt'), 3, saved, None, {'stage': 'test'})
   target = sharding.shard_model(Qwen3VLModel(DENSE, nnx.Rngs(6)), sharding.make_mesh(fsdp=2, tensor=4))
   meta = checkpoint.restore(checkpoint.manager(tmp_path, 'ckpt'), target)
-  assert meta == {'stage': 'test', 'step': 3}
+  assert meta['stage'] == 'test' and meta['step'] == 3 and meta['scan_layers'] is False
   q = target.language_model.layers[0].self_attn.q_proj.kernel[...]
   assert tuple(q.sharding.spec) == ('fsdp', 'tensor') and q.sharding.mesh.shape['tensor'] == 4
   for got, want in zip(jax.tree.leaves(nnx.state(target, nnx.Param)), jax.tree.leaves(nnx.state(saved, nnx.Param))):

@@ -131,7 +131,12 @@ def causal_attention(q, k, v, key_mask=None, block: int = 128):
 
   Returns:
     [B, T, Hkv, G, D] (dtype of v).
+
+  Raises:
+    ValueError: block < 1.
   """
+  if block < 1:
+    raise ValueError(f'causal_attention: block must be >= 1, got {block}')
   b, t = q.shape[:2]
   if key_mask is None:
     key_mask = jnp.ones((b, t), bool)

@@ -59,7 +59,7 @@ class Qwen3VLModel(nnx.Module):
     """
     c = self.config
     input_ids = jnp.asarray(input_ids, jnp.int32)
-    x = self.language_model.embed_tokens(input_ids)
+    x = text_lib.embed_lookup(self.language_model.embed_tokens, input_ids)
     visual_pos_mask, deepstack = None, ()
     if pixel_values is not None:
       if image_grid_thw is None:

@@ -80,14 +80,15 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, expert: int = 1, de
   return Mesh(np.asarray(devices[:n]).reshape(shape), MESH_AXES)
 
 
-_STACKED_LAYERS = re.compile(r'language_model\.layers\.(?!\d)')
+_STACKED_LAYERS = re.compile(r'(?:^|\.)language_model\.layers\.(?!\d)')
 
 
 def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
   """Logical axis names of the parameter at dot-joined `path` (all None = replicated). Stacked decoder layers
   (`scan_layers=True`: `language_model.layers.<p>` [L, ...]) get the logical axis `layers` first."""
-  if _STACKED_LAYERS.match(path):
-    return ('layers',) + logical_axes(path[len('language_model.layers.'):], ndim - 1)
+  stacked = _STACKED_LAYERS.search(path)
+  if stacked:
+    return ('layers',) + logical_axes(path[stacked.end():], ndim - 1)
   for pattern, axes in PARAM_RULES:
     if re.search(pattern, path):
       if len(axes) != ndim:
@@ -139,10 +140,18 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules=LOGICAL_RULES) -> nnx.Modul
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None], rules=LOGICAL_RULES) -> jax.Array:
-  """`jax.lax.with_sharding_constraint` of x by logical `axes` (one per dim) on the mesh set with `jax.set_mesh`;
-  returns x unchanged when no mesh is set (single device, sampler, tests without a mesh)."""
+  """`jax.lax.with_sharding_constraint` of x by logical `axes` (one per dim) on the mesh set with `jax.set_mesh`.
+
+  A compile-time hint: returns x unchanged when no mesh is set (single device, sampler, tests without a mesh) or
+  when x is a concrete array (an eager, un-jitted call).
+
+  Raises:
+    ValueError: `axes` does not name one logical axis per dimension of x.
+  """
+  if len(axes) != x.ndim:
+    raise ValueError(f'constrain: {len(axes)} logical axes {tuple(axes)} for an array of shape {x.shape}')
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
+  if mesh.empty or not isinstance(x, jax.core.Tracer):
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, x.shape, mesh, rules))
 

@@ -47,6 +47,14 @@ def _linear(din, dout, rngs, dtype, param_dtype, use_bias=False):
 RESIDUAL_AXES = ('batch', 'length', 'activation_embed')   # logical axes of the residual stream [B, T, hidden]
 
 
+def embed_lookup(embed: nnx.Embed, input_ids):
+  """input_ids int [B, T] -> [B, T, hidden] (`nnx.Embed`), with the table's FSDP-sharded hidden dim gathered first
+  under a set mesh (as FSDP does for every weight), so the rows land in the batch-sharded residual layout without
+  XLA's involuntary full rematerialisation of the lookup."""
+  table = sharding.constrain(embed.embedding[...], ('vocab', None))
+  return jnp.take(table, input_ids, axis=0).astype(embed.dtype)
+
+
 def _write_rows(buf, new, index):
   """buf [B, S, ...] <- new [B, T, ...] at slots index[b] + arange(T); out-of-range slots are dropped."""
   b, t = new.shape[:2]
