@@ -332,9 +332,10 @@ class Qwen3VLText(nnx.Module):
     def body(h, xs):
       layer_state, i, kv = xs
       h, kv = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, kv, cache_index, block)
-      if ds is not None:
-        features = ds[jnp.minimum(i, ds.shape[0] - 1)] * (i < ds.shape[0]).astype(h.dtype)
-        h = scatter_add_rows(h, visual_pos_mask, features)
+      if ds is not None:   # only layers i < len(deepstack) pay for the scatter
+        h = jax.lax.cond(i < ds.shape[0],
+                         lambda h: scatter_add_rows(h, visual_pos_mask, ds[jnp.minimum(i, ds.shape[0] - 1)]),
+                         lambda h: h, h)
       return sharding.constrain(h, RESIDUAL_AXES), kv
 
     if self.remat:

@@ -153,10 +153,13 @@ def _is_stacked(model: Qwen3VLModel) -> bool:
   return model.language_model.scan_layers
 
 
-def _flat_params(model: Qwen3VLModel) -> dict[str, object]:
-  """Dot-joined parameter path -> array (or ShapeDtypeStruct), with stacked layers seen per layer."""
+def _flat_params(model: Qwen3VLModel, shapes_only: bool = False) -> dict[str, object]:
+  """Dot-joined parameter path -> array (ShapeDtypeStruct with `shapes_only`), stacked layers seen per layer
+  (`shapes_only` then slices nothing)."""
   pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   flat = {'.'.join(str(k) for k in path): v for path, v in traverse_util.flatten_dict(pure).items()}
+  if shapes_only:
+    flat = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat.items()}
   if not _is_stacked(model):
     return flat
   out = {}
@@ -195,7 +198,7 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
                                                 scan_layers=scan_layers))
   else:
     model, config = model_or_config, model_or_config.config
-  targets = _flat_params(model)
+  targets = _flat_params(model, shapes_only=True)
   loaded, unknown = {}, []
   for name, value in state_dict.items():
     name = _normalise_hf_name(name)
@@ -212,7 +215,7 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
       array = tr.to_flax(np.asarray(value), config)
     if tuple(array.shape) != tuple(want.shape):
       raise ValueError(f'{name} -> {path}: shape {array.shape} != {want.shape}')
-    loaded[path] = jnp.asarray(array, dtype=want.dtype)
+    loaded[path] = np.asarray(array, dtype=want.dtype)         # host; placed once below
   missing = sorted(set(targets) - set(loaded))
   if strict and (unknown or missing):
     raise ValueError(f'unmapped HF tensors: {unknown[:10]} ({len(unknown)}); missing params: {missing[:10]} '
@@ -223,12 +226,12 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
   for path, value in flat.items():
     key = '.'.join(str(k) for k in path)
     if key in loaded:
-      flat[path] = loaded[key]
+      flat[path] = jnp.asarray(loaded[key])
     elif _is_stacked(model) and key.startswith(_STACKED_PREFIX):
       rest = key[len(_STACKED_PREFIX):]
       layers = [loaded.get(f'{_STACKED_PREFIX}{n}.{rest}') for n in range(value.shape[0])]
       if all(x is not None for x in layers):
-        flat[path] = jnp.stack(layers)
+        flat[path] = jnp.asarray(np.stack(layers))
   nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(flat))
   if isinstance(model_or_config, Qwen3VLConfig):
     return nnx.merge(graphdef, state)
