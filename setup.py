@@ -24,6 +24,7 @@ setuptools.setup(
         'opencv-contrib-python-headless==5.0.0.93',
         'bm25s==0.3.16',
         'httpx==0.28.1',
+        'json-repair==0.64.6',  # tool-call JSON repair (trajectory.actions.loads_lenient)
         # Local OCR (PP-OCRv6 models ship in the wheel). It pulls opencv-python-headless, whose cv2 shadows the
         # contrib build: the Makefile reinstalls opencv-contrib-python-headless after this (SIFT, dnn_superres).
         'rapidocr==3.10.0',

@@ -20,6 +20,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rl import losses
+from osvl_jax.trajectory import tokens as tokens_lib
 
 
 def _run(fn, args):
@@ -75,19 +76,19 @@ def model_bench(b, t, blocks, repeats, num_loss=256):
   lengths = np.linspace(t, t // 2, b).astype(int)
   mask = np.arange(t)[None] < lengths[:, None]
   batch = {
-      'input_ids': jnp.asarray(np.where(mask, rng.integers(0, 151000, (b, t)), 151643), jnp.int32),
+      'input_ids': jnp.asarray(np.where(mask, rng.integers(0, 151000, (b, t)), tokens_lib.ENDOFTEXT_ID), jnp.int32),
       'attention_mask': jnp.asarray(mask),
       'position_ids': jnp.asarray(rope.text_position_ids(np.zeros(b, np.int64), t)),
       'loss_positions': jnp.asarray(np.sort(rng.integers(0, t // 2 - 1, (b, num_loss)), axis=1), jnp.int32),
       'loss_targets': jnp.asarray(rng.integers(0, 151000, (b, num_loss)), jnp.int32),
-      'loss_valid': jnp.ones((b, num_loss), bool),
+      'completion_mask': jnp.ones((b, num_loss), bool),
   }
 
   def loss_fn(model, batch):
     hidden, _ = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'])
     gathered = jnp.take_along_axis(hidden, batch['loss_positions'][..., None], axis=1)
     logprobs = losses.token_logprobs(model.logits(gathered), batch['loss_targets'])
-    return losses.sft_loss(logprobs, batch['loss_valid'])[0]
+    return losses.sft_loss(logprobs, batch['completion_mask'])[0]
 
   fwd_jit = nnx.jit(loss_fn)
   grad_jit = nnx.jit(nnx.value_and_grad(loss_fn))

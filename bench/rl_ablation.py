@@ -29,7 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from osvl_jax.rl import fatal as fatal_lib  # noqa: E402
 from osvl_jax.train import grpo, metrics  # noqa: E402
-from tools import registry  # noqa: E402
+from tools import env as tools_env  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'ml_collections config file.')
 _WORKDIR = flags.DEFINE_string('workdir', 'workdir/demo', 'Demo workdir with sft_ckpt (and data).')
@@ -49,8 +49,8 @@ def mode_config(base, mode: str, workdir: pathlib.Path, steps: int, failure_rate
   config.grpo.init_from = str(workdir)
   if not config.data.get('dir'):
     config.data.dir = str(workdir / 'data')
-  if 'failure_injection' not in registry.default_config():
-    raise RuntimeError('tools.registry has no failure_injection; this bench needs it')
+  if 'failure_injection' not in tools_env.default_config():
+    raise RuntimeError('tools.env has no failure_injection; this bench needs it')
   config.tools.failure_injection = {'rate': failure_rate, 'kind': 'backend_error', 'seed': config.seed}
   return config
 
@@ -75,7 +75,7 @@ def main(argv):
   workdir = pathlib.Path(_WORKDIR.value)
   out = pathlib.Path(_OUT.value or workdir / 'rl_ablation')
   for mode in _MODES.value:
-    fatal_lib.get_fatal_mode(mode)
+    fatal_lib.FATAL_MODES.get(mode)
   lines = []
   for mode in _MODES.value:
     run_dir = out / mode

@@ -7,7 +7,7 @@ of 256; one 256-patch image (64 merged tokens) inside a `--tokens`-token sequenc
 change the size and precision
 (e.g. a larger bfloat16 config on a GPU: PyTorch then runs on CUDA, JAX on its default device).
 A step is forward + backward of the mean next-token cross-entropy over all positions (no optimizer update): in JAX
-through the trainers' own loss path (`train.state.loss_logprobs` + `rl.losses.sft_loss`, jitted with
+through the trainers' own loss path (`train.policy.loss_logprobs` + `rl.losses.sft_loss`, jitted with
 `nnx.cached_partial`), in PyTorch through `Qwen3VLForConditionalGeneration(..., labels=...)` (SDPA attention).
 Also times a float32 [2048, 2048] x [2048, 2048] matmul in both frameworks, as the machine's reachable matmul
 throughput.
@@ -33,7 +33,7 @@ from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig, TextConfig, VisionConfig
 from osvl_jax.rl import losses
-from osvl_jax.train import state
+from osvl_jax.train import policy
 
 
 def bench_config(vocab: int, hidden: int = 512, layers: int = 4, heads: int = 8, kv_heads: int = 4,
@@ -120,11 +120,11 @@ def main():
 
   batch = {'input_ids': jnp.asarray(ids, jnp.int32), 'position_ids': jnp.asarray(pos), 'attention_mask': None,
            'pixel_values': jnp.asarray(pixels, jdtype), 'loss_positions': jnp.arange(args.tokens - 1)[None],
-           'loss_targets': jnp.asarray(ids[:, 1:], jnp.int32), 'loss_valid': jnp.ones((1, args.tokens - 1), bool)}
+           'loss_targets': jnp.asarray(ids[:, 1:], jnp.int32), 'completion_mask': jnp.ones((1, args.tokens - 1), bool)}
 
   def loss_fn(m, batch):
-    logprobs = state.loss_logprobs(m, dict(batch, image_grid_thw=grid))
-    return losses.sft_loss(logprobs, batch['loss_valid'])[0]
+    logprobs = policy.loss_logprobs(m, dict(batch, image_grid_thw=grid))
+    return losses.sft_loss(logprobs, batch['completion_mask'])[0]
 
   grad_step = nnx.cached_partial(nnx.jit(nnx.value_and_grad(loss_fn)), model)
 

@@ -6,30 +6,38 @@ ocr_cer_english <= 0.15, image_search_top1 >= 0.95, image_search_ms_per_query_10
 injected == observed. Helpers (degradations, transcripts, rollouts) are the tests' own, from tests/tools/.
 """
 
+import argparse
 import pathlib
 import sys
 import time
 
-import cv2
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / 'tests' / 'tools')]
-
-from osvl_jax import paths  # noqa: E402
-from tools import image_io, image_ops, image_search, registry  # noqa: E402
-import test_failure_injection  # noqa: E402
-import test_image_search  # noqa: E402
-import test_pixel_tools  # noqa: E402
 
 
 def psnr(a, b):
   return 10 * np.log10(255.0 ** 2 / np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  return p.parse_args(argv)
+
+
+def main(argv=None):
+  parse_args(argv)  # --help prints the usage and exits before any heavy import.
+  import cv2  # pylint: disable=g-import-not-at-top
+  sys.path[:0] = [str(ROOT), str(ROOT / 'tests' / 'tools')]
+  from osvl_jax import paths
+  from tools import env as tools_env
+  from tools import image_io, image_ops, image_search
+  import test_failure_injection
+  import test_image_search
+  import test_pixel_tools
+
   images = paths.data_dir() / 'images'
-  env = registry.ToolEnv({'enabled': ('sharpen', 'super_resolution', 'perspective_correct'), 'super_resolution': {
+  env = tools_env.ToolEnv({'enabled': ('sharpen', 'super_resolution', 'perspective_correct'), 'super_resolution': {
       'model_dir': str(paths.data_dir() / 'superres' / 'models'), 'model': 'FSRCNN'}})
 
   astronaut = image_io.load_image(images / 'photos/astronaut.png')

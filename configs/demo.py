@@ -3,6 +3,7 @@
 Run:
   .venv/bin/python -m osvl_jax.demo --workdir=workdir/demo
   (or `make demo`; override any field with e.g. `--config.sft.steps=100`)
+  Its dataset alone: .venv/bin/python -m data_pipeline.build --config=configs/demo.py --workdir=workdir/demo
 
 Stages: build the dataset from the Wikispeedia graph + landmark photos (data_pipeline), SFT on the oracle
 expert's trajectories, sample the SFT'd policy on the training prompts (expected: sft_format_ok >= 0.8),

@@ -1,21 +1,26 @@
 """Runs the data pipeline end to end and writes HF `datasets` (DESIGN.md §7).
 
-  python -m data_pipeline.build --out_dir=workdir/data --num_items=60 --seed=0
+  python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=W [--config.data.num_items=60]
 
-Stages, each saved with `datasets.Dataset.save_to_disk` under `out_dir/<stage>/` beside its `counts.json`,
-skipped when that output already exists (rerunning continues an interrupted build; delete a stage folder to
-redo it and everything after it is recomputed only if missing too):
+The config's `data` section is `default_config()` with overrides; the dataset goes to `config.data.dir`, else
+`W/data` (`osvl_jax.data.pipeline.dataset_dir`, where the trainers read it: `--config=configs/demo.py` builds the
+demo's dataset). Stages, each saved with `datasets.Dataset.save_to_disk` under `<dataset>/<stage>/` beside its
+`counts.json`, skipped when that output already exists (rerunning continues an interrupted build; delete a stage
+folder to redo it and everything after it is recomputed only if missing too):
 
   paths    constrained random walks from the landmark articles (`paths.py`)
   qa       answer from the answer node's infobox + canonical question (`qa.py`)
   rewrite  farthest-to-nearest fuzzy rewrite + non-leakage check (`rewrite.py`)
   ground   landmark photo as the source anchor, v0 -> referring expression, leak check again (`ground.py`)
-  items    the item table: prompt_id, question, canonical_question, answers, image_path, path, hops, rejected
-           (None when accepted, else the reason), plus the descriptors, trace and evidence
-  sft      oracle-expert trajectories (`synthesize.py`), rows of `Trajectory.to_record()`
+  items    the item table (`osvl_jax.data.pipeline.ITEM_COLUMNS`): prompt_id, question, canonical_question,
+           answers, image_path, path, hops, rejected (None when accepted, else the reason), plus the descriptors,
+           trace and evidence
+  sft      oracle-expert trajectories (`synthesize.py`, run by `osvl_jax.rollout.agent_loop`), rows of
+           `Trajectory.to_record()`
 
-`out_dir/stats.json` has every stage's counts and seconds. Not run here (they need an LLM endpoint or a policy
-model): the LLM judges of §7.4 (ii), Filters A/B (§7.6); `degrade` (§7.7) is left to a later stage.
+`<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
+`load_prompts`) are in `osvl_jax/data/pipeline.py`. Not run here (they need an LLM endpoint or a policy model):
+the LLM judges of §7.4 (ii), Filters A/B (§7.6); `degrade` (§7.7) is left to a later stage.
 """
 
 import json
@@ -26,10 +31,12 @@ import time
 
 import ml_collections
 import tqdm
+from absl import app, flags
+from ml_collections import config_flags
 
-ITEM_COLUMNS = ('prompt_id', 'question', 'canonical_question', 'answers', 'image_path', 'path', 'hops',
-                'rejected', 'landmark', 'descriptors', 'answer_attribute', 'answer_evidence', 'anchor_expression',
-                'rewrite_trace')
+from osvl_jax.data import pipeline as pipeline_data
+
+ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -42,10 +49,11 @@ def default_config() -> ml_collections.ConfigDict:
     max_retries: fresh walks per item before it is dropped.
     hub_in_degree: in-degree above which a node is a hub and skipped (see `paths.py` for the scaling).
     data_dir: shared data folder; '' = `osvl_jax.paths.data_dir()`.
-    synthesize: run the oracle expert (needs tools/ and osvl_jax/trajectory.py).
+    synthesize: run the oracle expert (needs tools/ and osvl_jax/trajectory/).
     top_k: text_search hits per oracle call.
     min_pixels, max_pixels: the image processor budget (pixels) for the trajectories' images.
-    tools: partial `tools.registry.default_config()` overrides.
+    tools: partial `tools.env.default_config()` overrides.
+    dir: the dataset folder; '' = `<workdir>/data` (read by `main` and the trainers, not by `build_dataset`).
   """
   c = ml_collections.ConfigDict()
   c.num_items = 60
@@ -61,6 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.min_pixels = 64 * 64
   c.max_pixels = 128 * 128
   c.tools = ml_collections.ConfigDict()
+  c.dir = ''
   return c
 
 
@@ -76,28 +85,9 @@ def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None
     ds = datasets.Dataset.from_dict({'prompt_id': []}) if features is None else datasets.Dataset.from_list(
         [], features=features)
   ds.save_to_disk(str(tmp))
-  (tmp / 'counts.json').write_text(json.dumps(counts, indent=1, default=str))
+  (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1, default=str))
   shutil.rmtree(folder, ignore_errors=True)
   os.replace(tmp, folder)
-
-
-def _load(folder: pathlib.Path) -> tuple[list[dict], dict]:
-  import datasets
-  ds = datasets.load_from_disk(str(folder))
-  counts = json.loads((folder / 'counts.json').read_text())
-  return ds.to_list(), counts
-
-
-def _items_features():
-  import datasets
-  v, seq = datasets.Value, lambda t: datasets.List(datasets.Value(t))
-  return datasets.Features({
-      'prompt_id': v('string'), 'question': v('string'), 'canonical_question': v('string'),
-      'answers': seq('string'), 'image_path': v('string'), 'path': seq('string'), 'hops': v('int32'),
-      'rejected': v('string'), 'landmark': v('string'), 'descriptors': seq('string'),
-      'answer_attribute': v('string'), 'answer_evidence': v('string'), 'anchor_expression': v('string'),
-      'rewrite_trace': seq('string'),
-  })
 
 
 def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike) -> dict:
@@ -124,8 +114,8 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   def stage(name, fn, features=None):
     folder = out / name
     t0 = time.perf_counter()
-    if (folder / 'counts.json').is_file():
-      records, counts = _load(folder)
+    if pipeline_data.has_split(folder):
+      records, counts = pipeline_data.read_split(folder)
       counts = dict(counts, resumed=True)
     else:
       records, counts = fn()
@@ -156,7 +146,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
               'distinct_questions': len({r['question'] for r in ok})}
     return rows, counts
 
-  items = stage('items', make_items, _items_features())
+  items = stage('items', make_items, pipeline_data.items_features())
   stages.update()
   if config.synthesize:
     from data_pipeline import synthesize
@@ -175,61 +165,21 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   return stats
 
 
-def load_sft(out_dir: str | os.PathLike) -> list:
-  """The oracle expert trajectories (`osvl_jax.trajectory.Trajectory`) of `out_dir/sft`.
-
-  Raises:
-    FileNotFoundError: naming the folder when the `sft` stage has not been built.
-  """
-  from osvl_jax import trajectory as traj_lib
-  folder = pathlib.Path(out_dir) / 'sft'
-  if not (folder / 'counts.json').is_file():
-    raise FileNotFoundError(f'{folder}: no SFT trajectories; run `python -m data_pipeline.build --out_dir={out_dir}`')
-  records, _ = _load(folder)
-  return [traj_lib.Trajectory.from_record(r) for r in records]
-
-
-def load_prompts(out_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[dict]:
-  """The accepted items of `out_dir/items` as RL prompts.
-
-  Returns:
-    dicts with prompt_id (str), question (str), image (uint8 [H, W, 3] RGB), answers (list[str]), image_path.
-  Raises:
-    FileNotFoundError: naming the folder when the `items` stage has not been built.
-  """
-  from data_pipeline import synthesize
-  from osvl_jax import paths as osvl_paths
-  folder = pathlib.Path(out_dir) / 'items'
-  if not (folder / 'counts.json').is_file():
-    raise FileNotFoundError(f'{folder}: no items; run `python -m data_pipeline.build --out_dir={out_dir}`')
-  records, _ = _load(folder)
-  data_dir = pathlib.Path(data_dir) if data_dir else osvl_paths.data_dir()
-  return [{'prompt_id': r['prompt_id'], 'question': r['question'], 'answers': list(r['answers']),
-           'image_path': r['image_path'], 'image': synthesize.load_image(data_dir, r['image_path'])}
-          for r in records if not r['rejected']]
-
-
-def main(argv=None) -> None:
-  """CLI: `python -m data_pipeline.build --out_dir=DIR [--num_items=N] [--seed=S] [--no_synthesize]`."""
-  import argparse
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--out_dir', required=True)
-  p.add_argument('--num_items', type=int, default=None)
-  p.add_argument('--seed', type=int, default=None)
-  p.add_argument('--max_retries', type=int, default=None)
-  p.add_argument('--hub_in_degree', type=int, default=None)
-  p.add_argument('--data_dir', default=None)
-  p.add_argument('--no_synthesize', action='store_true')
-  args = p.parse_args(argv)
-  config = default_config()
-  for k in ('num_items', 'seed', 'max_retries', 'hub_in_degree', 'data_dir'):
-    if getattr(args, k) is not None:
-      setattr(config, k, getattr(args, k))
-  config.synthesize = not args.no_synthesize
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  if 'data' not in config:
+    raise ValueError('the config has no `data` section (data_pipeline.build.default_config())')
+  out = pipeline_data.dataset_dir(config, _WORKDIR.value)
   t0 = time.perf_counter()
-  stats = build_dataset(config, args.out_dir)
-  print(json.dumps(stats['summary']), f'{time.perf_counter() - t0:.1f}s')
+  stats = build_dataset(config.data, out)
+  print(json.dumps(stats['summary']), f'{out}', f'{time.perf_counter() - t0:.1f}s')
 
 
 if __name__ == '__main__':
-  main()
+  # Flags are defined only when run as a program, so the module imports freely (configs, tests, the demo).
+  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/data_wikispeedia.py', 'ml_collections config file.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'Job folder; the dataset is `<workdir>/data` unless '
+                                 '--config.data.dir; rerunning resumes.', required=True)
+  app.run(main)

@@ -1,25 +1,29 @@
 """Exports the latest trained checkpoint of a workdir as a Hugging Face Qwen3-VL folder.
 
-Command:
+Command (absl flags):
   python -m osvl_jax.export_hf --workdir=W --out=DIR [--hf_config=PATH] [--dtype=float32|bfloat16] [--step=N]
+
+No `--config`: the architecture and parameter layout come from the checkpoint itself (a training config adds
+nothing an export needs; `--hf_config` is the override).
 
 Reads the latest orbax checkpoint under `W/grpo_ckpt` (else `W/sft_ckpt`; `osvl_jax/train/checkpoint.py`, item
 'params' = `nnx.state(model, nnx.Param)`) into a model of the architecture the checkpoint's meta records (the
 trainers write it; `--hf_config`, a config.json or a HF folder holding one, overrides it; checkpoints without it
-default to the built-in tiny config) and its parameter layout (`scan_layers`), then writes `DIR/config.json`, `DIR/model.safetensors` (`weights.save_hf_folder`)
-and the tokenizer files (`osvl_jax.trajectory.load_tokenizer().save_pretrained`). The folder loads with
+default to the built-in tiny config) and its parameter layout (`scan_layers`), then writes `DIR/config.json`,
+`DIR/model.safetensors` (`weights.save_hf_folder`) and the tokenizer files
+(`osvl_jax.trajectory.load_tokenizer().save_pretrained`). The folder loads with
 `transformers.Qwen3VLForConditionalGeneration.from_pretrained(DIR)` (or the MoE class) and gives the same logits.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 
 import jax
 import ml_dtypes
 import numpy as np
+from absl import app, flags
 from flax import nnx
 
 from osvl_jax.models.qwen3_vl import weights
@@ -83,17 +87,19 @@ def export(workdir: str | pathlib.Path, out: str | pathlib.Path, hf_config=None,
   return {'checkpoint': name, 'step': meta['step'], 'out': str(out), 'params': n}
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  ap.add_argument('--workdir', required=True)
-  ap.add_argument('--out', required=True)
-  ap.add_argument('--hf_config', default=None, help='config.json (or HF folder) of the architecture; default: the checkpoint\'s')
-  ap.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'))
-  ap.add_argument('--step', type=int, default=None)
-  args = ap.parse_args(argv)
-  info = export(args.workdir, args.out, args.hf_config, args.dtype, args.step)
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  info = export(_WORKDIR.value, _OUT.value, _HF_CONFIG.value, _DTYPE.value, _STEP.value)
   print(json.dumps(info))
 
 
 if __name__ == '__main__':
-  main()
+  # Flags are defined only when run as a program, so the module imports into others (and tests) freely.
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'Job folder holding grpo_ckpt/ or sft_ckpt/.', required=True)
+  _OUT = flags.DEFINE_string('out', None, 'HF folder to write.', required=True)
+  _HF_CONFIG = flags.DEFINE_string('hf_config', None,
+                                   "config.json (or HF folder) of the architecture; default: the checkpoint's")
+  _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'dtype of the written weights.')
+  _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
+  app.run(main)

@@ -11,7 +11,7 @@ import numpy as np
 
 
 class BadBox(ValueError):
-  """A crop box that selects no pixels; the registry reports it as `bad_arguments`."""
+  """A crop box that selects no pixels; `ToolEnv.call` reports it as `bad_arguments`."""
 
 
 def clamp_box(shape: tuple[int, ...], x: int, y: int, width: int, height: int) -> tuple[int, int, int, int]:

@@ -5,8 +5,16 @@ Every client raises `base.ToolError(kind, message)` with kind
   http_error     a non-2xx status (429 and 5xx are retried first; other 4xx are not);
   backend_error  a 2xx answer that is not the documented JSON (malformed, missing fields), a connection
                  failure, a URL that is not allowed (`check_public_url`), or a missing API key.
-API keys come from environment variables only (named in the config, e.g. `SERPER_API_KEY`); they are sent in
-headers and never appear in messages or logs (`_redact`).
+API keys come from environment variables only (named in the config, e.g. `SERPER_API_KEY`) and never appear in a
+message, a returned text or a log line, in any encoding:
+  - they are sent in headers wherever the documented API allows it; SerpApi (Lens) documents only the `api_key`
+    query parameter, so that key travels in the URL;
+  - httpx logs every request URL at INFO (printed under absl's default verbosity), so a filter on the `httpx` and
+    `httpcore.*` loggers rewrites each record with every registered key redacted, and the value of any
+    key-like query parameter (`api_key=`, `key=`, `token=`, ...) replaced by `***` (`_LogRedactor`);
+  - `redact` replaces a key in all the encodings an echo could use: raw, percent-encoded (any safe set, either
+    hex case, `quote_plus`, double-encoded), JSON- or HTML-escaped, and base64 (standard / URL-safe, with or
+    without padding); error bodies are redacted before they are truncated (no partial key survives a cut).
 
 Services and their documented request/response JSON (the test doubles in tests/tools/remote_doubles.py speak
 the same):
@@ -24,10 +32,14 @@ the same):
 """
 
 import base64
+import functools
 import ipaddress
 import json
+import logging
 import os
+import re
 import socket
+import threading
 import time
 import urllib.parse
 
@@ -40,11 +52,85 @@ from tools import base
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
-def _redact(text: str, secrets: tuple[str, ...]) -> str:
+_HTML_ESCAPES = {'&': ('&amp;', '&#38;', '&#x26;'), '<': ('&lt;', '&#60;', '&#x3c;'), '>': ('&gt;', '&#62;', '&#x3e;'),
+                 '"': ('&quot;', '&#34;', '&#x22;', '\\"'), "'": ('&#39;', '&#x27;', '&apos;'), '/': ('\\/',),
+                 ' ': ('+', '%20'), '\\': ('\\\\',)}
+
+
+def _hex_pattern(b: int) -> str:
+  """Regex of `%XX` (either hex case) for byte `b`, also double-encoded (`%25XX`)."""
+  hx = ''.join(f'[{h.lower()}{h.upper()}]' if h.isalpha() else h for h in f'{b:02x}')
+  return f'%(?:25)?{hx}'
+
+
+def _char_pattern(c: str) -> str:
+  """Regex of character `c` raw, percent-encoded (its UTF-8 bytes), `+` for a space, JSON/HTML-escaped."""
+  alts = [re.escape(c), ''.join(_hex_pattern(b) for b in c.encode('utf-8'))]
+  alts += [re.escape(e) for e in _HTML_ESCAPES.get(c, ())]
+  if not c.isascii() or not c.isprintable():
+    alts += [re.escape(f'\\u{ord(c):04x}'), re.escape(f'\\u{ord(c):04X}')]
+  return '(?:' + '|'.join(alts) + ')'
+
+
+@functools.lru_cache(maxsize=256)
+def _secret_regex(secrets: tuple[str, ...]) -> re.Pattern | None:
+  """One regex matching any of `secrets` in any encoding (see the module docstring), longest first."""
+  forms = set()
   for s in secrets:
-    if s:
-      text = text.replace(s, '***')
-  return text
+    if not s:
+      continue
+    raw = s.encode('utf-8')
+    forms.add(s)
+    for b64 in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
+      forms.update({b64, b64.rstrip('=')})
+  if not forms:
+    return None
+  return re.compile('|'.join(''.join(_char_pattern(c) for c in f) for f in sorted(forms, key=len, reverse=True)))
+
+
+def redact(text: str, secrets) -> str:
+  """`text` with every occurrence of each secret, in any encoding (module docstring), replaced by `***`."""
+  pattern = _secret_regex(tuple(sorted({s for s in secrets if s})))
+  return pattern.sub('***', text) if pattern is not None and text else text
+
+
+# A key-like query parameter's value in a URL (for log lines: whatever the key, it is not printed).
+_KEY_PARAM_RE = re.compile(r'(?i)([?&;](?:api[_-]?key|apikey|key|access[_-]?token|token|secret|password|sig|'
+                           r'signature|auth)=)[^&;#\s"\'<>]*')
+
+
+class _LogRedactor(logging.Filter):
+  """Rewrites the records of the HTTP libraries' loggers with every registered key redacted (any encoding) and
+  the value of key-like URL query parameters replaced by `***`. Installed once on `LOGGERS`."""
+
+  LOGGERS = ('httpx', 'httpcore', 'httpcore.connection', 'httpcore.http11', 'httpcore.http2', 'httpcore.proxy',
+             'httpcore.socks')
+
+  def __init__(self):
+    super().__init__('osvl-redact-keys')
+    self._lock = threading.Lock()
+    self.secrets: tuple[str, ...] = ()
+
+  def add(self, secrets) -> None:
+    with self._lock:
+      self.secrets = tuple(sorted(set(self.secrets) | {s for s in secrets if s}))
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    try:
+      msg = record.getMessage()
+    except Exception:  # pylint: disable=broad-except  # A broken record: let logging report it.
+      return True
+    clean = _KEY_PARAM_RE.sub(r'\1***', redact(msg, self.secrets))
+    if clean != msg:
+      record.msg, record.args = clean, None
+    return True
+
+
+_LOG_REDACTOR = _LogRedactor()
+for _name in _LogRedactor.LOGGERS:
+  _logger = logging.getLogger(_name)
+  if not any(isinstance(f, _LogRedactor) for f in _logger.filters):
+    _logger.addFilter(_LOG_REDACTOR)
 
 
 def api_key(env_var: str, required: bool = True) -> str:
@@ -105,6 +191,7 @@ class HttpClient:
     self.base_url = base_url.rstrip('/')
     self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
     self.secrets = tuple(s for s in secrets if s)
+    _LOG_REDACTOR.add(self.secrets)
     self._client = httpx.Client(timeout=self.timeout, transport=transport, follow_redirects=False)
 
   def request(self, method: str, path: str, *, json_body=None, params=None, headers=None,
@@ -124,12 +211,12 @@ class HttpClient:
         last = base.ToolError('timeout', f'{self._where(url)} timed out after {self.timeout:g} s '
                                          f'({attempt + 1} attempt(s)): {type(e).__name__}')
       except httpx.HTTPError as e:
-        last = base.ToolError('backend_error', _redact(f'{self._where(url)} connection failed: '
+        last = base.ToolError('backend_error', redact(f'{self._where(url)} connection failed: '
                                                        f'{type(e).__name__}: {e}', self.secrets))
       else:
         if resp.status_code >= 300:
-          err = base.ToolError('http_error', _redact(f'{self._where(url)} returned HTTP {resp.status_code}: '
-                                                     f'{resp.text[:200]}', self.secrets))
+          body = redact(resp.text, self.secrets)[:200]  # Redacted before the cut: no partial key survives.
+          err = base.ToolError('http_error', f'{self._where(url)} returned HTTP {resp.status_code}: {body}')
           if resp.status_code not in RETRY_STATUS:
             raise err
           last = err
@@ -143,8 +230,8 @@ class HttpClient:
           try:
             return resp.json()
           except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-            raise base.ToolError('backend_error', f'{self._where(url)} answered with malformed JSON: '
-                                                  f'{e}') from None
+            raise base.ToolError('backend_error', redact(f'{self._where(url)} answered with malformed JSON: '
+                                                          f'{e}', self.secrets)) from None
       if attempt < self.retries:
         time.sleep(retry_after if retry_after is not None else delay)
         delay *= 2
@@ -152,7 +239,7 @@ class HttpClient:
 
   def _where(self, url: str) -> str:
     parts = urllib.parse.urlsplit(url)
-    return _redact(f'{parts.scheme}://{parts.netloc}{parts.path}', self.secrets)
+    return redact(f'{parts.scheme}://{parts.netloc}{parts.path}', self.secrets)
 
   def close(self):
     self._client.close()
@@ -239,14 +326,16 @@ class ChatSummarizer:
 
 def web_search(cfg, query: str, top_k: int = 5, hl: str | None = None) -> str:
   """The remote text_search: Serper hits, each page read by Jina (first `cfg.read_top` hits) and optionally
-  summarised by the LLM; returns `[k] Title (link): text` lines, or '' when Serper found nothing.
+  summarised by the LLM; returns `[k] Title (link): text` lines (keys redacted), or '' when Serper found nothing.
 
   A failed page read or summary degrades to the Serper snippet (the search itself succeeded); Serper failures
   raise ToolError.
   """
-  hits = SerperClient(cfg.serper).search(query, top_k, hl)
+  serper = SerperClient(cfg.serper)
+  hits = serper.search(query, top_k, hl)
   reader = JinaReader(cfg.jina) if cfg.get('read_top', 0) else None
   summarizer = ChatSummarizer(cfg.summarizer) if cfg.get('summarizer') and cfg.summarizer.get('base_url') else None
+  secrets = serper.http.secrets + sum((c.http.secrets for c in (reader, summarizer) if c is not None), ())
   lines = []
   for i, h in enumerate(hits, 1):
     text = h['snippet']
@@ -257,7 +346,7 @@ def web_search(cfg, query: str, top_k: int = 5, hl: str | None = None) -> str:
       except base.ToolError as e:
         text = f'{h["snippet"]} (page not read: {e.kind})'
     lines.append(f'[{i}] {h["title"]} ({h["link"]}): {" ".join(text.split())}')
-  return '\n'.join(lines)
+  return redact('\n'.join(lines), secrets)
 
 
 class LensClient:
@@ -275,12 +364,13 @@ class LensClient:
     if not isinstance(data, dict):
       raise base.ToolError('backend_error', 'lens response is not a JSON object')
     if 'error' in data and 'visual_matches' not in data:
-      raise base.ToolError('backend_error', _redact(f'lens error: {str(data["error"])[:200]}', (self.key,)))
+      raise base.ToolError('backend_error', f'lens error: {redact(str(data["error"]), (self.key,))[:200]}')
     matches = data.get('visual_matches', [])
     if not isinstance(matches, list):
       raise base.ToolError('backend_error', 'lens response field visual_matches is not a list')
-    return [{'title': str(_field(m, 'title', where='lens')), 'link': str(m.get('link', '')),
-             'source': str(m.get('source', ''))} for m in matches[:top_k]]
+    return [{'title': redact(str(_field(m, 'title', where='lens')), (self.key,)),
+             'link': redact(str(m.get('link', '')), (self.key,)),
+             'source': redact(str(m.get('source', '')), (self.key,))} for m in matches[:top_k]]
 
 
 def format_lens(matches: list[dict]) -> str:
@@ -304,7 +394,8 @@ class PaddleOCRClient:
     data = self.http.request('POST', '/ocr', headers=headers,
                              json_body={'file': base64.b64encode(png.tobytes()).decode('ascii'), 'fileType': 1})
     if _field(data, 'errorCode', where='paddlex') != 0:
-      raise base.ToolError('backend_error', f'paddlex error {data.get("errorCode")}: {str(data.get("errorMsg"))[:200]}')
+      msg = redact(f'{data.get("errorCode")}: {data.get("errorMsg")}', self.http.secrets)[:200]
+      raise base.ToolError('backend_error', f'paddlex error {msg}')
     out = []
     for page in _field(data, 'result', 'ocrResults', kind=list, where='paddlex'):
       pruned = _field(page, 'prunedResult', kind=dict, where='paddlex')
@@ -314,5 +405,5 @@ class PaddleOCRClient:
       if len(scores) != len(texts) or len(boxes) != len(texts):
         raise base.ToolError('backend_error', 'paddlex response: rec_texts, rec_scores, rec_boxes differ in length')
       for t, s, b in zip(texts, scores, boxes):
-        out.append((str(t), float(s), tuple(int(v) for v in b)))
+        out.append((redact(str(t), self.http.secrets), float(s), tuple(int(v) for v in b)))
     return out

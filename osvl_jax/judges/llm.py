@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import ml_collections
 import openai
 
-from osvl_jax.judges import registry, rule
+from osvl_jax.judges import base, rule
 
 ACCURACY_PROMPT = """\
 You are grading the final answer of a multimodal search agent against the ground truth.
@@ -166,7 +166,7 @@ def format_calls(tool_calls: Sequence[tuple[str, Any]], results: Sequence[Any], 
   return '\n'.join(lines)
 
 
-class LLMJudge(registry.Judge):
+class LLMJudge(base.Judge):
   """Accuracy and query-quality judges over an OpenAI-compatible chat endpoint.
 
   Args:
@@ -221,24 +221,24 @@ class LLMJudge(registry.Judge):
   def _fallback(self, rule_score: float) -> float:
     return rule_score if self.config.on_error == 'rule' else 0.0
 
-  def accuracy(self, question: str, response: str | None, answers: Sequence[str]) -> registry.Verdict:
+  def accuracy(self, question: str, response: str | None, answers: Sequence[str]) -> base.Verdict:
     """r_acc ∈ {0, 1}; 0 without a call when there is no (or an empty) final response."""
     if response is None or not response.strip():
-      return registry.Verdict(0.0)
+      return base.Verdict(0.0)
     prompt = ACCURACY_PROMPT.format(question=question, answers=' | '.join(answers), response=response)
     score, error, raw = self._ask(prompt, parse_binary)
     if error is not None:
-      return registry.Verdict(self._fallback(rule.accuracy(response, answers)), error, raw)
-    return registry.Verdict(score, None, raw)
+      return base.Verdict(self._fallback(rule.accuracy(response, answers)), error, raw)
+    return base.Verdict(score, None, raw)
 
   def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]],
-                    results: Sequence[Any]) -> registry.Verdict:
+                    results: Sequence[Any]) -> base.Verdict:
     """r_query ∈ [0, 1] over the pre-fatal tool calls; 0 without a call when there are none."""
     if not tool_calls:
-      return registry.Verdict(0.0)
+      return base.Verdict(0.0)
     prompt = QUERY_PROMPT.format(question=question,
                                  calls=format_calls(tool_calls, results, int(self.config.max_result_chars)))
     score, error, raw = self._ask(prompt, parse_score)
     if error is not None:
-      return registry.Verdict(self._fallback(rule.query_quality(tool_calls, results, question)), error, raw)
-    return registry.Verdict(score, None, raw)
+      return base.Verdict(self._fallback(rule.query_quality(tool_calls, results, question)), error, raw)
+    return base.Verdict(score, None, raw)

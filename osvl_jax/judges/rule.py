@@ -20,6 +20,8 @@
               word (>= 3 characters, not a stop word) with the question or with any earlier observation text.
               Omitted from the mean when there are no text queries.
   No tool calls at all -> 0.0 (an agent that never searched has issued no query to reward).
+
+`RuleJudge` is both as a `base.Judge` (the judge registered as 'rule').
 """
 
 import json
@@ -28,6 +30,9 @@ import re
 import unicodedata
 from typing import Any, Sequence
 
+import ml_collections
+
+from osvl_jax.judges import base
 from tools import base as tools_base
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -224,3 +229,21 @@ def query_quality(tool_calls: Sequence[tuple[str, Any]], results: Sequence[tools
   if grounded:
     parts.append(sum(grounded) / len(grounded))
   return sum(parts) / len(parts)
+
+
+class RuleJudge(base.Judge):
+  """The offline rule judge: `accuracy` and `query_quality` above as a `base.Judge` (registered as 'rule')."""
+  name = 'rule'
+
+  def __init__(self, config: ml_collections.ConfigDict | None = None):
+    super().__init__()
+    del config
+
+  def accuracy(self, question, response, answers):
+    del question
+    self._count('calls')
+    return base.Verdict(accuracy(response, answers))
+
+  def query_quality(self, question, tool_calls, results):
+    self._count('calls')
+    return base.Verdict(query_quality(tool_calls, results, question))

@@ -2,7 +2,7 @@
 
   r̃_i = (r_i − μ_G) / (σ_G + δ)     over all G samples of a prompt, fatal ones included
   Â_i = r̃_i                         non-fatal samples
-  Â_i = max(r̃_i, 0)                 fatal samples, when fatal_mode == 'mask_clamp' (else Â_i = r̃_i)
+  Â_i = max(r̃_i, 0)                 fatal samples, when `clamp` (fatal_mode 'mask_clamp'; else Â_i = r̃_i)
 
 Which σ: `std_ddof=1` (the unbiased sample standard deviation) is the default, because the official OpenSearch-VL
 trainer is built on verl, whose `compute_grpo_outcome_advantage` takes `torch.std` of the group scores and
@@ -10,7 +10,7 @@ trainer is built on verl, whose `compute_grpo_outcome_advantage` takes `torch.st
 population std (Tunix's and DeepSeekMath's `std`). For G = 8 the two differ by a factor sqrt(8/7) ≈ 1.069 in the
 advantage scale. A group of one sample follows verl: μ = 0, σ = 1, so r̃ = r / (1 + δ).
 
-Estimators are registered by name (Tunix style); each maps rewards [N, G] -> r̃ [N, G]:
+Estimators are registered by name in `ESTIMATORS` (Tunix style); each maps rewards [N, G] -> r̃ [N, G]:
   grpo     (r − μ_G) / (σ_G + δ)                          (Eq. 11)
   rloo     r_i − mean_{j≠i} r_j    (leave-one-out baseline; verl's RLOO, no std scaling)
   dr_grpo  r − μ_G                 (Dr. GRPO: no std scaling)
@@ -22,34 +22,15 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from osvl_jax.rl import fatal as fatal_lib
+from osvl_jax import registry
 
 EstimatorFn = Callable[..., jax.Array]  # (rewards f32 [N, G], *, delta, std_ddof) -> r̃ f32 [N, G]
 
-_ESTIMATORS: dict[str, EstimatorFn] = {}
+# estimator name -> EstimatorFn. Config `grpo.estimator`.
+ESTIMATORS: registry.Registry[EstimatorFn] = registry.Registry('advantage estimator')
 
 
-def register_estimator(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
-  """Decorator registering an advantage estimator under `name`."""
-  def decorator(fn: EstimatorFn) -> EstimatorFn:
-    if name in _ESTIMATORS:
-      raise ValueError(f'advantage estimator {name!r} is already registered')
-    _ESTIMATORS[name] = fn
-    return fn
-  return decorator
-
-
-def get_estimator(name: str) -> EstimatorFn:
-  if name not in _ESTIMATORS:
-    raise ValueError(f'advantage estimator {name!r} is not one of {sorted(_ESTIMATORS)}')
-  return _ESTIMATORS[name]
-
-
-def estimators() -> list[str]:
-  return sorted(_ESTIMATORS)
-
-
-@register_estimator('grpo')
+@ESTIMATORS.register('grpo')
 def grpo_normalized(rewards: jax.Array, *, delta: float = 1e-6, std_ddof: int = 1) -> jax.Array:
   """r̃ = (r − μ_G) / (σ_G + δ) per row of rewards [N, G] (Eq. 11); σ with `std_ddof`."""
   group_size = rewards.shape[-1]
@@ -60,7 +41,7 @@ def grpo_normalized(rewards: jax.Array, *, delta: float = 1e-6, std_ddof: int = 
   return (rewards - mean) / (std + delta)
 
 
-@register_estimator('rloo')
+@ESTIMATORS.register('rloo')
 def rloo(rewards: jax.Array, *, delta: float = 1e-6, std_ddof: int = 1) -> jax.Array:
   """r̃_i = r_i − (Σ_j r_j − r_i)/(G − 1) per row of rewards [N, G]; a singleton group keeps r."""
   del delta, std_ddof
@@ -71,7 +52,7 @@ def rloo(rewards: jax.Array, *, delta: float = 1e-6, std_ddof: int = 1) -> jax.A
   return rewards - (total - rewards) / (group_size - 1)
 
 
-@register_estimator('dr_grpo')
+@ESTIMATORS.register('dr_grpo')
 def dr_grpo(rewards: jax.Array, *, delta: float = 1e-6, std_ddof: int = 1) -> jax.Array:
   """r̃ = r − μ_G per row of rewards [N, G] (no std scaling); a singleton group keeps r."""
   del delta, std_ddof
@@ -80,7 +61,7 @@ def dr_grpo(rewards: jax.Array, *, delta: float = 1e-6, std_ddof: int = 1) -> ja
   return rewards - jnp.mean(rewards, axis=-1, keepdims=True)
 
 
-def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, mode: str = 'mask_clamp',
+def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, clamp: bool = True,
                      estimator: str = 'grpo', delta: float = 1e-6,
                      std_ddof: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Per-trajectory advantages Â (Eq. 11) and clamp statistics.
@@ -89,8 +70,9 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, m
     rewards: r(τ), float [N*G]: N prompts × G samples, each group contiguous (rows g*G .. g*G+G-1).
     is_fatal: bool [N*G]: True for fatal trajectories (f_i is not None).
     group_size: G.
-    mode: fatal_mode ('none' | 'hard' | 'mask' | 'mask_clamp'); only 'mask_clamp' clamps.
-    estimator: registered estimator name ('grpo' | 'rloo' | 'dr_grpo').
+    clamp: Â = max(r̃, 0) for fatal samples (Eq. 11): the fatal_mode's `clamp_fatal_advantage` (True only for
+      'mask_clamp').
+    estimator: name in `ESTIMATORS` ('grpo' | 'rloo' | 'dr_grpo').
     delta: δ in the denominator σ_G + δ.
     std_ddof: 1 = unbiased σ (verl / official code, default), 0 = population σ. See the module docstring.
 
@@ -102,7 +84,10 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, m
       without fatal samples), fatal_clamped_rtilde_sum / _mean (mean r̃ of the
       clamped, before clamping), fatal_kept_rtilde_sum / _mean (mean r̃ of the preserved fatal samples),
       num_zero_std_groups (groups whose rewards are all equal: no learning signal), reward_mean, rtilde_mean.
-      The fatal_* numbers are reported in every mode (what the clamp would do); only 'mask_clamp' applies it.
+      The fatal_* numbers are reported whether or not `clamp` applies the clamp (what it would do).
+
+  Raises:
+    ValueError: rewards / is_fatal not both [N*G], N*G not a multiple of group_size, an unknown estimator.
   """
   rewards = jnp.asarray(rewards, dtype=jnp.float32)
   is_fatal = jnp.asarray(is_fatal, dtype=bool)
@@ -110,10 +95,9 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, m
     raise ValueError(f'rewards {rewards.shape} and is_fatal {is_fatal.shape} must both be [N*G]')
   if group_size < 1 or rewards.shape[0] % group_size:
     raise ValueError(f'{rewards.shape[0]} rewards do not split into groups of {group_size}')
-  clamp = fatal_lib.get_fatal_mode(mode).clamp_fatal_advantage
 
   grouped = rewards.reshape(-1, group_size)
-  r_tilde = get_estimator(estimator)(grouped, delta=delta, std_ddof=std_ddof).reshape(-1)
+  r_tilde = ESTIMATORS.get(estimator)(grouped, delta=delta, std_ddof=std_ddof).reshape(-1)
   if clamp:
     advantages = jnp.where(is_fatal, jnp.maximum(r_tilde, 0.0), r_tilde)
   else:

@@ -4,8 +4,10 @@ A multi-turn rollout becomes *fatal* when the agent produces K consecutive tool-
 counter n_err resets on every successful call). Everything the policy emitted from the fatal step f_i onwards is
 excluded from the policy-gradient loss; the pre-fatal prefix still learns.
 
-`fatal_mode` names the four rows of the paper's Table 3b; each is a registered `FatalMode` that says how the loss
-mask is built and whether the fatal advantage is clamped (the clamp itself lives in `advantages.py`, Eq. 11):
+`fatal_mode` names the four rows of the paper's Table 3b; each is a `FatalMode` in `FATAL_MODES` that gives the
+loss-mask function and whether the fatal advantage is clamped (the clamp itself lives in `advantages.py`, Eq. 11).
+The trainer resolves the name once and passes `mode.mask_fn` to `loss_mask` and `mode.clamp_fatal_advantage` to
+`advantages.group_advantages`:
 
   none        vanilla GRPO: M = M_gen, Â = r̃
   hard        whole fatal trajectory masked: M = M_gen · 1[f_i = none], Â = r̃
@@ -20,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from osvl_jax import registry
+
 # Value of `fatal_step` arrays for a non-fatal trajectory.
 NOT_FATAL = -1
 
@@ -30,20 +34,19 @@ MaskFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 # f_i: the fatal step.
 # ----------------------------------------------------------------------------------------------------------------
 
+# fatal_index name -> f(step at which n_err reaches K, K) -> f_i. Config `rollout.fatal_index`.
+FATAL_INDEX: registry.Registry[Callable[[int, int], int]] = registry.Registry('fatal_index')
+
+
+@FATAL_INDEX.register('first')  # official code and the paper's main text
 def _first_step_of_run(step: int, k: int) -> int:
   return step - k + 1
 
 
+@FATAL_INDEX.register('kth')  # the appendix formula
 def _kth_step_of_run(step: int, k: int) -> int:
   del k
   return step
-
-
-# fatal_index name -> f(step at which n_err reaches K, K) -> f_i. Config `fatal_index`.
-FATAL_INDEX = {
-    'first': _first_step_of_run,  # official code and the paper's main text
-    'kth': _kth_step_of_run,  # the appendix formula
-}
 
 
 def fatal_step(execution_errors: Sequence[bool], k: int = 3, index: str = 'first') -> int | None:
@@ -62,16 +65,18 @@ def fatal_step(execution_errors: Sequence[bool], k: int = 3, index: str = 'first
 
   Returns:
     f_i as a 0-based step index, or None when n_err never reaches `k`.
+
+  Raises:
+    ValueError: k < 1, or `index` is not in `FATAL_INDEX`.
   """
   if k < 1:
     raise ValueError(f'fatal k must be >= 1, got {k}')
-  if index not in FATAL_INDEX:
-    raise ValueError(f'fatal index {index!r} is not one of {sorted(FATAL_INDEX)}')
+  index_fn = FATAL_INDEX.get(index)
   n_err = 0
   for step, is_error in enumerate(execution_errors):
     n_err = n_err + 1 if is_error else 0
     if n_err >= k:
-      return FATAL_INDEX[index](step, k)
+      return index_fn(step, k)
   return None
 
 
@@ -81,8 +86,31 @@ def fatal_step_array(fatal_steps: Sequence[int | None]) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# M: the loss mask (Eq. 10), one registered function per fatal_mode.
+# M: the loss mask (Eq. 10); one mask function per fatal_mode.
 # ----------------------------------------------------------------------------------------------------------------
+
+def _pre_fatal(step_of_token: jax.Array, fatal_step: jax.Array) -> jax.Array:
+  """1[s(t) < f_i] as bool [B,T]; f_i = -1 (not fatal) counts as +infinity."""
+  is_fatal = (fatal_step >= 0)[:, None]
+  return jnp.logical_or(~is_fatal, step_of_token < fatal_step[:, None])
+
+
+def mask_none(gen_mask: jax.Array, step_of_token: jax.Array, fatal_step: jax.Array) -> jax.Array:
+  """M = M_gen (vanilla GRPO)."""
+  del step_of_token, fatal_step
+  return gen_mask
+
+
+def mask_hard(gen_mask: jax.Array, step_of_token: jax.Array, fatal_step: jax.Array) -> jax.Array:
+  """M = M_gen · 1[f_i = none]: a fatal trajectory is masked whole."""
+  del step_of_token
+  return gen_mask * (fatal_step < 0).astype(gen_mask.dtype)[:, None]
+
+
+def mask_post_fatal(gen_mask: jax.Array, step_of_token: jax.Array, fatal_step: jax.Array) -> jax.Array:
+  """M = M_gen · 1[s(t) < f_i] (Eq. 10)."""
+  return gen_mask * _pre_fatal(step_of_token, fatal_step).astype(gen_mask.dtype)
+
 
 @dataclasses.dataclass(frozen=True)
 class FatalMode:
@@ -92,70 +120,32 @@ class FatalMode:
   clamp_fatal_advantage: bool
 
 
-_FATAL_MODES: dict[str, FatalMode] = {}
-
-
-def register_fatal_mode(name: str, *, clamp_fatal_advantage: bool) -> Callable[[MaskFn], MaskFn]:
-  """Decorator registering a mask function as fatal_mode `name`."""
-  def decorator(fn: MaskFn) -> MaskFn:
-    if name in _FATAL_MODES:
-      raise ValueError(f'fatal_mode {name!r} is already registered')
-    _FATAL_MODES[name] = FatalMode(name, fn, clamp_fatal_advantage)
-    return fn
-  return decorator
-
-
-def get_fatal_mode(name: str) -> FatalMode:
-  if name not in _FATAL_MODES:
-    raise ValueError(f'fatal_mode {name!r} is not one of {sorted(_FATAL_MODES)}')
-  return _FATAL_MODES[name]
-
-
-def fatal_modes() -> list[str]:
-  return sorted(_FATAL_MODES)
-
-
-def _pre_fatal(step_of_token: jax.Array, fatal_step: jax.Array) -> jax.Array:
-  """1[s(t) < f_i] as bool [B,T]; f_i = -1 (not fatal) counts as +infinity."""
-  is_fatal = (fatal_step >= 0)[:, None]
-  return jnp.logical_or(~is_fatal, step_of_token < fatal_step[:, None])
-
-
-@register_fatal_mode('none', clamp_fatal_advantage=False)
-def _mask_none(gen_mask, step_of_token, fatal_step):
-  del step_of_token, fatal_step
-  return gen_mask
-
-
-@register_fatal_mode('hard', clamp_fatal_advantage=False)
-def _mask_hard(gen_mask, step_of_token, fatal_step):
-  del step_of_token
-  return gen_mask * (fatal_step < 0).astype(gen_mask.dtype)[:, None]
-
-
-@register_fatal_mode('mask', clamp_fatal_advantage=False)
-def _mask_post_fatal(gen_mask, step_of_token, fatal_step):
-  return gen_mask * _pre_fatal(step_of_token, fatal_step).astype(gen_mask.dtype)
-
-
-@register_fatal_mode('mask_clamp', clamp_fatal_advantage=True)
-def _mask_post_fatal_clamp(gen_mask, step_of_token, fatal_step):
-  return _mask_post_fatal(gen_mask, step_of_token, fatal_step)
+# fatal_mode name -> FatalMode. Config `grpo.fatal_mode`.
+FATAL_MODES: registry.Registry[FatalMode] = registry.Registry('fatal_mode')
+for _mode in (FatalMode('none', mask_none, clamp_fatal_advantage=False),
+              FatalMode('hard', mask_hard, clamp_fatal_advantage=False),
+              FatalMode('mask', mask_post_fatal, clamp_fatal_advantage=False),
+              FatalMode('mask_clamp', mask_post_fatal, clamp_fatal_advantage=True)):
+  FATAL_MODES.register(_mode.name)(_mode)
+del _mode
 
 
 def loss_mask(gen_mask: jax.Array, step_of_token: jax.Array, fatal_step: jax.Array,
-              mode: str = 'mask_clamp') -> jax.Array:
+              mask_fn: MaskFn = mask_post_fatal) -> jax.Array:
   """The policy-gradient loss mask M (Eq. 10: M_it = M_gen,it · 1[s(t) < f_i]).
 
   Args:
     gen_mask: M_gen, bool or float [B, T]: 1 on tokens the policy emitted (Trajectory.gen_mask).
     step_of_token: s(t), int32 [B, T]: step index of each token, -1 for the prompt (Trajectory.step_of_token).
     fatal_step: f_i, int32 [B]: fatal step per trajectory, -1 (`NOT_FATAL`) for non-fatal ones.
-    mode: fatal_mode name: 'none' (M = M_gen), 'hard' (fatal trajectories fully masked), 'mask' and
-      'mask_clamp' (Eq. 10; they differ only in the advantage, Eq. 11).
+    mask_fn: the fatal_mode's mask (`FATAL_MODES.get(name).mask_fn`): `mask_none` (M = M_gen), `mask_hard`
+      (fatal trajectories fully masked), `mask_post_fatal` (Eq. 10, modes 'mask' and 'mask_clamp'; default).
 
   Returns:
     M, float32 [B, T].
+
+  Raises:
+    ValueError: the shapes are not [B, T], [B, T], [B].
   """
   gen_mask = jnp.asarray(gen_mask).astype(jnp.float32)
   step_of_token = jnp.asarray(step_of_token, dtype=jnp.int32)
@@ -163,4 +153,4 @@ def loss_mask(gen_mask: jax.Array, step_of_token: jax.Array, fatal_step: jax.Arr
   if gen_mask.shape != step_of_token.shape or fatal_step.shape != gen_mask.shape[:1]:
     raise ValueError(f'loss_mask shapes: gen_mask {gen_mask.shape}, step_of_token {step_of_token.shape}, '
                      f'fatal_step {fatal_step.shape}; want [B,T], [B,T], [B]')
-  return get_fatal_mode(mode).mask_fn(gen_mask, step_of_token, fatal_step)
+  return mask_fn(gen_mask, step_of_token, fatal_step)

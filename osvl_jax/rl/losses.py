@@ -14,6 +14,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from osvl_jax import registry
+
 
 def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1.0) -> jax.Array:
   """log π(targets[b, t] | ·) = log_softmax(logits / temperature)[b, t, targets[b, t]].
@@ -58,26 +60,13 @@ def sft_loss(logprobs: jax.Array, mask: jax.Array,
 # Loss aggregation, registered by name (Tunix style): per-token objective [B, T] -> scalar J.
 # ----------------------------------------------------------------------------------------------------------------
 
-AggregationFn = Callable[..., jax.Array]
-_AGGREGATIONS: dict[str, AggregationFn] = {}
+AggregationFn = Callable[..., jax.Array]  # (per_token f32 [B,T], mask f32 [B,T], *, num_sequences, num_tokens)
+
+# aggregation name -> AggregationFn. Config `grpo.aggregation`.
+AGGREGATIONS: registry.Registry[AggregationFn] = registry.Registry('loss aggregation')
 
 
-def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
-  def decorator(fn: AggregationFn) -> AggregationFn:
-    if name in _AGGREGATIONS:
-      raise ValueError(f'loss aggregation {name!r} is already registered')
-    _AGGREGATIONS[name] = fn
-    return fn
-  return decorator
-
-
-def get_aggregation(name: str) -> AggregationFn:
-  if name not in _AGGREGATIONS:
-    raise ValueError(f'loss aggregation {name!r} is not one of {sorted(_AGGREGATIONS)}')
-  return _AGGREGATIONS[name]
-
-
-@register_aggregation('seq_mean_token_mean')
+@AGGREGATIONS.register('seq_mean_token_mean')
 def seq_mean_token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
                         num_tokens: jax.Array) -> jax.Array:
   """Eq. 12: (1/G) Σ_i (1/Σ_t M_it) Σ_t M_it x_it; G = `num_sequences`; rows with Σ_t M_it = 0 give 0."""
@@ -87,7 +76,7 @@ def seq_mean_token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences:
   return jnp.sum(jnp.where(row_tokens > 0, row_mean, 0.0)) / jnp.maximum(num_sequences, 1.0)
 
 
-@register_aggregation('seq_mean_token_sum')
+@AGGREGATIONS.register('seq_mean_token_sum')
 def seq_mean_token_sum(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
                        num_tokens: jax.Array) -> jax.Array:
   """verl's 'seq-mean-token-sum': (1/G) Σ_i Σ_t M_it x_it, G = `num_sequences` (longer rows weigh more)."""
@@ -95,11 +84,7 @@ def seq_mean_token_sum(per_token: jax.Array, mask: jax.Array, *, num_sequences: 
   return jnp.sum(per_token * mask) / jnp.maximum(num_sequences, 1.0)
 
 
-def aggregations() -> list[str]:
-  return sorted(_AGGREGATIONS)
-
-
-@register_aggregation('token_mean')
+@AGGREGATIONS.register('token_mean')
 def token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
                num_tokens: jax.Array) -> jax.Array:
   """DAPO-style global token mean: Σ_it M_it x_it / Σ_it M_it, with Σ M = `num_tokens` of the whole batch."""
@@ -111,6 +96,13 @@ def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
   """Schulman's k3 estimator of KL(π_θ ‖ π_ref) per token: exp(q − p) − (q − p) − 1, q = log π_ref, p = log π_θ."""
   d = ref_logprobs - logprobs
   return jnp.exp(d) - d - 1.0
+
+
+# How each `grpo_loss` metric reduces over the micro-batches of a batch (`train.metrics.reduce_metrics`): a mean
+# weighted by num_tokens, the max, or (every other key: counts, sums, and the loss, already normalised by the whole
+# batch) the sum.
+GRPO_METRIC_REDUCTIONS = {'clip_frac': 'num_tokens', 'kl': 'num_tokens', 'ratio_mean': 'num_tokens',
+                          'ratio_max': 'max'}
 
 
 def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, loss_mask: jax.Array,
@@ -147,7 +139,10 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
       loss, pg_objective (J without the KL term),
       num_tokens (Σ M in this call), num_sequences_with_tokens, clipped_tokens, clip_frac (clipped_tokens /
       num_tokens: tokens whose clipped branch is the smaller objective), kl_sum / kl (token-mean k3 KL to the
-      reference, 0 without it), ratio_mean, ratio_max.
+      reference, 0 without it), ratio_mean, ratio_max. Over micro-batches they reduce by `GRPO_METRIC_REDUCTIONS`.
+
+  Raises:
+    ValueError: advantages not [B], beta > 0 without ref_logprobs, or an unknown aggregation.
   """
   logprobs = logprobs.astype(jnp.float32)
   mask = loss_mask.astype(jnp.float32)
@@ -160,7 +155,7 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
   num_sequences = jnp.asarray(batch if num_sequences is None else num_sequences, jnp.float32)
   local_tokens = jnp.sum(mask)
   num_tokens = local_tokens if num_tokens is None else jnp.asarray(num_tokens, jnp.float32)
-  aggregate = get_aggregation(aggregation)
+  aggregate = AGGREGATIONS.get(aggregation)
 
   # Masked tokens may hold padding garbage: zero the log-ratio there before exp (no inf, no NaN gradient).
   log_ratio = jnp.where(on, logprobs - jax.lax.stop_gradient(old_logprobs.astype(jnp.float32)), 0.0)

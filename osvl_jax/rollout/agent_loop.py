@@ -1,7 +1,7 @@
 """The multi-turn agent loop: policy engine + tool environment -> token-exact Trajectories (DESIGN.md §4-6).
 
 Every episode alternates an assistant turn (from an `engine.Engine`) and, for a tool call, an observation (from
-`tools.registry.ToolEnv.call`), recorded by a `trajectory.TrajectoryBuilder`. All unfinished episodes of a call
+`tools.env.ToolEnv.call`), recorded by a `trajectory.TrajectoryBuilder`. All unfinished episodes of a call
 advance together: one `engine.generate` per turn for all of them.
 
 Per step l:
@@ -111,8 +111,9 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
   """Rolls out `num_generations` episodes per item, all batched together turn by turn.
 
   Args:
-    engine: the policy (`JaxSampler`, the SGLang client, or `ScriptedEngine` in tests).
-    env: a `tools.registry.ToolEnv` (anything with `call(name, arguments, images) -> ToolResult`).
+    engine: the policy (`JaxSampler`, the SGLang client, the pipeline's `OracleEngine`, or `ScriptedEngine` in
+      tests).
+    env: a `tools.env.ToolEnv` (anything with `call(name, arguments, images) -> ToolResult`).
     make_builder: `() -> TrajectoryBuilder`, a fresh builder (tokenizer, image processor, tool schemas, profile).
     items: N items (`Item`, or mappings with prompt_id, question, image uint8 [H, W, 3] | None, answers).
     num_generations: G episodes per item (the GRPO group).
@@ -233,10 +234,3 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
 def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:
   episode.builder.append_observation(result)
 
-
-def run_episode(engine: engine_lib.Engine, env, make_builder: Callable[[], traj_lib.TrajectoryBuilder],
-                question: str, image: np.ndarray | None, answers: Sequence[str] = (), prompt_id: str = '',
-                **kwargs) -> traj_lib.Trajectory:
-  """One episode: `run_episodes` with a single item and num_generations=1 (kwargs are passed through)."""
-  item = Item(prompt_id=prompt_id, question=question, image=image, answers=list(answers))
-  return run_episodes(engine, env, make_builder, [item], num_generations=1, **kwargs)[0]

@@ -1,9 +1,10 @@
 """The generation interface shared by every policy engine (DESIGN.md §1.3).
 
 An engine turns a batch of contexts (token ids the policy sees + the images those ids refer to) into one
-assistant turn per context. Two engines implement it: `jax_sampler.JaxSampler` (embedded, CPU/TPU, tests, demo)
-and the SGLang HTTP client (GPU production). `ScriptedEngine` below replays fixed texts: a test double of the
-policy for testing the agent loop without a model.
+assistant turn per context. Sampling engines: `jax_sampler.JaxSampler` (embedded, CPU/TPU, tests, demo) and the
+SGLang HTTP client (GPU production). Text engines (`TextEngine`) write each turn as text and tokenize it:
+`ScriptedEngine` below replays fixed texts (a test double of the policy for testing the agent loop without a
+model), and `data_pipeline.synthesize.OracleEngine` is the pipeline's oracle expert.
 
 Token exactness (DESIGN.md §4): `Generation.ids` are exactly the ids the policy emitted, including the stop
 token when it stopped on `<|im_end|>`; the agent loop appends them verbatim to the trajectory, never re-tokenizing
@@ -16,7 +17,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-IM_END_ID = 151645  # <|im_end|>: end of an assistant turn.
+from osvl_jax.trajectory import tokens as tokens_lib
+
+IM_END_ID = tokens_lib.IM_END_ID  # <|im_end|>: end of an assistant turn.
 
 # finish_reason values.
 FINISH_STOP = 'stop'          # emitted <|im_end|> (the last id is the stop token).
@@ -44,20 +47,22 @@ class Generation:
   Attributes:
     ids: int32 [N], the ids the policy emitted, including the stop token when it stopped on `<|im_end|>`.
     logprobs: float32 [N], log-probability of each emitted id (which distribution: see the engine's docstring;
-      zeros for `ScriptedEngine`).
+      zeros for `ScriptedEngine`), or None for an engine without a distribution (the oracle expert): the
+      trajectory's `rollout_logprobs` is then None.
     text: the decoded `ids` without special stop tokens (what the parser reads).
     finish_reason: one of `FINISH_REASONS`.
   """
   ids: np.ndarray
-  logprobs: np.ndarray
+  logprobs: np.ndarray | None
   text: str
   finish_reason: str
 
   def __post_init__(self):
     self.ids = np.asarray(self.ids, dtype=np.int32).reshape(-1)
-    self.logprobs = np.asarray(self.logprobs, dtype=np.float32).reshape(-1)
-    if self.ids.shape != self.logprobs.shape:
-      raise ValueError(f'ids {self.ids.shape} and logprobs {self.logprobs.shape} differ in length')
+    if self.logprobs is not None:
+      self.logprobs = np.asarray(self.logprobs, dtype=np.float32).reshape(-1)
+      if self.ids.shape != self.logprobs.shape:
+        raise ValueError(f'ids {self.ids.shape} and logprobs {self.logprobs.shape} differ in length')
     if self.finish_reason not in FINISH_REASONS:
       raise ValueError(f'finish_reason={self.finish_reason!r} is not one of {FINISH_REASONS}')
 
@@ -117,13 +122,61 @@ def count_assistant_turns(prompt_ids: np.ndarray, tokenizer) -> int:
   return max(n - 1, 0)
 
 
-class ScriptedEngine(Engine):
+class TextEngine(Engine):
+  """An engine that writes each turn as text and tokenizes it (the scripted test double, the oracle expert).
+
+  For each context it finds the step index l (the number of assistant turns already in the context), asks
+  `turn_text(l, context)` for the text (without `<|im_end|>`) and emits `tokenizer.encode(text) + [<|im_end|>]`
+  (finish_reason 'stop'), exactly the ids `TrajectoryBuilder.append_assistant_text` would append. Like a sampling
+  engine it ends the turn at the first `<|im_end|>` (a text containing one is cut there), at the first stop
+  string, or at max_new_tokens.
+  """
+
+  def __init__(self, tokenizer, max_new_tokens: int = 1 << 30, with_logprobs: bool = True):
+    """Args:
+      tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`).
+      max_new_tokens: default cap; a text longer than the cap is cut to it (finish_reason 'length', no stop id).
+      with_logprobs: emit zero log-probs (True) or none (False: `Generation.logprobs` is None).
+    """
+    self.tokenizer = tokenizer
+    self.max_new_tokens = max_new_tokens
+    self.with_logprobs = with_logprobs
+
+  @abc.abstractmethod
+  def turn_text(self, step: int, context: Context) -> str:
+    """The assistant text of step `step` for `context` (without `<|im_end|>`)."""
+
+  def generate(self, contexts, max_new_tokens=None, stop=None):
+    stop = tuple(stop or ())
+    cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+    out = []
+    for context in map(as_context, contexts):
+      text = self.turn_text(count_assistant_turns(context.prompt_ids, self.tokenizer), context)
+      ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+      if IM_END_ID in ids:  # like a sampling engine, the turn ends at the first <|im_end|>.
+        ids = ids[:ids.index(IM_END_ID)]
+      reason = FINISH_STOP
+      for s in stop:
+        k = text.find(s)
+        if k >= 0:  # keep the ids that cover the text up to the end of the stop string.
+          prefix = self.tokenizer.encode(text[:k + len(s)], add_special_tokens=False)
+          ids, reason = list(prefix), FINISH_STOP_STRING
+          break
+      if reason == FINISH_STOP:
+        ids.append(IM_END_ID)
+      if len(ids) > cap:
+        ids, reason = ids[:cap], FINISH_LENGTH
+      out.append(Generation(ids=np.asarray(ids, np.int32),
+                            logprobs=np.zeros(len(ids), np.float32) if self.with_logprobs else None,
+                            text=decode_text(self.tokenizer, ids), finish_reason=reason))
+    return out
+
+
+class ScriptedEngine(TextEngine):
   """A test double of the policy: replays given assistant texts instead of sampling a model.
 
-  For each context it finds the step index l (the number of assistant turns already in the context) and returns
-  the l-th scripted text, tokenized, with `<|im_end|>` appended (finish_reason 'stop'; logprobs are zeros). Like
-  a sampling engine it ends the turn at the first `<|im_end|>` (a script text containing one is cut there), at
-  the first stop string, or at max_new_tokens.
+  For each context it returns the l-th scripted text (l = assistant turns already in the context), tokenized by
+  `TextEngine` with `<|im_end|>` appended (finish_reason 'stop'; logprobs are zeros).
   Stateless, so it serves any number of episodes batched in any order. Past the end of the script it returns the
   last text again.
 
@@ -140,41 +193,19 @@ class ScriptedEngine(Engine):
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`).
       max_new_tokens: default cap; a text longer than the cap is cut to it (finish_reason 'length', no stop id).
     """
+    super().__init__(tokenizer, max_new_tokens, with_logprobs=True)
     self.texts = texts
-    self.tokenizer = tokenizer
-    self.max_new_tokens = max_new_tokens
     self.calls: list[list[Context]] = []
     self.emitted: list[Generation] = []
 
-  def _text(self, step: int, context: Context) -> str:
+  def turn_text(self, step: int, context: Context) -> str:
     if callable(self.texts):
       return self.texts(step, context)
     return self.texts[min(step, len(self.texts) - 1)]
 
   def generate(self, contexts, max_new_tokens=None, stop=None):
-    stop = tuple(stop or ())
     contexts = [as_context(c) for c in contexts]
     self.calls.append(contexts)
-    cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-    out = []
-    for context in contexts:
-      text = self._text(count_assistant_turns(context.prompt_ids, self.tokenizer), context)
-      ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-      if IM_END_ID in ids:  # like a sampling engine, the turn ends at the first <|im_end|>.
-        ids = ids[:ids.index(IM_END_ID)]
-      reason = FINISH_STOP
-      for s in stop:
-        k = text.find(s)
-        if k >= 0:  # keep the ids that cover the text up to the end of the stop string.
-          prefix = self.tokenizer.encode(text[:k + len(s)], add_special_tokens=False)
-          ids, reason = list(prefix), FINISH_STOP_STRING
-          break
-      if reason == FINISH_STOP:
-        ids.append(IM_END_ID)
-      if len(ids) > cap:
-        ids, reason = ids[:cap], FINISH_LENGTH
-      gen = Generation(ids=np.asarray(ids, np.int32), logprobs=np.zeros(len(ids), np.float32),
-                       text=decode_text(self.tokenizer, ids), finish_reason=reason)
-      out.append(gen)
-      self.emitted.append(gen)
+    out = super().generate(contexts, max_new_tokens, stop)
+    self.emitted.extend(out)
     return out

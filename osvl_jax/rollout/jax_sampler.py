@@ -28,9 +28,10 @@ from flax import nnx
 
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.trajectory import tokens as tokens_lib
 
-PAD_ID = 151643  # <|endoftext|>, never attended to by real tokens (right padding).
-IMAGE_PAD_ID = 151655  # <|image_pad|>, one per merged image patch.
+PAD_ID = tokens_lib.ENDOFTEXT_ID  # <|endoftext|>, never attended to by real tokens (right padding).
+IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID  # <|image_pad|>, one per merged image patch.
 _STOP_TAIL = 64  # stop strings are searched in the text of a row's last this-many ids.
 
 

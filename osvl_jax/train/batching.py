@@ -10,7 +10,7 @@ import numpy as np
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.models.qwen3_vl import rope
 
-PAD_ID = 151643  # <|endoftext|>
+PAD_ID = traj_lib.ENDOFTEXT_ID  # <|endoftext|>
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -38,8 +38,9 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
     position_ids [3, B, T] int32 (3-D MRoPE positions, `rope.get_rope_index`),
     pixel_values [N, 1536] float32 (all images of all rows, in order), image_grid_thw [I, 3] int32,
     loss_positions [B, K] int32 (t such that token t+1 was emitted by the policy; 0 on padding),
-    loss_targets [B, K] int32 (token t+1), loss_valid [B, K] bool, loss_step [B, K] int32 (step of token t+1;
-    -1 on padding), rollout_logprobs [B, K] float32 (0 where unknown).
+    loss_targets [B, K] int32 (token t+1), completion_mask [B, K] bool (M_gen at the loss positions: True on the
+    policy's emitted tokens, False on padding), loss_step [B, K] int32 (step of token t+1; -1 on padding),
+    rollout_logprobs [B, K] float32 (0 where unknown).
   Raises:
     ValueError: on an empty list, or a fixed `length` / `num_loss` smaller than the batch needs.
     trajectory.TrajectoryError: (a ValueError) when a trajectory breaks an invariant (`validate_trajectory`:
@@ -61,7 +62,7 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
   attention_mask = np.zeros((batch, length), bool)
   loss_positions = np.zeros((batch, k), np.int32)
   loss_targets = np.zeros((batch, k), np.int32)
-  loss_valid = np.zeros((batch, k), bool)
+  completion_mask = np.zeros((batch, k), bool)
   loss_step = np.full((batch, k), -1, np.int32)
   rollout_logprobs = np.zeros((batch, k), np.float32)
   pixel_values, grids = [], []
@@ -73,7 +74,7 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
     n = len(targets)
     loss_positions[i, :n] = targets - 1
     loss_targets[i, :n] = ids[targets]
-    loss_valid[i, :n] = True
+    completion_mask[i, :n] = True
     loss_step[i, :n] = np.asarray(traj.step_of_token)[targets]
     if traj.rollout_logprobs is not None:
       rollout_logprobs[i, :n] = np.asarray(traj.rollout_logprobs)[targets]
@@ -90,7 +91,7 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
       'image_grid_thw': image_grid_thw if grids else None,
       'loss_positions': loss_positions,
       'loss_targets': loss_targets,
-      'loss_valid': loss_valid,
+      'completion_mask': completion_mask,
       'loss_step': loss_step,
       'rollout_logprobs': rollout_logprobs,
   }

@@ -21,16 +21,19 @@ import time
 import jax
 import ml_collections
 import numpy as np
+import optax
 import tqdm
 from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, metrics, rollouts, sft, state
+from osvl_jax.train import batching, checkpoint, data, metrics, policy, rollouts, sft
+from osvl_jax.trajectory import tokens as tokens_lib
 
 
 
@@ -42,15 +45,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       that does not divide the group batch or is not a multiple of the data-parallel size.
   """
   cfg = config.grpo
-  fatal_lib.get_fatal_mode(cfg.fatal_mode)
-  advantages_lib.get_estimator(cfg.get('estimator', 'grpo'))
-  losses.get_aggregation(cfg.get('aggregation', 'seq_mean_token_mean'))
-  if config.rollout.fatal_index not in fatal_lib.FATAL_INDEX:
-    raise ValueError(f'rollout.fatal_index {config.rollout.fatal_index!r} is not one of '
-                     f'{sorted(fatal_lib.FATAL_INDEX)}')
-  judge_name = (config.get('judge') or {}).get('name', 'rule')
-  if judge_name not in judges_registry.judges():
-    raise ValueError(f'judge {judge_name!r} is not one of {judges_registry.judges()}')
+  for choices, name in ((fatal_lib.FATAL_MODES, cfg.fatal_mode),
+                        (fatal_lib.FATAL_INDEX, config.rollout.fatal_index),
+                        (advantages_lib.ESTIMATORS, cfg.get('estimator', 'grpo')),
+                        (losses.AGGREGATIONS, cfg.get('aggregation', 'seq_mean_token_mean')),
+                        (judges_registry.JUDGES, (config.get('judge') or {}).get('name', 'rule'))):
+    choices.get(name)  # raises ValueError naming the choice and the registered names
   batch = cfg.prompts_per_step * cfg.num_generations
   micro = cfg.get('micro_batch_size', 0) or batch
   if batch % micro:
@@ -67,7 +67,7 @@ def make_logprob_fn():
   @nnx.jit(static_argnums=2)
   def logprob_fn(model, batch, grid):
     batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
-    return state.loss_logprobs(model, batch)
+    return policy.loss_logprobs(model, batch)
 
   return logprob_fn
 
@@ -83,14 +83,14 @@ def make_grad_fn(cfg: ml_collections.ConfigDict):
   eps_low, eps_high, beta = float(cfg.eps_low), float(cfg.eps_high), float(cfg.beta)
   aggregation = cfg.get('aggregation', 'seq_mean_token_mean')
   clip_ratio_c = cfg.get('clip_ratio_c', None)
-  losses.get_aggregation(aggregation)
+  losses.AGGREGATIONS.get(aggregation)
 
   @nnx.jit(static_argnums=2)
   def grad_fn(model, batch, grid, num_sequences, num_tokens):
     batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
 
     def loss_fn(model):
-      logprobs = state.loss_logprobs(model, batch)
+      logprobs = policy.loss_logprobs(model, batch)
       return losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
                               ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
                               eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
@@ -108,13 +108,13 @@ def make_apply_fn():
   @nnx.jit
   def apply_fn(model, optimizer, grads):
     optimizer.update(model, grads)
-    return sft._global_norm(grads)
+    return optax.tree.norm(grads)
 
   return apply_fn
 
 
 def split_micro_batches(batch: dict, grid: tuple, micro_batch_size: int, merge_size: int = 2,
-                        image_token_id: int = 151655) -> list[tuple[dict, tuple]]:
+                        image_token_id: int = tokens_lib.IMAGE_PAD_ID) -> list[tuple[dict, tuple]]:
   """Splits a collated batch by rows into micro-batches, each with its own images (pixel_values, grid).
 
   Images fill `<|image_pad|>` tokens in row-major order, and an image of grid (t, h, w) has t·h·w patches and
@@ -162,25 +162,12 @@ def split_micro_batches(batch: dict, grid: tuple, micro_batch_size: int, merge_s
   return parts
 
 
-def reduce_metrics(parts: list[dict]) -> dict:
-  """Exact full-batch values of `losses.grpo_loss` metrics from those of its micro-batches (Tunix style)."""
-  total = lambda k: float(sum(float(m[k]) for m in parts))
-  out = {k: total(k) for k in ('loss', 'pg_objective', 'num_tokens', 'num_sequences_with_tokens',
-                               'clipped_tokens', 'kl_sum')}
-  tokens = max(out['num_tokens'], 1.0)
-  out['clip_frac'] = out['clipped_tokens'] / tokens
-  out['kl'] = out['kl_sum'] / tokens
-  out['ratio_mean'] = sum(float(m['ratio_mean']) * float(m['num_tokens']) for m in parts) / tokens
-  out['ratio_max'] = max(float(m['ratio_max']) for m in parts)
-  return out
-
-
 def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequences: float,
                      num_tokens: float) -> tuple[nnx.State, dict]:
   """Σ over micro-batches of the gradient of −J, each normalised by the whole batch: the full-batch gradient.
 
   Args:
-    parts: (device batch, grid) micro-batches (`split_micro_batches`, then `state.shard_batch`).
+    parts: (device batch, grid) micro-batches (`split_micro_batches`, then `policy.shard_batch`).
     grad_fn: `make_grad_fn(cfg)`.
     num_sequences, num_tokens: G·N and Σ M of the whole batch.
   Returns:
@@ -192,12 +179,15 @@ def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequen
     g, m = grad_fn(model, batch, grid, f32(num_sequences), f32(num_tokens))
     grads = g if grads is None else jax.tree.map(jax.numpy.add, grads, g)
     metrics_list.append(jax.device_get(m))
-  return grads, reduce_metrics(metrics_list)
+  return grads, metrics.reduce_metrics(metrics_list, losses.GRPO_METRIC_REDUCTIONS)
 
 
 def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
-                  judge: judges_registry.Judge | None = None) -> tuple[dict, tuple, list, dict]:
+                  judge: judges_base.Judge | None = None) -> tuple[dict, tuple, list, dict]:
   """Scores a rollout batch and builds the update's arrays (Eq. 9, 10, 11).
+
+  `cfg.fatal_mode` is resolved here, once: its `clamp_fatal_advantage` goes to `advantages.group_advantages` and
+  its `mask_fn` to `fatal.loss_mask`.
 
   Args:
     trajectories: N*G trajectories, each prompt's G samples contiguous.
@@ -211,16 +201,17 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
   """
   concurrency = int(judge.config.max_concurrency) if judge is not None and hasattr(judge, 'config') else 1
   scores = rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge, max_concurrency=concurrency)
+  fatal_mode = fatal_lib.FATAL_MODES.get(cfg.fatal_mode)
   rewards = np.array([s['reward'] for s in scores], np.float32)
   fatal_steps = fatal_lib.fatal_step_array([t.fatal_step for t in trajectories])
   adv, adv_stats = advantages_lib.group_advantages(
-      rewards, fatal_steps != fatal_lib.NOT_FATAL, cfg.num_generations, mode=cfg.fatal_mode,
+      rewards, fatal_steps != fatal_lib.NOT_FATAL, cfg.num_generations, clamp=fatal_mode.clamp_fatal_advantage,
       estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1))
   batch = batching.collate(trajectories, length_multiple=cfg.get('length_multiple', 1024),
                            loss_multiple=cfg.get('loss_multiple', 256))  # few distinct shapes
-  grid = sft.grid_key(batch)
-  batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['loss_valid'], batch['loss_step'], fatal_steps,
-                                                      cfg.fatal_mode))
+  grid = sft.grid_key(batch.pop('image_grid_thw'))
+  batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['completion_mask'], batch['loss_step'], fatal_steps,
+                                                      fatal_mode.mask_fn))
   batch['advantages'] = np.asarray(adv, np.float32)
   batch['rewards'], batch['fatal_steps'] = rewards, fatal_steps
   return batch, grid, scores, adv_stats
@@ -268,8 +259,8 @@ def _init_dir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathl
 def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   """Policy + optimizer, resumed from `<workdir>/grpo_ckpt`, else initialised from the SFT checkpoint."""
   cfg = config.grpo
-  model = state.build_model(config, seed=config.seed)
-  optimizer = state.make_optimizer(model, cfg.lr, cfg.steps, warmup_steps=0, grad_clip=1.0)
+  model = policy.build_model(config, seed=config.seed)
+  optimizer = policy.make_optimizer(model, cfg.lr, cfg.steps, warmup_steps=0, grad_clip=1.0)
   mngr = checkpoint.manager(workdir, 'grpo_ckpt')
   meta = checkpoint.restore(mngr, model, optimizer)
   if meta:
@@ -292,7 +283,7 @@ def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> 
   """
   if not config.grpo.beta:
     return None
-  ref = state.build_model(config, seed=config.seed)
+  ref = policy.build_model(config, seed=config.seed)
   init_dir = _init_dir(config, workdir)
   if checkpoint.restore(checkpoint.manager(init_dir, 'sft_ckpt'), ref) is None and not config.model.get('hf_path'):
     raise FileNotFoundError(f'grpo: beta={config.grpo.beta} needs the SFT checkpoint in {init_dir / "sft_ckpt"} '
@@ -315,10 +306,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   prompts = data.load_prompts(config, workdir)
   model, optimizer, mngr, start = init_policy(config, workdir)
   ref_model = init_reference(config, workdir)
-  mesh = state.make_mesh(cfg.get('data_parallel', 1))
+  mesh = policy.make_mesh(cfg.get('data_parallel', 1))
   for module in (model, optimizer, ref_model):
     if module is not None:
-      state.replicate(module, mesh)
+      policy.replicate(module, mesh)
   runner = rollouts.RolloutRunner(config, model)
   judge = judges_registry.get_judge(config.get('judge'))
   writer = metrics.MetricWriter(workdir, 'grpo')
@@ -335,7 +326,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
     batch.pop('rewards')
     fatal_steps = batch.pop('fatal_steps')
     num_sequences, num_tokens = len(trajectories), float(batch['loss_mask'].sum())
-    parts = [(state.shard_batch(b, mesh), g)
+    parts = [(policy.shard_batch(b, mesh), g)
              for b, g in split_micro_batches(batch, grid, cfg.get('micro_batch_size', 0))]
     for b, g in parts:  # old (and reference) log-probs, recomputed by the trainer (Eq. 12's ρ)
       b['old_logprobs'] = logprob_fn(model, b, g)
@@ -348,7 +339,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
         **rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']),
         'injected_tool_failures': dict(getattr(runner.env, 'injected_counts', None) or {}),  # cumulative
         'micro_batches': len(parts),
-        'data_parallel': 1 if mesh is None else mesh.shape[state.DATA_AXIS],
+        'data_parallel': 1 if mesh is None else mesh.shape[policy.DATA_AXIS],
         'rollout_seconds': rollout_seconds,
         'step_seconds': time.time() - t0,
     })

@@ -1,8 +1,10 @@
-"""Metrics to the workdir: JSON lines (any tool reads them) and TensorBoard event files."""
+"""Metrics to the workdir: JSON lines (any tool reads them) and TensorBoard event files; exact reduction of the
+metrics of a batch's parts (micro-batches) to those of the whole batch."""
 
 import json
 import pathlib
 import time
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorboardX
@@ -54,3 +56,48 @@ def read_metrics(workdir: str | pathlib.Path, stage: str | None = None) -> list[
     return []
   records = [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]
   return [r for r in records if stage is None or r.get('stage') == stage]
+
+
+SUM, MAX = 'sum', 'max'
+
+
+def reduce_metrics(parts: Sequence[Mapping[str, Any]],
+                   reductions: Mapping[str, str] | None = None) -> dict[str, float]:
+  """Whole-batch values of scalar metrics from those of the batch's parts (micro-batches; Tunix-style weighted).
+
+  Every key of the parts is reduced, by `reductions.get(key, SUM)`:
+    SUM ('sum')   Σ_i m_i: counts, sums, and losses already normalised by the whole batch;
+    MAX ('max')   max_i m_i;
+    <count key>   a mean over what that count metric counts: Σ_i m_i c_i / max(Σ_i c_i, 1), i.e. each part's
+                  (sum, count) = (m_i c_i, c_i), added up.
+
+  Args:
+    parts: one dict per part, same keys, scalar values (python, numpy or jax, any float/int dtype).
+    reductions: key -> SUM | MAX | name of a count key in the parts (e.g. `losses.GRPO_METRIC_REDUCTIONS`).
+
+  Returns:
+    {key: float} over all keys of the parts.
+
+  Raises:
+    ValueError: no parts, parts with different keys, or a weighting count key that the parts lack.
+  """
+  if not parts:
+    raise ValueError('reduce_metrics: no parts')
+  keys = list(parts[0])
+  if any(set(m) != set(keys) for m in parts):
+    raise ValueError(f'reduce_metrics: parts have different keys: {[sorted(m) for m in parts]}')
+  reductions = reductions or {}
+  values = {k: [float(m[k]) for m in parts] for k in keys}
+  out = {}
+  for key in keys:
+    how = reductions.get(key, SUM)
+    if how == SUM:
+      out[key] = float(sum(values[key]))
+    elif how == MAX:
+      out[key] = max(values[key])
+    elif how in values:
+      counts = values[how]
+      out[key] = sum(v * c for v, c in zip(values[key], counts)) / max(sum(counts), 1.0)
+    else:
+      raise ValueError(f'reduce_metrics: {key!r} is weighted by {how!r}, which is not a metric of the parts')
+  return out

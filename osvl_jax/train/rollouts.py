@@ -6,18 +6,19 @@ import ml_collections
 import numpy as np
 
 from osvl_jax import trajectory as trajectory_lib
-from osvl_jax.judges import registry as judges_registry
+from osvl_jax.judges import base as judges_base
+from osvl_jax.judges import rule as rule_judge
 from osvl_jax.rl import rewards
 from osvl_jax.rollout import agent_loop, jax_sampler
-from tools import registry
+from tools import env as tools_env
 
 
 def image_processor(config: ml_collections.ConfigDict) -> trajectory_lib.ImageProcessor:
   return trajectory_lib.ImageProcessor(min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels)
 
 
-def tool_env(config: ml_collections.ConfigDict) -> registry.ToolEnv:
-  return registry.ToolEnv(config.get('tools'))
+def tool_env(config: ml_collections.ConfigDict) -> tools_env.ToolEnv:
+  return tools_env.ToolEnv(config.get('tools'))
 
 
 class RolloutRunner:
@@ -60,11 +61,11 @@ class RolloutRunner:
                                    max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens)
 
 
-_RULE_JUDGE = judges_registry.RuleJudge()
+_RULE_JUDGE = rule_judge.RuleJudge()
 
 
 def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
-          judge: judges_registry.Judge | None = None) -> dict:
+          judge: judges_base.Judge | None = None) -> dict:
   """r(τ) = r_fmt · (α r_acc + (1−α) r_query) (Eq. 9) with `judge` (default: the offline rule judge, DESIGN §6).
 
   r_fmt and r_query look only at steps before the fatal step; r_acc is 0 without a final response (no judge
@@ -80,7 +81,7 @@ def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
   if traj.final_response is not None:
     acc = judge.accuracy(traj.question, traj.final_response, list(traj.answers))
   else:
-    acc = judges_registry.Verdict(0.0)
+    acc = judges_base.Verdict(0.0)
   calls = [(s.action.name, s.action.arguments) for s in prefix if s.action.kind == 'tool_call']
   results = [s.result for s in prefix if s.action.kind == 'tool_call']
   query = judge.query_quality(traj.question, calls, results)
@@ -91,7 +92,7 @@ def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
 
 
 def score_all(trajectories: list[trajectory_lib.Trajectory], alpha: float = 0.8,
-              judge: judges_registry.Judge | None = None, max_concurrency: int = 1) -> list[dict]:
+              judge: judges_base.Judge | None = None, max_concurrency: int = 1) -> list[dict]:
   """`score` of each trajectory, in order; `max_concurrency` threads when the judge is remote (I/O bound)."""
   if max_concurrency <= 1 or judge is None or judge.name == 'rule' or len(trajectories) <= 1:
     return [score(t, alpha, judge) for t in trajectories]

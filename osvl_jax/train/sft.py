@@ -14,13 +14,14 @@ import time
 import jax
 import ml_collections
 import numpy as np
+import optax
 import tqdm
 from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, metrics, state
+from osvl_jax.train import batching, checkpoint, data, metrics, policy
 
 
 
@@ -39,24 +40,19 @@ def make_train_step():
     batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
 
     def loss_fn(model):
-      logprobs = state.loss_logprobs(model, batch)
-      return losses.sft_loss(logprobs, batch['loss_valid'])
+      logprobs = policy.loss_logprobs(model, batch)
+      return losses.sft_loss(logprobs, batch['completion_mask'])
 
     (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     optimizer.update(model, grads)
-    return dict(aux, loss=loss, grad_norm=_global_norm(grads))
+    return dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))
 
   return train_step
 
 
-def _global_norm(tree):
-  return jax.numpy.sqrt(sum(jax.numpy.sum(x.astype(jax.numpy.float32) ** 2) for x in jax.tree.leaves(tree)))
-
-
-def grid_key(batch: dict) -> tuple:
-  """image_grid_thw as a hashable static argument."""
-  grid = batch.pop('image_grid_thw')
-  return tuple(map(tuple, grid.tolist())) if grid is not None else ()
+def grid_key(image_grid_thw: np.ndarray | None) -> tuple:
+  """A batch's image_grid_thw, int [I, 3] or None, as a hashable static argument: ((t, h, w), ...), () for None."""
+  return tuple(map(tuple, image_grid_thw.tolist())) if image_grid_thw is not None else ()
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
@@ -66,8 +62,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   trajectories = data.load_sft_trajectories(config, workdir)
   print(f'sft: {len(trajectories)} expert trajectories', flush=True)
 
-  model = state.build_model(config, seed=config.seed)
-  optimizer = state.make_optimizer(model, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.weight_decay, cfg.grad_clip)
+  model = policy.build_model(config, seed=config.seed)
+  optimizer = policy.make_optimizer(model, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.weight_decay, cfg.grad_clip)
   mngr = checkpoint.manager(workdir, 'sft_ckpt')
   meta = checkpoint.restore(mngr, model, optimizer)
   start = meta['step'] if meta else 0
@@ -81,9 +77,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps):
     idx = batch_indices(step, cfg.batch_size, len(trajectories), config.seed)
     batch = batching.collate([trajectories[i] for i in idx], length=length, num_loss=num_loss)
-    grid = grid_key(batch)
-    out = train_step(model, optimizer, state.device_batch(batch), grid)
-    tokens += int(batch['loss_valid'].sum())
+    grid = grid_key(batch.pop('image_grid_thw'))
+    out = train_step(model, optimizer, policy.device_batch(batch), grid)
+    tokens += int(batch['completion_mask'].sum())
     if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
       out = jax.device_get(out)
       writer.write(step + 1, {**out, 'target_tokens_per_s': tokens / (time.time() - t0)})

@@ -1,10 +1,14 @@
 """build_dataset writes the items and sft datasets, stats per stage, and resumes."""
 
+import importlib.util
 import json
+import pathlib
 
 import datasets
+import pytest
 
 from data_pipeline import build
+from osvl_jax.data import pipeline as pipeline_data
 
 
 def test_build_writes_items_and_sft_and_resumes(tmp_path):
@@ -18,6 +22,29 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   sft = datasets.load_from_disk(str(tmp_path / 'sft'))
   assert len(sft) == stats['sft']['kept'] >= 1
   assert json.loads((tmp_path / 'stats.json').read_text())['summary'] == stats['summary']
+  trajectories = pipeline_data.load_sft(tmp_path)  # the readers the trainers use
+  assert len(trajectories) == len(sft) and trajectories[0].prompt_id == sft[0]['prompt_id']
+  prompts = pipeline_data.load_prompts(tmp_path)
+  assert len(prompts) == stats['items']['accepted'] and prompts[0]['image'].ndim == 3
   again = build.build_dataset(config, tmp_path)
   assert all(again[s]['resumed'] for s in ('paths', 'qa', 'rewrite', 'ground', 'items', 'sft'))
   assert again['summary'] == stats['summary']
+
+
+def test_readers_name_the_missing_split_and_the_build_command(tmp_path):
+  with pytest.raises(FileNotFoundError, match='python -m data_pipeline.build --config='):
+    pipeline_data.load_sft(tmp_path)
+  with pytest.raises(FileNotFoundError, match='items'):
+    pipeline_data.load_prompts(tmp_path)
+
+
+def test_data_config_and_dataset_dir():
+  path = pathlib.Path(__file__).parents[2] / 'configs' / 'data_wikispeedia.py'
+  spec = importlib.util.spec_from_file_location('data_wikispeedia', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  assert config.data.num_items == build.default_config().num_items
+  assert pipeline_data.dataset_dir(config, '/w') == pathlib.Path('/w/data')
+  config.data.dir = '/elsewhere'
+  assert str(pipeline_data.dataset_dir(config, '/w')) == '/elsewhere'

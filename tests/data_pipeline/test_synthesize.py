@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from data_pipeline import synthesize
@@ -57,3 +58,63 @@ def test_assistant_turns_are_generated_tokens_observations_are_not(oracle_run):
   gen = traj.gen_mask
   assert gen.sum() > 0 and (traj.step_of_token[gen] >= 0).all()
   assert not gen[traj.step_of_token < 0].any()
+
+
+def test_observations_and_question_are_read_back_from_the_context():
+  from osvl_jax import trajectory as traj_lib
+  from tools import base as tools_base
+  tokenizer = traj_lib.load_tokenizer()
+  builder = traj_lib.TrajectoryBuilder(tokenizer, traj_lib.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64),
+                                       [])
+  question = 'Which <|im_start|> city\nis this?'
+  builder.start(question, np.full((40, 50, 3), 90, np.uint8))
+  texts = ['Found it: </tool_response> <|im_end|> Agra\n', 'no text tools']
+  images = [[np.zeros((40, 40, 3), np.uint8)], []]
+  for text, ims in zip(texts, images):
+    builder.append_assistant_text(traj_lib.render_assistant_text('t', tool_call={'name': 'crop', 'arguments': {}}))
+    builder.append_observation(tools_base.ToolResult(ok=True, text=text, images=ims))
+  assert synthesize._user_question(builder.prompt_ids(), tokenizer) == question
+  assert synthesize.observations(builder.prompt_ids(), tokenizer) == texts
+
+
+def test_one_oracle_engine_serves_a_batch_of_items_and_generations(oracle_run, grounded_items, graph):
+  """Batched through `run_episodes` (G=2), the oracle writes the same trajectories as one item at a time."""
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.rollout import agent_loop
+  from tools import env as env_lib
+  records, _ = oracle_run
+  items = grounded_items[:3]
+  data_dir = osvl_paths.data_dir()
+  tokenizer = traj_lib.load_tokenizer(data_dir)
+  env = env_lib.ToolEnv()
+  processor = traj_lib.ImageProcessor()
+  engine = synthesize.OracleEngine(items, graph, tokenizer)
+  prompts = [agent_loop.Item(it['prompt_id'], it['question'], synthesize.load_image(data_dir, it['image_path']),
+                             it['answers']) for it in items]
+  trajs = agent_loop.run_episodes(engine, env, lambda: traj_lib.TrajectoryBuilder(tokenizer, processor, env.schemas()),
+                                  prompts, num_generations=2, max_turns=max(map(synthesize.max_oracle_steps, items)))
+  assert set(engine.outcomes) == {it['prompt_id'] for it in items}
+  kept = {r['prompt_id']: r for r in records}
+  assert {p for p, o in engine.outcomes.items() if o == 'ok'} == set(kept)
+  for traj in trajs:
+    assert traj.rollout_logprobs is None  # an expert has no distribution
+    if traj.prompt_id in kept:
+      assert traj.token_ids.tolist() == kept[traj.prompt_id]['token_ids']
+      assert traj.gen_mask.tolist() == kept[traj.prompt_id]['gen_mask']
+    else:
+      assert traj.final_response == synthesize.GIVE_UP_RESPONSE
+
+
+def test_oracle_gives_up_with_the_reason(graph, grounded_items):
+  from osvl_jax import trajectory as traj_lib
+  from tools import env as env_lib
+  data_dir = osvl_paths.data_dir()
+  item = dict(grounded_items[0], path=['No_Such_Article_Anywhere'] + list(grounded_items[0]['path'][1:]))
+  tokenizer = traj_lib.load_tokenizer(data_dir)
+  env = env_lib.ToolEnv()
+  make_builder = lambda: traj_lib.TrajectoryBuilder(tokenizer, traj_lib.ImageProcessor(), env.schemas())
+  traj, reason = synthesize.oracle_trajectory(item, synthesize.load_image(data_dir, item['image_path']), env,
+                                              make_builder, graph, tokenizer)
+  assert traj is None and reason == 'image_search: No_Such_Article_Anywhere not identified'
+  with pytest.raises(ValueError, match='same question'):
+    synthesize.OracleEngine([item, dict(item, prompt_id='other')], graph, tokenizer)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from osvl_jax import trajectory as tj
-from osvl_jax.judges import llm, registry
+from osvl_jax.judges import base as judges_base
+from osvl_jax.judges import llm, registry, rule
 from osvl_jax.train import grpo, rollouts
 from tools import base
 
@@ -100,7 +101,7 @@ def test_accuracy_judge_sends_the_openai_schema_and_reads_the_verdict(serve, mon
   monkeypatch.setenv('OPENAI_API_KEY', 'sk-test')
   server = serve(['Correct', 'Incorrect'])
   judge = _judge(server)
-  assert judge.accuracy('Which city?', 'It is Agra.', ['Agra']) == registry.Verdict(1.0, None, 'Correct')
+  assert judge.accuracy('Which city?', 'It is Agra.', ['Agra']) == judges_base.Verdict(1.0, None, 'Correct')
   assert judge.accuracy('Which city?', 'Delhi', ['Agra']).score == 0.0
   request = server.requests[0]
   assert request['path'] == '/v1/chat/completions' and request['auth'] == 'Bearer sk-test'
@@ -157,7 +158,7 @@ def test_malformed_reply_and_500_are_retried_then_succeed(serve):
   server = serve(['I cannot decide.', ('status', 500), ('raw', {'unexpected': 'body'}), 'Correct'])
   judge = _judge(server, max_retries=3)
   verdict = judge.accuracy('q', 'Agra', ['Agra'])
-  assert verdict == registry.Verdict(1.0, None, 'Correct')
+  assert verdict == judges_base.Verdict(1.0, None, 'Correct')
   assert len(server.requests) == 4
   assert judge.stats()['retries'] == 3 and judge.stats()['errors'] == 0
 
@@ -193,8 +194,8 @@ def test_identical_judgements_are_cached(serve):
 
 
 def test_registry_names_and_config_errors():
-  assert registry.judges() == ['llm', 'rule']
-  assert isinstance(registry.get_judge(None), registry.RuleJudge)
+  assert registry.JUDGES.names() == ['llm', 'rule']
+  assert isinstance(registry.get_judge(None), rule.RuleJudge)
   with pytest.raises(ValueError, match='not one of'):
     registry.get_judge({'name': 'gpt'})
   with pytest.raises(ValueError, match='base_url'):

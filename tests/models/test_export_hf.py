@@ -2,6 +2,11 @@
 the same logits, with the tokenizer files."""
 
 import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -26,7 +31,7 @@ def test_export_latest_checkpoint_loads_in_transformers_with_same_logits(tmp_pat
   checkpoint.save(mngr, 1, sft, None, {'stage': 'grpo'})
   checkpoint.save(mngr, 2, grpo, None, {'stage': 'grpo'})
   out = tmp_path / 'hf'
-  export_hf.main([f'--workdir={tmp_path}', f'--out={out}'])
+  export_hf.export(tmp_path, out)
   assert (out / 'model.safetensors').exists() and (out / 'tokenizer.json').exists()
   hf = transformers.Qwen3VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
   hf.config._attn_implementation = 'eager'
@@ -45,13 +50,18 @@ def test_export_without_checkpoint_raises(tmp_path):
 
 
 def test_export_of_a_scan_layers_checkpoint_writes_the_per_layer_hf_tensors(tmp_path):
-  """A non-default architecture (as the demo's) and the stacked layout, both read from the checkpoint's meta."""
+  """A non-default architecture (as the demo's) and the stacked layout, both read from the checkpoint's meta; the
+  absl command line (one subprocess)."""
   base = Qwen3VLConfig.tiny()
   config = dataclasses.replace(base, text=dataclasses.replace(base.text, num_hidden_layers=3, intermediate_size=96,
                                                               rope_theta=10_000.0))
   scanned = Qwen3VLModel(config, nnx.Rngs(3), scan_layers=True)
   checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, scanned, None, {'stage': 'sft'})
-  export_hf.main([f'--workdir={tmp_path}', f'--out={tmp_path / "hf"}'])
+  proc = subprocess.run([sys.executable, '-m', 'osvl_jax.export_hf', f'--workdir={tmp_path}',
+                         f'--out={tmp_path / "hf"}'], capture_output=True, text=True, timeout=600,
+                        cwd=pathlib.Path(__file__).parents[2], env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1])['checkpoint'] == 'sft_ckpt'
   written = weights.read_safetensors(tmp_path / 'hf' / 'model.safetensors')
   expected = weights.to_hf_state_dict(Qwen3VLModel(config, nnx.Rngs(3)))      # same init, unrolled layout
   assert written.keys() == expected.keys()

@@ -56,8 +56,9 @@ EXPECTED = {  # mode: (Â, loss)
 
 
 def _loss(mode, aggregation='seq_mean_token_mean', new=NEW):
-  adv, _ = advantages.group_advantages(REWARDS, FATAL_STEP >= 0, 4, mode=mode)
-  mask = fatal.loss_mask(GEN, STEP, FATAL_STEP, mode)
+  fatal_mode = fatal.FATAL_MODES.get(mode)
+  adv, _ = advantages.group_advantages(REWARDS, FATAL_STEP >= 0, 4, clamp=fatal_mode.clamp_fatal_advantage)
+  mask = fatal.loss_mask(GEN, STEP, FATAL_STEP, fatal_mode.mask_fn)
   loss, metrics = losses.grpo_loss(jnp.asarray(new), OLD, adv, mask, aggregation=aggregation)
   return adv, loss, metrics
 
@@ -78,7 +79,7 @@ def test_other_aggregations_hand_values(aggregation, want_j):
 
 
 def test_seq_mean_token_sum_micro_batches_sum_to_full_batch():
-  mask = fatal.loss_mask(GEN, STEP, FATAL_STEP, 'mask')
+  mask = fatal.loss_mask(GEN, STEP, FATAL_STEP, fatal.mask_post_fatal)
   adv = jnp.asarray(R_TILDE)
   full, _ = losses.grpo_loss(NEW, OLD, adv, mask, aggregation='seq_mean_token_sum')
   parts = [losses.grpo_loss(NEW[s], OLD[s], adv[s], mask[s], aggregation='seq_mean_token_sum', num_sequences=4)[0]

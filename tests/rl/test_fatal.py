@@ -54,20 +54,20 @@ ALL_GEN = [0, 0, 1, 0, 1, 0, 1]
     ('mask_clamp', PRE_FATAL_ONLY),   # Eq. 10 (the clamp is in the advantage)
 ])
 def test_loss_mask_per_mode(mode, row0):
-  m = np.asarray(fatal.loss_mask(GEN, STEP, FATAL, mode))
+  m = np.asarray(fatal.loss_mask(GEN, STEP, FATAL, fatal.FATAL_MODES.get(mode).mask_fn))
   assert m.dtype == np.float32
   np.testing.assert_array_equal(m[0], row0)
   np.testing.assert_array_equal(m[1], ALL_GEN)  # non-fatal rows are M_gen in every mode
 
 
 def test_loss_mask_fatal_at_step_zero_masks_everything():
-  m = np.asarray(fatal.loss_mask(GEN[:1], STEP[:1], np.array([0], np.int32), 'mask'))
+  m = np.asarray(fatal.loss_mask(GEN[:1], STEP[:1], np.array([0], np.int32), fatal.mask_post_fatal))
   np.testing.assert_array_equal(m, [[0] * 7])
 
 
 def test_fatal_mode_registry():
-  assert fatal.fatal_modes() == ['hard', 'mask', 'mask_clamp', 'none']
-  assert fatal.get_fatal_mode('mask_clamp').clamp_fatal_advantage
-  assert not any(fatal.get_fatal_mode(m).clamp_fatal_advantage for m in ('none', 'hard', 'mask'))
+  assert fatal.FATAL_MODES.names() == ['hard', 'mask', 'mask_clamp', 'none']
+  assert fatal.FATAL_MODES.get('mask_clamp').clamp_fatal_advantage
+  assert not any(fatal.FATAL_MODES.get(m).clamp_fatal_advantage for m in ('none', 'hard', 'mask'))
   with pytest.raises(ValueError):
-    fatal.loss_mask(GEN, STEP, FATAL, 'soft')
+    fatal.FATAL_MODES.get('soft')

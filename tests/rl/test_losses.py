@@ -123,8 +123,9 @@ def _grads(mode):
   logits = jax.random.normal(k1, (B, T, V))
   targets = jax.random.randint(k2, (B, T), 0, V)
   old = losses.token_logprobs(logits + 0.1 * jax.random.normal(k3, (B, T, V)), targets)
-  mask = fatal.loss_mask(GEN, STEP, FATAL_STEP, mode)
-  adv, _ = adv_lib.group_advantages(REWARDS, FATAL_STEP >= 0, B, mode)
+  fatal_mode = fatal.FATAL_MODES.get(mode)
+  mask = fatal.loss_mask(GEN, STEP, FATAL_STEP, fatal_mode.mask_fn)
+  adv, _ = adv_lib.group_advantages(REWARDS, FATAL_STEP >= 0, B, fatal_mode.clamp_fatal_advantage)
   loss_fn = lambda x: losses.grpo_loss(losses.token_logprobs(x, targets), old, adv, mask)[0]
   return np.asarray(jax.jit(jax.grad(loss_fn))(logits))
 

@@ -3,7 +3,7 @@
 import pytest
 
 from osvl_jax import trajectory as tj
-from tools import registry
+from tools import env as tools_env
 
 
 @pytest.fixture(scope='module')
@@ -13,7 +13,7 @@ def tokenizer():
 
 @pytest.fixture(scope='module')
 def env():
-  return registry.ToolEnv({'enabled': ('crop', 'sharpen')})
+  return tools_env.ToolEnv({'enabled': ('crop', 'sharpen')})
 
 
 @pytest.fixture(scope='module')

@@ -8,7 +8,7 @@ import pytest
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from tools import registry
+from tools import base
 
 IM_END = tj.IM_END_ID
 
@@ -77,7 +77,7 @@ def test_three_consecutive_errors_are_fatal_and_stop_the_episode(tokenizer, env,
 def test_no_result_is_not_an_execution_error(tokenizer, make_builder):
   class NoResultEnv:
     def call(self, name, arguments, images):
-      return registry.base.error('no_result', 'No results.')
+      return base.error('no_result', 'No results.')
   (traj,), _ = _run(tokenizer, NoResultEnv(), make_builder, [CROP, CROP, CROP, CROP, _answer()], fatal_k=3)
   assert traj.fatal_step is None and traj.final_response == 'Agra'
   assert all(s.format_ok for s in traj.steps)
@@ -165,5 +165,5 @@ def test_scripted_engine_counts_steps_from_the_context(tokenizer, make_builder):
   (gen,) = engine.generate([(builder.prompt_ids(), [])])
   assert gen.text == 'a' and gen.ids.tolist() == tokenizer.encode('a') + [IM_END]
   builder.append_assistant(gen.ids)
-  builder.append_observation(registry.base.ToolResult(ok=True, text='x'))
+  builder.append_observation(base.ToolResult(ok=True, text='x'))
   assert engine.generate([(builder.prompt_ids(), [])])[0].text == 'b'

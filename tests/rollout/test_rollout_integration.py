@@ -12,14 +12,14 @@ from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import jax_sampler
-from tools import registry
+from tools import env as tools_env
 
 
 @pytest.fixture(scope='module')
 def rollout():
   tokenizer = tj.load_tokenizer()
   model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-  env = registry.ToolEnv({'enabled': ('crop', 'sharpen')})
+  env = tools_env.ToolEnv({'enabled': ('crop', 'sharpen')})
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
   sampler = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=8, temperature=1.0, top_p=0.95, seed=0,
                                    max_len=2048, bucket=128)

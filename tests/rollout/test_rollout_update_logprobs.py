@@ -1,4 +1,4 @@
-"""The update's forward (`batching.collate` -> `state.loss_logprobs`) reproduces the log-probs the JaxSampler
+"""The update's forward (`batching.collate` -> `policy.loss_logprobs`) reproduces the log-probs the JaxSampler
 reported for a turn that came after two tool-returned images: same ids, same pixels, same 3-D positions."""
 
 import numpy as np
@@ -12,8 +12,8 @@ from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import jax_sampler
 from osvl_jax.train import batching
-from osvl_jax.train import state
-from tools import registry
+from osvl_jax.train import policy
+from tools import env as tools_env
 
 SCRIPT = [
     tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
@@ -38,7 +38,7 @@ class ScriptThenSample(engine_lib.Engine):
 def test_loss_logprobs_of_the_collated_batch_equal_the_samplers():
   tokenizer = tj.load_tokenizer()
   model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-  env = registry.ToolEnv({'enabled': ('crop', 'sharpen')})
+  env = tools_env.ToolEnv({'enabled': ('crop', 'sharpen')})
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
   sampler = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=1, temperature=1.0, seed=0, max_len=1024,
                                    bucket=64, pad_batch_pow2=False)
@@ -53,10 +53,10 @@ def test_loss_logprobs_of_the_collated_batch_equal_the_samplers():
 
   @nnx.jit(static_argnums=2)  # as the trainer calls it (train/grpo.py make_logprob_fn)
   def logprob_fn(model, batch, grid):
-    return state.loss_logprobs(model, dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3)))
+    return policy.loss_logprobs(model, dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3)))
 
-  device = state.device_batch({k: v for k, v in batch.items() if k != 'image_grid_thw'})
+  device = policy.device_batch({k: v for k, v in batch.items() if k != 'image_grid_thw'})
   logprobs = np.asarray(logprob_fn(model, device, grid))[0]
-  sampled = batch['loss_valid'][0] & (batch['loss_step'][0] == 2)
+  sampled = batch['completion_mask'][0] & (batch['loss_step'][0] == 2)
   assert sampled.sum() == 1
   np.testing.assert_allclose(logprobs[sampled], batch['rollout_logprobs'][0][sampled], atol=2e-4)

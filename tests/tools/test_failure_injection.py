@@ -8,7 +8,7 @@ import pytest
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from tools import registry
+from tools import env as tools_env
 
 ALL_TOOLS = ('text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution', 'perspective_correct')
 CALLS = [('crop', {'image': 'img_1', 'x': 0, 'y': 0, 'width': 32, 'height': 32}), ('sharpen', {'image': 'img_1'}),
@@ -24,27 +24,27 @@ def _kinds(env, n, seed_calls=CALLS):
 def test_injection_is_deterministic_given_seed_and_counted():
   cfg = {'enabled': ('crop', 'sharpen', 'super_resolution', 'perspective_correct'),
          'failure_injection': {'rate': 0.5, 'kind': 'backend_error', 'seed': 0}}
-  a, b = registry.ToolEnv(cfg), registry.ToolEnv(cfg)
+  a, b = tools_env.ToolEnv(cfg), tools_env.ToolEnv(cfg)
   ka, kb = _kinds(a, 200), _kinds(b, 200)
   assert ka == kb
   n = ka.count('backend_error')
   assert 70 < n < 130 and a.injected_counts == {'backend_error': n}
-  c = registry.ToolEnv({**cfg, 'failure_injection': {'rate': 0.5, 'kind': 'backend_error', 'seed': 1}})
+  c = tools_env.ToolEnv({**cfg, 'failure_injection': {'rate': 0.5, 'kind': 'backend_error', 'seed': 1}})
   assert _kinds(c, 200) != ka
 
 
 def test_kind_tuple_draws_among_kinds():
-  env = registry.ToolEnv({'enabled': ('crop', 'sharpen', 'super_resolution', 'perspective_correct'),
+  env = tools_env.ToolEnv({'enabled': ('crop', 'sharpen', 'super_resolution', 'perspective_correct'),
                           'failure_injection': {'rate': 1.0, 'kind': ('timeout', 'http_error'), 'seed': 3}})
   kinds = _kinds(env, 100)
   assert set(kinds) == {'timeout', 'http_error'} and env.injected_counts == dict(collections.Counter(kinds))
 
 
 def test_no_injection_by_default_and_bad_config_is_rejected():
-  env = registry.ToolEnv({'enabled': ('crop', 'sharpen', 'super_resolution', 'perspective_correct')})
+  env = tools_env.ToolEnv({'enabled': ('crop', 'sharpen', 'super_resolution', 'perspective_correct')})
   assert set(_kinds(env, 20)) == {None} and env.injected_counts == {}
   with pytest.raises(ValueError, match='failure_injection'):
-    registry.ToolEnv({'failure_injection': {'rate': 0.5, 'kind': 'exploded'}})
+    tools_env.ToolEnv({'failure_injection': {'rate': 0.5, 'kind': 'exploded'}})
 
 
 def rollouts_with_injected_failures(num_episodes: int = 100, rate: float = 0.5, seed: int = 0, calls=CALLS):
@@ -54,7 +54,7 @@ def rollouts_with_injected_failures(num_episodes: int = 100, rate: float = 0.5, 
   Returns:
     (trajectories, injected: dict kind -> n, observed: dict kind -> n of execution errors in the steps).
   """
-  env = registry.ToolEnv({'enabled': ALL_TOOLS, 'failure_injection': {
+  env = tools_env.ToolEnv({'enabled': ALL_TOOLS, 'failure_injection': {
       'rate': rate, 'kind': ('timeout', 'http_error', 'backend_error'), 'seed': seed}})
   tokenizer = tj.load_tokenizer()
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)

@@ -8,7 +8,8 @@ from PIL import Image
 from osvl_jax import paths
 from tools import image_search
 from tools import landmarks
-from tools import registry
+from tools import env as tools_env
+from tools import specs
 
 
 def _photos():
@@ -113,8 +114,8 @@ def collection():
 def test_index_takes_a_list_of_folders_with_all_85_images(collection):
   assert len(collection) == 85 and not collection.skipped
   assert 'taj-mahal' in collection.stems and 'fvqa_train_37' in collection.stems
-  env_dirs = registry.ToolEnv({'image_search': {'image_dirs': collection_dirs()}})
-  assert registry.image_dirs(env_dirs.config) == collection_dirs()
+  env_dirs = tools_env.ToolEnv({'image_search': {'image_dirs': collection_dirs()}})
+  assert specs.image_search.image_dirs(env_dirs.config) == collection_dirs()
 
 
 def test_degraded_queries_find_the_right_image_top1(collection):

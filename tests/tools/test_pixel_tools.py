@@ -9,7 +9,7 @@ from osvl_jax import paths
 from tools import image_io
 from tools import image_ops
 from tools import ocr
-from tools import registry
+from tools import env as tools_env
 
 IMAGES = paths.data_dir() / 'images'
 SR_MODELS = paths.data_dir() / 'superres' / 'models'
@@ -45,7 +45,7 @@ def ocr_cer_english() -> float:
 
 @pytest.fixture(scope='module')
 def env():
-  return registry.ToolEnv({'enabled': ('ocr', 'sharpen', 'super_resolution', 'perspective_correct', 'crop'),
+  return tools_env.ToolEnv({'enabled': ('ocr', 'sharpen', 'super_resolution', 'perspective_correct', 'crop'),
                            'super_resolution': {'model_dir': str(SR_MODELS), 'model': 'FSRCNN'}})
 
 
@@ -78,7 +78,7 @@ def test_super_resolution_fsrcnn_x2_beats_bicubic(env):
 
 
 def test_super_resolution_without_model_says_bicubic():
-  env = registry.ToolEnv({'enabled': ('super_resolution',)})
+  env = tools_env.ToolEnv({'enabled': ('super_resolution',)})
   r = env.call('super_resolution', {'image': 'img_1', 'scale': 3}, [np.zeros((10, 12, 3), np.uint8)])
   assert r.ok and r.images[0].shape == (30, 36, 3)
   assert 'bicubic interpolation only' in r.text and 'no super-resolution model is configured' in r.text
@@ -86,7 +86,7 @@ def test_super_resolution_without_model_says_bicubic():
 
 @pytest.mark.parametrize('model', ['ESPCN', 'LapSRN'])
 def test_super_resolution_model_chosen_by_config(model):
-  env = registry.ToolEnv({'enabled': ('super_resolution',),
+  env = tools_env.ToolEnv({'enabled': ('super_resolution',),
                           'super_resolution': {'model_dir': str(SR_MODELS), 'model': model}})
   r = env.call('super_resolution', {'image': 'img_1'}, [np.full((8, 8, 3), 100, np.uint8)])
   assert r.ok and f'{model.upper()} x2' in r.text
@@ -118,7 +118,7 @@ def test_perspective_correct_says_so_when_no_quad(env):
 
 
 def test_inputs_over_the_pixel_budget_are_resized_and_the_text_says_so():
-  env = registry.ToolEnv({'enabled': ('sharpen', 'crop'), 'max_image_pixels': 10_000})
+  env = tools_env.ToolEnv({'enabled': ('sharpen', 'crop'), 'max_image_pixels': 10_000})
   r = env.call('sharpen', {'image': 'img_1'}, [np.zeros((200, 400, 3), np.uint8)])
   assert r.ok and r.images[0].shape[0] * r.images[0].shape[1] <= 10_000
   assert 'input 400x200 resized to 141x70 to fit the 0.01 MP pixel budget' in r.text

@@ -6,7 +6,7 @@ import pytest
 
 import remote_doubles as doubles
 from tools import base
-from tools import registry
+from tools import env as tools_env
 from tools import remote
 
 KEY = 'sk-test-double-SECRET-0123'
@@ -70,7 +70,7 @@ def test_missing_key_is_backend_error_naming_the_variable(monkeypatch):
 
 def test_key_never_appears_in_error_text():
   with doubles.ServiceDouble(doubles.lens, mode='500') as srv:  # The Lens key travels in the query string.
-    env = registry.ToolEnv({'tool_schema': 'official', 'enabled': ('image_search',), 'image_search': {
+    env = tools_env.ToolEnv({'tool_schema': 'official', 'enabled': ('image_search',), 'image_search': {
         'backend': 'remote', 'lens': dict(_cfg(srv.url, retries=0, allow_private_urls=True))}})
     r = env.call('image_search', {'url': 'http://127.0.0.1:9/taj.jpg'}, [])
   assert r.error_kind == 'http_error' and KEY not in r.text and srv.requests[0]['query']['api_key'] == KEY
@@ -79,7 +79,7 @@ def test_key_never_appears_in_error_text():
 def test_text_search_remote_reads_pages_and_summarises():
   with doubles.ServiceDouble(doubles.serper) as s, doubles.ServiceDouble(doubles.jina) as j, \
        doubles.ServiceDouble(doubles.chat) as c:
-    env = registry.ToolEnv({'enabled': ('text_search',), 'text_search': {
+    env = tools_env.ToolEnv({'enabled': ('text_search',), 'text_search': {
         'backend': 'remote', 'read_top': 1, 'serper': dict(_cfg(s.url)),
         'jina': dict(_cfg(j.url, allow_private_urls=True)), 'summarizer': dict(_cfg(c.url, model='m'))}})
     r = env.call('text_search', {'query': 'Taj Mahal', 'top_k': 2}, [])
@@ -93,7 +93,7 @@ def test_text_search_remote_reads_pages_and_summarises():
 
 def test_text_search_remote_without_private_flag_refuses_loopback_pages():
   with doubles.ServiceDouble(doubles.serper) as s, doubles.ServiceDouble(doubles.jina) as j:
-    env = registry.ToolEnv({'enabled': ('text_search',), 'text_search': {
+    env = tools_env.ToolEnv({'enabled': ('text_search',), 'text_search': {
         'backend': 'remote', 'read_top': 1, 'serper': dict(_cfg(s.url)), 'jina': dict(_cfg(j.url))}})
     r = env.call('text_search', {'query': 'Taj Mahal'}, [])
   assert r.ok and '(page not read: bad_arguments)' in r.text and not j.requests
@@ -116,7 +116,7 @@ def test_private_urls_pass_only_with_the_test_flag():
 
 def test_lens_success_through_toolenv():
   with doubles.ServiceDouble(doubles.lens) as srv:
-    env = registry.ToolEnv({'tool_schema': 'official', 'enabled': ('image_search',), 'image_search': {
+    env = tools_env.ToolEnv({'tool_schema': 'official', 'enabled': ('image_search',), 'image_search': {
         'backend': 'remote', 'lens': dict(_cfg(srv.url, allow_private_urls=True))}})
     r = env.call('image_search', {'url': 'http://127.0.0.1:9/taj.jpg'}, [])
   assert r.ok and r.text.startswith('Visual matches:\n[1] Taj Mahal, Agra (Wikipedia, ')
@@ -125,7 +125,7 @@ def test_lens_success_through_toolenv():
 
 def test_paddlex_ocr_through_toolenv_in_reading_order():
   with doubles.ServiceDouble(doubles.paddlex_ocr) as srv:
-    env = registry.ToolEnv({'enabled': ('ocr',), 'ocr': {'backend': 'remote', 'paddlex': dict(_cfg(srv.url))}})
+    env = tools_env.ToolEnv({'enabled': ('ocr',), 'ocr': {'backend': 'remote', 'paddlex': dict(_cfg(srv.url))}})
     r = env.call('ocr', {'image': 'img_1'}, [np.zeros((64, 128, 3), np.uint8)])
   assert r.ok, r.text
   assert r.text.split('\n')[1:] == ['[1] (0, 12, 50, 18) HELLO', '[2] (60, 10, 60, 20) WORLD']
@@ -135,7 +135,7 @@ def test_paddlex_ocr_through_toolenv_in_reading_order():
                                        ('slow', 'timeout')])
 def test_paddlex_failures_are_typed_tool_errors(mode, kind):
   with doubles.ServiceDouble(doubles.paddlex_ocr, mode=mode, delay=0.6) as srv:
-    env = registry.ToolEnv({'enabled': ('ocr',), 'ocr': {
+    env = tools_env.ToolEnv({'enabled': ('ocr',), 'ocr': {
         'backend': 'remote', 'paddlex': dict(_cfg(srv.url, timeout=0.3, retries=0))}})
     r = env.call('ocr', {'image': 'img_1'}, [np.zeros((16, 16, 3), np.uint8)])
   assert (r.ok, r.error_kind) == (False, kind), r.text

@@ -18,7 +18,7 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import checkpoint, grpo, state
+from osvl_jax.train import checkpoint, grpo, policy
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -101,7 +101,7 @@ def test_prepare_batch_follows_fatal_mode_and_estimator(group, mode, estimator):
   if mode == 'mask_clamp':  # Eq. 11: Â = max(r̃, 0) for the fatal rows 2 and 3
     want[2:] = np.maximum(want[2:], 0.0)
   np.testing.assert_allclose(batch['advantages'], want, rtol=1e-5, atol=1e-6)
-  mask, valid, step = batch['loss_mask'], batch['loss_valid'], batch['loss_step']
+  mask, valid, step = batch['loss_mask'], batch['completion_mask'], batch['loss_step']
   np.testing.assert_array_equal(mask[:2], valid[:2])
   fatal_rows = {'none': valid[2:], 'hard': np.zeros_like(valid[2:]),
                 'mask': valid[2:] & (step[2:] < np.array([[1], [0]])),
@@ -141,7 +141,7 @@ def _params(model):
 
 
 def test_reference_policy_is_the_frozen_sft_checkpoint_only_when_beta_positive(tmp_path, monkeypatch):
-  monkeypatch.setattr(state, 'build_model', lambda config, seed=0: _small_model(seed + 1))
+  monkeypatch.setattr(policy, 'build_model', lambda config, seed=0: _small_model(seed + 1))
   sft_model = _small_model(0)
   checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 7, sft_model, None, {'stage': 'sft'})
   c = demo_config.get_config()
@@ -167,12 +167,12 @@ def test_grad_fn_uses_clip_range_beta_and_aggregation_from_config():
       'loss_positions': np.tile(np.arange(5, 5 + k, dtype=np.int32), (b, 1)),
       'loss_targets': ids[:, 6:6 + k], 'loss_mask': np.array([[1] * 6, [1] * 3 + [0] * 3], np.float32),
       'advantages': np.array([1.0, -0.5], np.float32)}
-  logprobs = np.asarray(state.loss_logprobs(model, state.device_batch(dict(batch, image_grid_thw=None))))
+  logprobs = np.asarray(policy.loss_logprobs(model, policy.device_batch(dict(batch, image_grid_thw=None))))
   batch['old_logprobs'] = logprobs + rng.normal(0, 0.4, (b, k)).astype(np.float32)
   batch['ref_logprobs'] = logprobs + rng.normal(0, 0.2, (b, k)).astype(np.float32)
   settings = dict(eps_low=0.1, eps_high=0.5, beta=0.3, aggregation='seq_mean_token_sum')
   cfg = _cfg(**settings)
-  _, metrics = grpo.make_grad_fn(cfg)(model, state.device_batch(batch), (), jnp.float32(4.0), jnp.float32(9.0))
+  _, metrics = grpo.make_grad_fn(cfg)(model, policy.device_batch(batch), (), jnp.float32(4.0), jnp.float32(9.0))
   want, want_metrics = losses.grpo_loss(jnp.asarray(logprobs), batch['old_logprobs'], batch['advantages'],
                                         batch['loss_mask'], ref_logprobs=batch['ref_logprobs'],
                                         num_sequences=4.0, num_tokens=9.0, **settings)

@@ -15,7 +15,7 @@ from flax import nnx
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
-from osvl_jax.train import grpo, state
+from osvl_jax.train import grpo, policy
 from tools import base
 
 GROUPS, G = 8, 2
@@ -66,7 +66,7 @@ def setup():
 
 
 def _grads(model, batch, grid, cfg, micro_batch_size, mesh):
-  parts = [(state.shard_batch(b, mesh), g) for b, g in grpo.split_micro_batches(batch, grid, micro_batch_size)]
+  parts = [(policy.shard_batch(b, mesh), g) for b, g in grpo.split_micro_batches(batch, grid, micro_batch_size)]
   grads, metrics = grpo.accumulate_grads(model, parts, grpo.make_grad_fn(cfg), len(batch['advantages']),
                                          float(batch['loss_mask'].sum()))
   return jax.tree.leaves(jax.device_get(grads)), metrics, len(parts)
@@ -102,8 +102,8 @@ def test_gradient_is_the_same_in_one_step_in_micro_batches_and_data_parallel(set
   assert micro_metrics['num_tokens'] == full_metrics['num_tokens']
   assert micro_metrics['clipped_tokens'] == full_metrics['clipped_tokens'] > 0
 
-  mesh = state.make_mesh(8)
-  state.replicate(model, mesh)
+  mesh = policy.make_mesh(8)
+  policy.replicate(model, mesh)
   parallel, parallel_metrics, _ = _grads(model, batch, grid, cfg, 0, mesh)
   assert _relative_error(full, parallel) < 1e-6
   assert parallel_metrics['loss'] == pytest.approx(full_metrics['loss'], rel=1e-6, abs=1e-7)
@@ -113,13 +113,13 @@ def test_shard_batch_splits_rows_over_the_data_axis(setup):
   if jax.device_count() < 8:
     pytest.skip('needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
   _, batch, _, _ = setup
-  mesh = state.make_mesh(8)
-  sharded = state.shard_batch(batch, mesh)
+  mesh = policy.make_mesh(8)
+  sharded = policy.shard_batch(batch, mesh)
   assert sharded['input_ids'].sharding.spec == jax.sharding.PartitionSpec('data')
   assert sharded['position_ids'].sharding.spec == jax.sharding.PartitionSpec(None, 'data')
   assert sharded['pixel_values'].sharding.is_fully_replicated
   assert len(sharded['input_ids'].addressable_shards) == 8
   assert sharded['input_ids'].addressable_shards[0].data.shape[0] == GROUPS * G // 8
   with pytest.raises(ValueError, match='not a multiple'):
-    state.shard_batch({k: v[:3] if k != 'position_ids' else v[:, :3] for k, v in batch.items()
+    policy.shard_batch({k: v[:3] if k != 'position_ids' else v[:, :3] for k, v in batch.items()
                        if k not in ('pixel_values',)}, mesh)

@@ -15,7 +15,7 @@ from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.train import batching, grpo, metrics, sft
-from tools import registry
+from tools import env as tools_env
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
@@ -29,7 +29,7 @@ ANSWER = tj.render_assistant_text('It is Agra.', response='Agra')
 def trajectories():
   """Two real two-step episodes (text_search then response) with a 64x64 image, from a scripted policy."""
   tokenizer = tj.load_tokenizer()
-  env = registry.ToolEnv({'enabled': ('text_search',)})
+  env = tools_env.ToolEnv({'enabled': ('text_search',)})
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
   rng = np.random.default_rng(0)
   items = [{'prompt_id': f'q{i}', 'question': 'Which city is this?', 'answers': ['Agra'],
@@ -44,7 +44,7 @@ def test_collate_gathers_exactly_the_emitted_next_tokens(trajectories):
   for i, traj in enumerate(trajectories):
     emitted = np.nonzero(traj.gen_mask)[0]
     n = len(emitted)
-    assert batch['loss_valid'][i].sum() == n
+    assert batch['completion_mask'][i].sum() == n
     np.testing.assert_array_equal(batch['loss_positions'][i, :n], emitted - 1)
     np.testing.assert_array_equal(batch['loss_targets'][i, :n], traj.token_ids[emitted])
     np.testing.assert_array_equal(batch['loss_step'][i, :n], traj.step_of_token[emitted])
@@ -120,7 +120,7 @@ WRONG = tj.render_assistant_text('It is Delhi.', response='Delhi')
 def test_grpo_batch_masks_post_fatal_tokens_and_clamps_fatal_advantages():
   """One group of G = 4 built by a scripted policy: right answer, wrong answer, fatal at step 0, fatal at step 1."""
   tokenizer = tj.load_tokenizer()
-  env = registry.ToolEnv({'enabled': ('text_search',)})
+  env = tools_env.ToolEnv({'enabled': ('text_search',)})
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
   scripts = {'right': [SEARCH, ANSWER], 'wrong': [SEARCH, WRONG], 'fatal0': [BAD, BAD, BAD],
              'fatal1': [SEARCH, BAD, BAD, BAD]}
@@ -151,7 +151,7 @@ def test_grpo_batch_masks_post_fatal_tokens_and_clamps_fatal_advantages():
   np.testing.assert_allclose(batch['advantages'], [r_tilde[0], r_tilde[1], 0.0, 0.0], rtol=1e-5, atol=1e-6)
   assert stats['num_fatal'] == 2 and stats['num_fatal_clamped'] == 2
   # Eq. 10: emitted tokens of steps >= f_i carry no loss; everything the policy emitted before them does.
-  mask, valid, step_of = batch['loss_mask'], batch['loss_valid'], batch['loss_step']
+  mask, valid, step_of = batch['loss_mask'], batch['completion_mask'], batch['loss_step']
   np.testing.assert_array_equal(mask[:2], valid[:2].astype(np.float32))
   assert mask[2].sum() == 0
   np.testing.assert_array_equal(mask[3], (valid[3] & (step_of[3] < 1)).astype(np.float32))

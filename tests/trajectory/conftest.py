@@ -7,7 +7,7 @@ from tools.base import ToolResult
 
 from osvl_jax import trajectory as tj
 
-# Four compact schemas in the Hermes / OpenAI function format (same shape as tools.registry.ToolEnv.schemas()).
+# Four compact schemas in the Hermes / OpenAI function format (same shape as tools.env.ToolEnv.schemas()).
 _IMG = {'type': 'string', 'description': 'Image name, e.g. "img_1".'}
 SCHEMAS = [
     {'type': 'function', 'function': {

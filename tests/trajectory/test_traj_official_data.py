@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from osvl_jax import official_data
+from osvl_jax.data import official
 from osvl_jax import paths
 from osvl_jax import trajectory as tj
 from osvl_jax.train import batching
@@ -28,7 +28,7 @@ def processor():
 
 @pytest.fixture(scope='module')
 def sft(tokenizer, processor, image_root):
-  return official_data.load_sft(FIXTURES / 'official_sft.jsonl', tokenizer, processor, image_root=image_root)
+  return official.load_sft(FIXTURES / 'official_sft.jsonl', tokenizer, processor, image_root=image_root)
 
 
 def _runs(mask):
@@ -76,19 +76,19 @@ def test_sft_text_only_record_with_function_call_turn(sft, tokenizer):
 
 def test_sft_record_with_wrong_image_count_names_the_line(tokenizer, processor, image_root):
   with pytest.raises(ValueError, match=r'official_sft_broken.jsonl:1: 1 <image> placeholders but 0 images'):
-    official_data.load_sft(FIXTURES / 'official_sft_broken.jsonl', tokenizer, processor, image_root=image_root)
-  assert official_data.load_sft(FIXTURES / 'official_sft_broken.jsonl', tokenizer, processor,
+    official.load_sft(FIXTURES / 'official_sft_broken.jsonl', tokenizer, processor, image_root=image_root)
+  assert official.load_sft(FIXTURES / 'official_sft_broken.jsonl', tokenizer, processor,
                                 image_root=image_root, skip_invalid=True) == []
 
 
 def test_sft_record_over_the_token_budget_is_an_error_not_a_cut(tokenizer, processor, image_root):
   with pytest.raises(tj.PromptTooLongError, match='never cut'):
-    official_data.load_sft(FIXTURES / 'official_sft.jsonl', tokenizer, processor, image_root=image_root,
+    official.load_sft(FIXTURES / 'official_sft.jsonl', tokenizer, processor, image_root=image_root,
                            max_tokens=100)
 
 
 def test_rl_jsonl_becomes_prompts(image_root):
-  prompts = official_data.load_rl_prompts(FIXTURES / 'official_rl.jsonl', image_root=image_root)
+  prompts = official.load_rl_prompts(FIXTURES / 'official_rl.jsonl', image_root=image_root)
   assert [p['prompt_id'] for p in prompts] == ['official_rl-1', 'bigben', 'official_rl-3']
   assert [p['answers'] for p in prompts] == [['Agra'], ['Big Ben', 'the Great Bell'], ['Yamuna']]
   assert prompts[0]['question'] == 'In which city is this building?'
@@ -100,9 +100,9 @@ def test_rl_jsonl_becomes_prompts(image_root):
 def test_rl_prompts_with_generated_images_and_errors(tmp_path):
   image = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
   Image.fromarray(image).save(tmp_path / 'x.png')
-  official_data.write_jsonl([{'id': 7, 'question': 'Q?', 'answer': 3, 'images': ['x.png']}], tmp_path / 'rl.jsonl')
-  (p,) = official_data.load_rl_prompts(tmp_path / 'rl.jsonl')  # paths relative to the file's folder
+  official.write_jsonl([{'id': 7, 'question': 'Q?', 'answer': 3, 'images': ['x.png']}], tmp_path / 'rl.jsonl')
+  (p,) = official.load_rl_prompts(tmp_path / 'rl.jsonl')  # paths relative to the file's folder
   assert p['prompt_id'] == '7' and p['answers'] == ['3'] and np.array_equal(p['image'], image)
-  official_data.write_jsonl([{'question': 'Q?', 'answer': 'a', 'images': ['missing.png']}], tmp_path / 'bad.jsonl')
+  official.write_jsonl([{'question': 'Q?', 'answer': 'a', 'images': ['missing.png']}], tmp_path / 'bad.jsonl')
   with pytest.raises(ValueError, match=r"bad.jsonl:1: image 'missing.png' not found"):
-    official_data.load_rl_prompts(tmp_path / 'bad.jsonl')
+    official.load_rl_prompts(tmp_path / 'bad.jsonl')

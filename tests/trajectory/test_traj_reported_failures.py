@@ -16,7 +16,7 @@ from osvl_jax.rl import rewards
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.train import batching
-from tools import registry
+from tools import env as tools_env
 from tools.base import ToolResult
 
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
@@ -26,7 +26,7 @@ ANSWER = tj.render_assistant_text('Done.', response='Agra')
 
 @pytest.fixture(scope='module')
 def env():
-  return registry.ToolEnv({'enabled': ('crop', 'sharpen')})
+  return tools_env.ToolEnv({'enabled': ('crop', 'sharpen')})
 
 
 @pytest.fixture(scope='module')

@@ -12,7 +12,7 @@ from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.train import batching
 from tools import image_ops
-from tools import registry
+from tools import env as tools_env
 
 CROP_1 = {'image': 'img_1', 'x': 40, 'y': 10, 'width': 160, 'height': 96}
 CROP_3 = {'image': 'img_3', 'x': 16, 'y': 16, 'width': 64, 'height': 48}
@@ -27,7 +27,7 @@ SCRIPT = [
 
 @pytest.fixture(scope='module')
 def env():
-  return registry.ToolEnv({'enabled': ('crop', 'sharpen')})
+  return tools_env.ToolEnv({'enabled': ('crop', 'sharpen')})
 
 
 @pytest.fixture(scope='module')
@@ -66,7 +66,7 @@ def test_update_tensors_are_exactly_the_rollouts_ids_images_and_masks(rollout, p
   assert np.all(ids[t:] == batching.PAD_ID)
   np.testing.assert_array_equal(batch['attention_mask'][0], np.arange(ids.size) < t)
   # Loss targets: exactly the emitted ids, in order, at the positions they were emitted, with their step.
-  valid = batch['loss_valid'][0]
+  valid = batch['completion_mask'][0]
   emitted = np.concatenate([g.ids for g in engine.emitted])
   np.testing.assert_array_equal(batch['loss_targets'][0][valid], emitted)
   np.testing.assert_array_equal(ids[batch['loss_positions'][0][valid] + 1], emitted)

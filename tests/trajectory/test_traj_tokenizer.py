@@ -3,6 +3,7 @@
 import pytest
 
 from osvl_jax import trajectory as tj
+from osvl_jax.trajectory import tokens
 
 
 def test_hello_world_ids(tokenizer):
@@ -46,7 +47,7 @@ def test_words_split_into_known_pieces(tokenizer):
 
 
 def test_untrusted_text_never_yields_added_tokens(tokenizer):
-  ids = tj._encode(tokenizer, 'a</tool_response><|im_end|><think>b', untrusted=True)
+  ids = tokens._encode(tokenizer, 'a</tool_response><|im_end|><think>b', untrusted=True)
   assert not set(ids) & set(tj.ADDED_TOKENS)
   assert tokenizer.decode(ids) == 'a</tool_response><|im_end|><think>b'
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from osvl_jax.trajectory import tokens as tokens_lib
+
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
@@ -29,8 +31,8 @@ class TextConfig:
   attention_bias: bool = False
   max_position_embeddings: int = 262144
   hidden_act: str = 'silu'
-  bos_token_id: int | None = 151643
-  eos_token_id: int | None = 151645
+  bos_token_id: int | None = tokens_lib.ENDOFTEXT_ID
+  eos_token_id: int | None = tokens_lib.IM_END_ID
   # Mixture of experts (HF `Qwen3VLMoeTextConfig`); num_experts == 0 means dense.
   num_experts: int = 0
   num_experts_per_tok: int = 0
@@ -94,10 +96,10 @@ class Qwen3VLConfig:
   """Whole model: text decoder + vision tower + the special token ids the forward pass needs."""
   text: TextConfig = dataclasses.field(default_factory=TextConfig)
   vision: VisionConfig = dataclasses.field(default_factory=VisionConfig)
-  image_token_id: int = 151655
-  video_token_id: int = 151656
-  vision_start_token_id: int = 151652
-  vision_end_token_id: int = 151653
+  image_token_id: int = tokens_lib.IMAGE_PAD_ID
+  video_token_id: int = tokens_lib.VIDEO_PAD_ID
+  vision_start_token_id: int = tokens_lib.VISION_START_ID
+  vision_end_token_id: int = tokens_lib.VISION_END_ID
   tie_word_embeddings: bool = False
 
   @property

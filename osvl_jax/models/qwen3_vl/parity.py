@@ -24,10 +24,12 @@ import numpy as np
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+from osvl_jax.trajectory import tokens as tokens_lib
 
 TOL = 2e-5
 BF16_TOL = 0.05  # max-abs logit difference, bf16 weights+compute vs float32 HF (tiny logits span about +-1)
-IMAGE, VSTART, VEND, IM_START, IM_END = 151655, 151652, 151653, 151644, 151645
+IMAGE, VSTART, VEND = tokens_lib.IMAGE_PAD_ID, tokens_lib.VISION_START_ID, tokens_lib.VISION_END_ID
+IM_START, IM_END = tokens_lib.IM_START_ID, tokens_lib.IM_END_ID
 CASES = ('text', 'text_untied', 'one_image', 'multi_image_multi_turn', 'padded_batch', 'moe', 'bf16',
          'scan_multi_image_multi_turn', 'scan_moe')
 # `scan_*`: the same inputs through a model built with `scan_layers=True` (stacked layers under `jax.lax.scan`).

@@ -13,8 +13,11 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from osvl_jax.models.qwen3_vl import config as config_lib
 
-def get_rope_index(input_ids, image_grid_thw=None, attention_mask=None, *, image_token_id: int = 151655,
+
+def get_rope_index(input_ids, image_grid_thw=None, attention_mask=None, *,
+                   image_token_id: int = config_lib.Qwen3VLConfig.image_token_id,
                    spatial_merge_size: int = 2) -> tuple[np.ndarray, np.ndarray]:
   """3-D (temporal, height, width) position ids for text interleaved with images.
 
@@ -29,7 +32,7 @@ def get_rope_index(input_ids, image_grid_thw=None, attention_mask=None, *, image
     input_ids: int [B, T].
     image_grid_thw: int [I, 3] patch grids (before merging) or None.
     attention_mask: [B, T] (1/True = real token) or None.
-    image_token_id: the `<|image_pad|>` id.
+    image_token_id: the `<|image_pad|>` id; default `Qwen3VLConfig.image_token_id` (pass `config.image_token_id`).
     spatial_merge_size: vision `spatial_merge_size`.
 
   Returns:

@@ -1,4 +1,4 @@
-"""tools/registry.py: schemas, argument checks and error kinds of ToolEnv.call."""
+"""tools/env.py, tools/schema.py, tools/specs/: schemas, argument checks and error kinds of ToolEnv.call."""
 
 import cv2
 import numpy as np
@@ -7,12 +7,13 @@ from PIL import Image
 
 from osvl_jax import paths
 from tools import base
-from tools import registry
+from tools import env as tools_env
+from tools import schema
 
 
 @pytest.fixture(scope='module')
 def env():
-  return registry.ToolEnv()
+  return tools_env.ToolEnv()
 
 
 @pytest.fixture(scope='module')
@@ -36,12 +37,12 @@ def test_schemas_list_four_tools_with_required_args(env):
 
 
 def test_config_selects_enabled_tools():
-  env = registry.ToolEnv({'enabled': ('crop',)})
+  env = tools_env.ToolEnv({'enabled': ('crop',)})
   assert [s['function']['name'] for s in env.schemas()] == ['crop']
   r = env.call('text_search', {'query': 'x'}, [])
   assert (r.ok, r.error_kind) == (False, 'unknown_tool')
   with pytest.raises(ValueError, match='nope'):
-    registry.ToolEnv({'enabled': ('nope',)})
+    tools_env.ToolEnv({'enabled': ('nope',)})
 
 
 def test_text_search_call(env):
@@ -107,16 +108,16 @@ def test_errors_have_their_kind_and_name_the_culprit(env, taj, name, arguments, 
 
 
 def test_backend_exception_is_backend_error(env):
-  registry.register(registry.ToolSpec(
+  schema.register(schema.ToolSpec(
       name='_explode', description='test tool', params=(),
       make=lambda cfg: (lambda: 1 / 0)))
   try:
-    env2 = registry.ToolEnv({'enabled': ('crop', '_explode')})
+    env2 = tools_env.ToolEnv({'enabled': ('crop', '_explode')})
     r = env2.call('_explode', {}, [])
     assert (r.ok, r.error_kind) == (False, 'backend_error')
     assert 'ZeroDivisionError' in r.text
   finally:
-    del registry.TOOLS['_explode']
+    del schema.TOOLS['_explode']
 
 
 def test_call_accepts_gray_and_objects_with_pixels(env, taj):
@@ -130,7 +131,7 @@ def test_call_accepts_gray_and_objects_with_pixels(env, taj):
 
 def test_indexes_are_shared_across_envs():
   from tools import image_search, text_search
-  registry.ToolEnv().warmup()
+  tools_env.ToolEnv().warmup()
   assert text_search.get_index() is text_search.get_index()
   assert image_search.get_index() is image_search.get_index()
 
@@ -140,7 +141,7 @@ def test_result_type_is_tool_result(env):
 
 
 def test_official_profile_schemas_use_the_release_names_and_arguments():
-  env = registry.ToolEnv({'tool_schema': 'official', 'enabled': (
+  env = tools_env.ToolEnv({'tool_schema': 'official', 'enabled': (
       'text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution', 'perspective_correct')})
   fns = {s['function']['name']: s['function']['parameters'] for s in env.schemas()}
   assert list(fns) == ['text_search', 'image_search', 'layout_parsing', 'crop', 'sharpen', 'super_resolution',
@@ -156,7 +157,7 @@ def test_official_profile_schemas_use_the_release_names_and_arguments():
 
 
 def test_official_profile_calls_run_our_tools(taj):
-  env = registry.ToolEnv({'tool_schema': 'official', 'enabled': ('text_search', 'image_search', 'crop')})
+  env = tools_env.ToolEnv({'tool_schema': 'official', 'enabled': ('text_search', 'image_search', 'crop')})
   r = env.call('text_search', {'q': 'Taj Mahal Agra mausoleum', 'hl': 'en', 'top_k': 2}, [])
   assert r.ok and r.text.startswith('[1] Taj Mahal: ') and len(r.text.split('\n')) == 2
   r = env.call('image_search', {'url': 'img_1'}, [cv2.GaussianBlur(taj, (0, 0), 2)])
@@ -169,6 +170,22 @@ def test_official_profile_calls_run_our_tools(taj):
 
 def test_unknown_profile_and_backend_are_rejected():
   with pytest.raises(ValueError, match='tool_schema'):
-    registry.ToolEnv({'tool_schema': 'hermes'})
+    tools_env.ToolEnv({'tool_schema': 'hermes'})
   with pytest.raises(NotImplementedError, match='ocr backend'):
-    registry.ToolEnv({'enabled': ('ocr',), 'ocr': {'backend': 'cloud'}})
+    tools_env.ToolEnv({'enabled': ('ocr',), 'ocr': {'backend': 'cloud'}})
+
+
+def test_alias_tables_are_defined_once_and_match_the_official_schemas():
+  assert schema.TOOL_NAME_ALIASES == {'web_search': 'text_search', 'layout_parsing': 'ocr'}
+  assert schema.ARGUMENT_ALIASES == {'q': 'query', 'url': 'image'}
+  assert schema.OFFICIAL_ONLY_ARGUMENTS == ('hl', 'use_chart_recognition', 'use_doc_orientation_classify')
+  assert schema.TOOLS['text_search'].official.rename == {'q': 'query'}
+  assert schema.TOOLS['image_search'].official.rename == {'url': 'image'}
+  assert schema.TOOLS['ocr'].official.name == 'layout_parsing'
+  with pytest.raises(ValueError, match='TOOL_NAME_ALIASES'):
+    schema.register(schema.ToolSpec('_bad', 'test tool', (), make=lambda cfg: None,
+                                    official=schema.OfficialSchema('bad_official', ())))
+  with pytest.raises(ValueError, match='ARGUMENT_ALIASES'):
+    schema.register(schema.ToolSpec('_bad', 'test tool', (), make=lambda cfg: None,
+                                    official=schema.OfficialSchema('_bad', (schema.Param('zzz', 'string', 'z'),))))
+  assert '_bad' not in schema.TOOLS

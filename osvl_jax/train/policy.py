@@ -1,4 +1,5 @@
-"""Model, optimizer and the one forward pass both trainers use (log-probs at loss positions only)."""
+"""The policy both trainers train: model, optimizer, the one forward pass (log-probs at loss positions only), and
+its placement for data parallelism (mesh, replicated parameters, row-sharded batches)."""
 
 import dataclasses
 
@@ -58,7 +59,7 @@ def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict) -> jax.Array:
     model: the policy.
     batch: from `batching.collate` (jnp or np arrays).
   Returns:
-    [B, K] float32: log pi(token t+1 | tokens <= t) at `loss_positions`; garbage where `loss_valid` is 0.
+    [B, K] float32: log pi(token t+1 | tokens <= t) at `loss_positions`; garbage where `completion_mask` is 0.
   """
   hidden, _ = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'],
                     pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'))
@@ -69,10 +70,6 @@ def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict) -> jax.Array:
 def device_batch(batch: dict) -> dict:
   """Moves array fields to the default device; `image_grid_thw` stays on host (it fixes static shapes)."""
   return {k: (v if k == 'image_grid_thw' or v is None else jnp.asarray(v)) for k, v in batch.items()}
-
-
-def num_params(model: nnx.Module) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ RL (one JSON object per line)::
 
   {"question": "<image>In which city is this building?", "answer": "Agra", "images": ["photos/taj.jpg"]}
 
-  -> prompt dicts {prompt_id, question, image, answers} as `rollout.agent_loop.Item` / `data_pipeline` prompts
+  -> prompt dicts {prompt_id, question, image, answers} as `rollout.agent_loop.Item` / `data.pipeline` prompts
   (`answer` may be a string or a list; `answers` is accepted too; prompt_id from `id`/`prompt_id`/`uid`, else
   '<file stem>-<line>').
 
@@ -30,7 +30,6 @@ Image paths are relative to `image_root` (default: the data file's folder); an e
 path, an HF-datasets `{"bytes": ..., "path": ...}` dict, or a uint8 [H, W, 3] array.
 """
 
-import io
 import json
 import os
 import pathlib
@@ -38,9 +37,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from osvl_jax import trajectory as traj_lib
+from tools import image_io
 from tools.base import ToolResult
 
 IMAGE_PLACEHOLDER = '<image>'
@@ -71,7 +70,7 @@ def load_image(entry: Any, image_root: str | os.PathLike | None) -> np.ndarray:
     return np.ascontiguousarray(entry.astype(np.uint8) if entry.dtype != np.uint8 else entry)
   if isinstance(entry, dict):
     if entry.get('bytes'):
-      return np.asarray(Image.open(io.BytesIO(entry['bytes'])).convert('RGB'))
+      return image_io.load_image(entry['bytes'])
     entry = entry.get('path')
   if not isinstance(entry, str) or not entry:
     raise ValueError(f'image entry {entry!r} is neither a path, a {{"bytes"|"path"}} dict nor an array')
@@ -80,8 +79,7 @@ def load_image(entry: Any, image_root: str | os.PathLike | None) -> np.ndarray:
     path = pathlib.Path(image_root) / path
   if not path.is_file():
     raise ValueError(f'image {entry!r} not found (looked at {path})')
-  with Image.open(path) as im:
-    return np.asarray(im.convert('RGB'))
+  return image_io.load_image(path)
 
 
 def tool_schemas(tools: Any) -> list[dict]:

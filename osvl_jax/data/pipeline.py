@@ -1,0 +1,108 @@
+"""The datasets `python -m data_pipeline.build` writes: their format and their readers (DESIGN.md §7).
+
+The pipeline writes, this module reads (and defines the format both agree on). A built dataset folder D
+(`dataset_dir(config, workdir)`: `config.data.dir`, else `<workdir>/data`) holds one HF `datasets` folder per
+stage (`Dataset.save_to_disk`) with its `counts.json` beside the data files:
+
+  D/paths, D/qa, D/rewrite, D/ground   intermediate stage records (the pipeline's own, for resuming)
+  D/items    the item table, `ITEM_FEATURES`: prompt_id, question, canonical_question, answers, image_path
+             (relative to the shared data folder), path, hops, rejected (None when accepted, else the reason),
+             landmark, descriptors, answer_attribute, answer_evidence, anchor_expression, rewrite_trace
+  D/sft      oracle expert trajectories, rows of `Trajectory.to_record()` (`trajectory.record_features()`)
+  D/stats.json   every stage's counts and seconds
+
+A split exists once its `counts.json` does (the pipeline writes it last, atomically with the data).
+"""
+
+import json
+import os
+import pathlib
+
+import ml_collections
+import numpy as np
+
+from tools import image_io
+
+ITEMS = 'items'
+SFT = 'sft'
+COUNTS_FILE = 'counts.json'
+BUILD_COMMAND = 'python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=W'
+
+ITEM_COLUMNS = ('prompt_id', 'question', 'canonical_question', 'answers', 'image_path', 'path', 'hops',
+                'rejected', 'landmark', 'descriptors', 'answer_attribute', 'answer_evidence', 'anchor_expression',
+                'rewrite_trace')
+
+
+def items_features():
+  """`datasets.Features` of the `items` split (columns `ITEM_COLUMNS`, in that order)."""
+  import datasets
+  v, seq = datasets.Value, lambda t: datasets.List(datasets.Value(t))
+  return datasets.Features({
+      'prompt_id': v('string'), 'question': v('string'), 'canonical_question': v('string'),
+      'answers': seq('string'), 'image_path': v('string'), 'path': seq('string'), 'hops': v('int32'),
+      'rejected': v('string'), 'landmark': v('string'), 'descriptors': seq('string'),
+      'answer_attribute': v('string'), 'answer_evidence': v('string'), 'anchor_expression': v('string'),
+      'rewrite_trace': seq('string'),
+  })
+
+
+def dataset_dir(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> pathlib.Path:
+  """The dataset folder of a job: `config.data.dir` if set, else `<workdir>/data`."""
+  return pathlib.Path(config.data.get('dir') or pathlib.Path(workdir) / 'data')
+
+
+def has_split(folder: str | os.PathLike) -> bool:
+  """Whether `folder` holds a finished split (its `counts.json` is written last)."""
+  return (pathlib.Path(folder) / COUNTS_FILE).is_file()
+
+
+def read_split(folder: str | os.PathLike) -> tuple[list[dict], dict]:
+  """(rows as dicts, counts) of one split folder."""
+  import datasets
+  folder = pathlib.Path(folder)
+  ds = datasets.load_from_disk(str(folder))
+  counts = json.loads((folder / COUNTS_FILE).read_text())
+  return ds.to_list(), counts
+
+
+def _require(out_dir: str | os.PathLike, split: str, what: str) -> pathlib.Path:
+  folder = pathlib.Path(out_dir) / split
+  if not has_split(folder):
+    raise FileNotFoundError(f'{folder}: no {what}; build them with `{BUILD_COMMAND} --config.data.dir={out_dir}` '
+                            'or run `make demo`')
+  return folder
+
+
+def load_image(data_dir: str | os.PathLike, rel_path: str) -> np.ndarray:
+  """uint8 [H, W, 3] RGB of `data_dir / rel_path` (an item's `image_path`)."""
+  return image_io.load_image(pathlib.Path(data_dir) / rel_path)
+
+
+def load_sft(out_dir: str | os.PathLike) -> list:
+  """The oracle expert trajectories (`osvl_jax.trajectory.Trajectory`) of `out_dir/sft`.
+
+  Raises:
+    FileNotFoundError: naming the folder when the `sft` split has not been built.
+  """
+  from osvl_jax import trajectory as traj_lib
+  records, _ = read_split(_require(out_dir, SFT, 'SFT trajectories'))
+  return [traj_lib.Trajectory.from_record(r) for r in records]
+
+
+def load_prompts(out_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[dict]:
+  """The accepted items of `out_dir/items` as RL prompts.
+
+  Args:
+    out_dir: the dataset folder.
+    data_dir: the shared data folder the items' `image_path` is relative to (None: `osvl_jax.paths.data_dir()`).
+  Returns:
+    dicts with prompt_id (str), question (str), image (uint8 [H, W, 3] RGB), answers (list[str]), image_path.
+  Raises:
+    FileNotFoundError: naming the folder when the `items` split has not been built.
+  """
+  from osvl_jax import paths as osvl_paths
+  records, _ = read_split(_require(out_dir, ITEMS, 'items'))
+  data_dir = pathlib.Path(data_dir) if data_dir else osvl_paths.data_dir()
+  return [{'prompt_id': r['prompt_id'], 'question': r['question'], 'answers': list(r['answers']),
+           'image_path': r['image_path'], 'image': load_image(data_dir, r['image_path'])}
+          for r in records if not r['rejected']]

@@ -1,0 +1,55 @@
+"""The judge interface: the source of r_acc and r_query in Eq. 9 (DESIGN.md §6).
+
+A judge has two methods, each returning a `Verdict` and never raising:
+
+  accuracy(question, response, answers) -> Verdict       score ∈ {0, 1}: does the response contain the answer
+  query_quality(question, tool_calls, results) -> Verdict score ∈ [0, 1] over the pre-fatal tool calls
+
+Implementations: `rule.RuleJudge` (offline), `llm.LLMJudge` (OpenAI-compatible); pick one by name with
+`registry.get_judge(config.judge)`.
+"""
+
+import dataclasses
+import threading
+from typing import Any, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  """One judgement.
+
+  Attributes:
+    score: r_acc ∈ {0, 1} or r_query ∈ [0, 1]. After a judge error, the fallback value.
+    error: None, or why the judge could not give a verdict (after its retries); the score is then a fallback.
+    raw: the judge model's raw reply (last attempt), '' for the rule judge.
+  """
+  score: float
+  error: str | None = None
+  raw: str = ''
+
+
+class Judge:
+  """Interface of a judge; subclasses override `accuracy` and `query_quality`.
+
+  `stats()` returns counters (calls, errors, retries, cache_hits) as ints; they are thread-safe.
+  """
+  name = 'base'
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._counts = {'calls': 0, 'errors': 0, 'retries': 0, 'cache_hits': 0}
+
+  def _count(self, key: str, n: int = 1) -> None:
+    with self._lock:
+      self._counts[key] += n
+
+  def stats(self) -> dict[str, int]:
+    with self._lock:
+      return dict(self._counts)
+
+  def accuracy(self, question: str, response: str | None, answers: Sequence[str]) -> Verdict:
+    raise NotImplementedError
+
+  def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]],
+                    results: Sequence[Any]) -> Verdict:
+    raise NotImplementedError

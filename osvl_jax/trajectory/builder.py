@@ -1,0 +1,281 @@
+"""Append-only rendering of one episode into a Trajectory: `TrajectoryBuilder` (DESIGN.md §4).
+
+The ids after each append start with the ids before it: earlier turns, <think> blocks included, stay in the
+context exactly as emitted (no chat template re-renders them).
+"""
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from osvl_jax.trajectory.actions import PROFILES, ParsedAction, parse_action
+from osvl_jax.trajectory.images import ImageProcessor, ImageRef
+from osvl_jax.trajectory.record import STOP_REASONS, PromptTooLongError, Step, Trajectory
+from osvl_jax.trajectory.tokens import (
+    ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_PAD_ID, TOOL_RESPONSE_END_ID, TOOL_RESPONSE_ID, VISION_END_ID,
+    VISION_START_ID, _encode)
+from tools.base import ToolResult
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a multimodal search agent. Images are named img_1 (the user's), img_2, ... in order of appearance. "
+    'Each turn, reason in <think></think>, then give exactly one <tool_call></tool_call>, or '
+    '<response>final answer</response> when sure.')
+
+_TOOLS_HEADER = ('\n\n# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n'
+                 '<tools>\n')
+_TOOLS_FOOTER = ('\n</tools>\n\nFor each function call, return a json object with function name and arguments '
+                 'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+                 '"arguments": <args-json-object>}\n</tool_call>')
+
+
+def render_system_text(tool_schemas: Sequence[dict], system_prompt: str | None = None) -> str:
+  """The system turn's content: instructions, then the Hermes/Qwen3 tools section (one JSON line per schema)."""
+  text = DEFAULT_INSTRUCTIONS if system_prompt is None else system_prompt
+  if tool_schemas:
+    text += _TOOLS_HEADER + '\n'.join(json.dumps(s, ensure_ascii=False) for s in tool_schemas) + _TOOLS_FOOTER
+  return text
+
+
+class TrajectoryBuilder:
+  """Append-only construction of one Trajectory; the ids after each append start with the ids before it.
+
+  Use: start(question, image); then per step: prompt_ids()/images -> engine -> append_assistant(ids) ->
+  (tool call) append_observation(result); finally finish(...). `truncate(n)` drops whole steps from the end
+  (token budgets: never a part of a step, an image span or a tool call).
+  """
+
+  def __init__(self, tokenizer, image_processor: ImageProcessor, tool_schemas: Sequence[dict],
+               system_prompt: str | None = None, profile: str = 'osvl'):
+    if profile not in PROFILES:
+      raise ValueError(f'unknown tool-schema profile {profile!r}; expected one of {PROFILES}')
+    self.tokenizer = tokenizer
+    self.image_processor = image_processor
+    self.tool_schemas = list(tool_schemas)
+    self.system_prompt = system_prompt
+    self.profile = profile
+    self._ids: list[int] = []
+    self._gen: list[bool] = []
+    self._step: list[int] = []
+    self._logprobs: list[float] = []
+    self._step_logprobs: list[bool] = []  # per step: the engine gave log-probs
+    self._images: list[ImageRef] = []
+    self._steps: list[Step] = []
+    self._marks: list[tuple[int, int]] = []  # per step: (tokens, images) before it began
+    self.question: str | None = None
+
+  # -- state -------------------------------------------------------------------------------------------------
+  @property
+  def images(self) -> list[ImageRef]:
+    """Images so far, in order (img_1, img_2, ...)."""
+    return list(self._images)
+
+  @property
+  def steps(self) -> list[Step]:
+    return list(self._steps)
+
+  @property
+  def num_tokens(self) -> int:
+    return len(self._ids)
+
+  @property
+  def done(self) -> bool:
+    """True once the last step is a response."""
+    return bool(self._steps) and self._steps[-1].action.kind == 'response'
+
+  @property
+  def awaiting_observation(self) -> bool:
+    """True when the last step is a tool call / malformed call without a result yet."""
+    return bool(self._steps) and self._steps[-1].action.kind != 'response' and self._steps[-1].result is None
+
+  def prompt_ids(self) -> np.ndarray:
+    """int32 [T]: the context for the next model call (ends with '<|im_start|>assistant\\n')."""
+    return np.asarray(self._ids, np.int32)
+
+  # -- appends -----------------------------------------------------------------------------------------------
+  def _append(self, ids: Sequence[int], gen: bool, step: int, logprobs: Sequence[float] | None = None):
+    self._ids.extend(int(i) for i in ids)
+    self._gen.extend([gen] * len(ids))
+    self._step.extend([step] * len(ids))
+    self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids))
+
+  def _append_image(self, image: np.ndarray, step: int) -> str:
+    name = f'img_{len(self._images) + 1}'
+    ref = self.image_processor.process(image, name=name)
+    self._images.append(ref)
+    self._append(_encode(self.tokenizer, f'{name}: '), False, step)
+    self._append([VISION_START_ID] + [IMAGE_PAD_ID] * ref.num_tokens + [VISION_END_ID], False, step)
+    return name
+
+  def start(self, question: str, image: np.ndarray | Sequence[np.ndarray] | None,
+            max_tokens: int | None = None) -> None:
+    """Renders system + user turn + '<|im_start|>assistant\\n' (gen_mask 0, step -1).
+
+    Args:
+      question: the user question.
+      image: uint8 [H, W, 3] input image (img_1), a list of them (img_1, img_2, ..., each on its own line), or
+        None for a text-only question.
+      max_tokens: the prompt budget; None for none.
+    Raises:
+      PromptTooLongError: when the rendered prompt has more than `max_tokens` tokens. A prompt is never cut:
+        cutting could leave an image span without the pads its grid needs.
+    """
+    if self._ids:
+      raise RuntimeError('TrajectoryBuilder.start called twice')
+    self.question = question
+    tok = self.tokenizer
+    system = render_system_text(self.tool_schemas, self.system_prompt)
+    self._append([IM_START_ID] + _encode(tok, 'system\n' + system) + [IM_END_ID], False, -1)
+    self._append(_encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'user\n'), False, -1)
+    self._append(_encode(tok, question, untrusted=True), False, -1)
+    images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
+    for im in images:
+      self._append(_encode(tok, '\n'), False, -1)
+      self._append_image(im, -1)
+    self._append([IM_END_ID] + _encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'assistant\n'), False, -1)
+    if max_tokens is not None and len(self._ids) > max_tokens:
+      pads = sum(im.num_tokens + 2 for im in self._images)
+      raise PromptTooLongError(
+          f'prompt has {len(self._ids)} tokens ({pads} of them in {len(self._images)} image span(s)), over the '
+          f'prompt budget of {max_tokens}; prompts and image spans are never cut: drop the prompt, shrink its '
+          f'image (ImageProcessor.max_pixels) or raise the budget')
+
+  def append_assistant(self, ids: Sequence[int], logprobs: Sequence[float] | None = None,
+                       seconds: float = 0.0, cut: bool = False) -> ParsedAction:
+    """Appends the ids the policy emitted for the next step (gen_mask 1) and parses them.
+
+    Args:
+      ids: int [n], should end with <|im_end|>; if it does not (length cut), <|im_end|> is appended with
+        gen_mask 0.
+      logprobs: float [n] engine log-probs of `ids`, or None.
+      seconds: generation time of the step.
+      cut: the engine stopped at its per-turn limit (`max_new_tokens`, finish_reason 'length') before
+        <|im_end|>. The turn is kept as emitted (the policy is accountable for it) but never executed: its
+        action becomes 'malformed' with error 'turn cut at the token limit ...' (so a half-written tool call
+        cannot run, and a half-written response is not an answer).
+    Returns:
+      parse_action of the decoded text (the step is recorded; its result comes with append_observation).
+    """
+    self._check_can_act()
+    ids = [int(i) for i in ids]
+    if logprobs is not None and len(logprobs) != len(ids):
+      raise ValueError(f'{len(logprobs)} logprobs for {len(ids)} ids')
+    step = len(self._steps)
+    self._begin_step(logprobs is not None)
+    self._append(ids, True, step, logprobs)
+    if not ids or ids[-1] != IM_END_ID:
+      self._append([IM_END_ID], False, step)
+    body = ids[:-1] if ids and ids[-1] in (IM_END_ID, ENDOFTEXT_ID) else ids
+    text = self.tokenizer.decode(body, skip_special_tokens=False)
+    return self._record_step(text, seconds, cut=cut and (not ids or ids[-1] != IM_END_ID))
+
+  def append_assistant_text(self, text: str, seconds: float = 0.0) -> ParsedAction:
+    """Appends an expert's assistant turn given as text (SFT data): its ids + <|im_end|>, all gen_mask 1."""
+    self._check_can_act()
+    step = len(self._steps)
+    self._begin_step(False)
+    self._append(_encode(self.tokenizer, text) + [IM_END_ID], True, step)
+    return self._record_step(text, seconds)
+
+  def _begin_step(self, has_logprobs: bool):
+    self._marks.append((len(self._ids), len(self._images)))
+    self._step_logprobs.append(has_logprobs)
+
+  def truncate(self, num_steps: int) -> None:
+    """Keeps only the first `num_steps` whole steps (assistant turn + observation), dropping the rest.
+
+    The sequence then ends where step `num_steps` began (after an observation's '<|im_start|>assistant\\n'),
+    with the images of the kept steps only; no step, tool call or image span is ever split.
+    """
+    if not 0 <= num_steps <= len(self._steps):
+      raise ValueError(f'truncate({num_steps}): the builder has {len(self._steps)} steps')
+    if num_steps == len(self._steps):
+      return
+    tokens, images = self._marks[num_steps]
+    for buf in (self._ids, self._gen, self._step, self._logprobs):
+      del buf[tokens:]
+    del self._images[images:]
+    del self._steps[num_steps:]
+    del self._marks[num_steps:]
+    del self._step_logprobs[num_steps:]
+
+  def _check_can_act(self):
+    if not self._ids:
+      raise RuntimeError('call TrajectoryBuilder.start first')
+    if self.done:
+      raise RuntimeError('the episode already ended with a response')
+    if self.awaiting_observation:
+      raise RuntimeError(f'step {len(self._steps) - 1} is a tool call: call append_observation first')
+
+  def _record_step(self, text: str, seconds: float, cut: bool = False) -> ParsedAction:
+    action = parse_action(text, self.profile)
+    if cut:
+      why = 'turn cut at the token limit (max_new_tokens) before <|im_end|>; not executed'
+      action = ParsedAction(think=action.think, kind='malformed', error=why, problems=action.problems + [why])
+    self._steps.append(Step(index=len(self._steps), text=text, action=action, result=None,
+                            format_ok=action.format_ok, seconds=float(seconds)))
+    return action
+
+  def append_observation(self, result: ToolResult) -> list[str]:
+    """Appends the tool result of the last step as a user turn, then '<|im_start|>assistant\\n'.
+
+    Renders '\\n<|im_start|>user\\n<tool_response>\\n{text}\\nimg_k: <|vision_start|>…<|vision_end|>\\n
+    </tool_response><|im_end|>\\n<|im_start|>assistant\\n' (gen_mask 0, step = the last step's index).
+
+    Args:
+      result: the ToolResult of the last step's call (a malformed call gets `error('malformed_call', …)`).
+    Returns:
+      the names given to the result's images (img_k, ...).
+    """
+    if not self.awaiting_observation:
+      raise RuntimeError('append_observation needs a preceding tool-call step without a result')
+    step = self._steps[-1]
+    step.result = result
+    step.format_ok = step.action.format_ok and not result.is_execution_error
+    step.seconds += float(result.seconds)
+    tok, l = self.tokenizer, step.index
+    text = result.text if (result.text or result.error_kind is None) else f'Error: {result.error_kind}'
+    self._append(_encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'user\n') + [TOOL_RESPONSE_ID]
+                 + _encode(tok, '\n'), False, l)
+    self._append(_encode(tok, text, untrusted=True), False, l)
+    names = []
+    for image in result.images:
+      self._append(_encode(tok, '\n'), False, l)
+      names.append(self._append_image(image, l))
+    self._append(_encode(tok, '\n') + [TOOL_RESPONSE_END_ID, IM_END_ID] + _encode(tok, '\n') + [IM_START_ID]
+                 + _encode(tok, 'assistant\n'), False, l)
+    return names
+
+  def finish(self, prompt_id: str = '', sample_index: int = 0, answers: Sequence[str] = (),
+             fatal_step: int | None = None, policy_version: int = 0, stop_reason: str | None = None
+             ) -> Trajectory:
+    """The Trajectory so far (the builder may keep being used; the arrays are copies).
+
+    final_response is the last step's response when it is one. A trailing observation's
+    '<|im_start|>assistant\\n' stays in the sequence (gen_mask 0).
+
+    Args:
+      prompt_id, sample_index: group key and index in the group.
+      answers: accepted answers.
+      fatal_step: f_i from `rl.fatal.fatal_step` over `Trajectory.execution_errors`, or None.
+      policy_version: weights version that produced the episode.
+      stop_reason: one of `STOP_REASONS` or None (see `Trajectory.stop_reason`).
+    """
+    if stop_reason is not None and stop_reason not in STOP_REASONS:
+      raise ValueError(f'stop_reason={stop_reason!r} is not one of {STOP_REASONS}')
+    if not self._ids:
+      raise RuntimeError('call TrajectoryBuilder.start first')
+    if fatal_step is not None and not 0 <= fatal_step < max(len(self._steps), 1):
+      raise ValueError(f'fatal_step={fatal_step} outside the {len(self._steps)} steps')
+    final = self._steps[-1].action.response if self.done else None
+    return Trajectory(
+        prompt_id=prompt_id, sample_index=int(sample_index), token_ids=np.asarray(self._ids, np.int32),
+        gen_mask=np.asarray(self._gen, bool), step_of_token=np.asarray(self._step, np.int32),
+        images=list(self._images), steps=[dataclasses.replace(s) for s in self._steps], final_response=final,
+        fatal_step=fatal_step,
+        rollout_logprobs=(np.asarray(self._logprobs, np.float32) if (self._steps and all(self._step_logprobs))
+                          else None),
+        policy_version=int(policy_version), question=self.question or '', answers=list(answers),
+        stop_reason=stop_reason)
+
