@@ -8,6 +8,7 @@ setuptools.setup(
     description='TPU-first JAX/Flax reimplementation of OpenSearch-VL multimodal deep-search agents',
     python_requires='>=3.11',
     packages=setuptools.find_packages(include=['osvl_jax*', 'tools*', 'data_pipeline*']),
+    package_data={'osvl_jax.judges.prompts': ['*.txt']},  # versioned judge / agent prompts
     install_requires=[
         'jax==0.10.2',
         'flax==0.12.8',
@@ -32,6 +33,7 @@ setuptools.setup(
         'pillow==13.0.0',
         'safetensors==0.8.0',
         'tqdm==4.70.1',
+        'matplotlib==3.11.2',  # eval: the tool-budget sweep plot (osvl_jax.eval.plots)
         'tensorboardX==2.6.5',
         # CPU wheel on disk; the image processor and HF reference model need it.
         'torch==2.13.0',

@@ -18,7 +18,9 @@ folder to redo it and everything after it is recomputed only if missing too):
   sft      oracle-expert trajectories (`synthesize.py`, run by `osvl_jax.rollout.agent_loop`), rows of
            `Trajectory.to_record()`
 
-`<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
+`<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
+`synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields
+named, never resumed from the old items. `<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
 `load_prompts`) are in `osvl_jax/data/pipeline.py`. Not run here (they need an LLM endpoint or a policy model):
 the LLM judges of §7.4 (ii), Filters A/B (§7.6); `degrade` (§7.7) is left to a later stage.
 """
@@ -34,9 +36,15 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
+from osvl_jax import config_checks as checks
 from osvl_jax.data import pipeline as pipeline_data
 
 ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
+STAGES = ('paths', 'qa', 'rewrite', 'ground', 'items', 'sft')
+BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
+# Fields that do not change what is built: where it goes / where the shared data sits, and whether the oracle runs
+# (a later build with it only adds the `sft` split).
+_NOT_RECORDED = ('dir', 'data_dir', 'synthesize')
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -73,6 +81,61 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> None:
+  """Fails fast on pipeline settings (`default_config()` shape) that cannot build a dataset.
+
+  Args:
+    config: the `data` section.
+    prefix: how errors name the section ('data' -> 'data.num_items=0: ...').
+  Raises:
+    ValueError: naming the field: num_items / top_k / hub_in_degree not ints >= 1, a non-int seed, max_retries
+      < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
+      limits not ints >= 1 with min <= max.
+  """
+  root = {prefix: config}
+  for field in ('num_items', 'top_k', 'hub_in_degree'):
+    checks.positive_int(root, f'{prefix}.{field}')
+  checks.number(root, f'{prefix}.seed', integer=True)
+  checks.number(root, f'{prefix}.max_retries', integer=True, low=0)
+  choices, probs = tuple(config.hop_choices), tuple(config.hop_probs)
+  if not choices or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in choices):
+    raise ValueError(f'{prefix}.hop_choices={choices}: expected one or more ints >= 1')
+  if (len(probs) != len(choices) or any(isinstance(p, bool) or not isinstance(p, (int, float)) or p < 0
+                                        for p in probs) or abs(sum(probs) - 1) > 1e-6):
+    raise ValueError(f'{prefix}.hop_probs={probs}: expected {len(choices)} probabilities >= 0 (one per '
+                     f'{prefix}.hop_choices={choices}) summing to 1')
+  checks.pixel_limits(root, prefix)
+
+
+def build_settings(config: ml_collections.ConfigDict) -> dict:
+  """The settings that decide a build's content, as JSON values (recorded in `<dataset>/build_config.json`)."""
+  settings = {k: v for k, v in config.to_dict().items() if k not in _NOT_RECORDED}
+  return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+
+def _check_resume(out: pathlib.Path, settings: dict) -> None:
+  """Records `settings` in a new dataset folder; refuses a folder built with other settings.
+
+  Raises:
+    ValueError: the folder's build_config.json differs (naming each field, recorded vs asked), or the folder holds
+      stage outputs but no build_config.json (a build whose settings are unknown).
+  """
+  path = out / BUILD_CONFIG_FILE
+  if path.is_file():
+    recorded = json.loads(path.read_text())
+    diff = {k: (recorded.get(k), settings.get(k)) for k in sorted(set(recorded) | set(settings))
+            if recorded.get(k) != settings.get(k)}
+    if diff:
+      named = ', '.join(f'{k}: built with {a!r}, asked {b!r}' for k, (a, b) in diff.items())
+      raise ValueError(f'{out} holds a dataset built with other settings ({named}); use another folder '
+                       '(--config.data.dir or --workdir) or delete this one to rebuild')
+    return
+  if any(pipeline_data.has_split(out / name) for name in STAGES):
+    raise ValueError(f'{out} holds a dataset without {BUILD_CONFIG_FILE} (its settings are unknown); use another '
+                     'folder or delete this one to rebuild')
+  path.write_text(json.dumps(settings, indent=1, sort_keys=True))
+
+
 def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None) -> None:
   """Writes `records` as a dataset + counts.json atomically (temp folder renamed into place)."""
   import datasets
@@ -93,12 +156,18 @@ def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None
 def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike) -> dict:
   """Runs (or resumes) every stage and returns the stats (also written to `out_dir/stats.json`).
 
+  The settings that decide the content (`build_settings`) are recorded in `out_dir/build_config.json`; a folder
+  built with other settings is refused, never silently resumed.
+
   Args:
     config: `default_config()` with overrides.
     out_dir: output folder (created).
   Returns:
     {stage: counts (with 'seconds', 'resumed')}, plus 'summary' (accepted items, landmarks, sft kept).
+  Raises:
+    ValueError: from `check_config` (before anything is written), or a folder built with other settings.
   """
+  check_config(config)
   from data_pipeline import ground, paths, qa, rewrite
   from osvl_jax import paths as osvl_paths
   from tools import corpus as corpus_lib
@@ -106,6 +175,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
 
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
+  _check_resume(out, build_settings(config))
   data_dir = pathlib.Path(config.data_dir) if config.data_dir else osvl_paths.data_dir()
   corpus = corpus_lib.load_wikispeedia(data_dir)
   graph = paths.Graph(corpus, hub_in_degree=config.hub_in_degree)
@@ -171,6 +241,7 @@ def main(argv) -> None:
   config = _CONFIG.value
   if 'data' not in config:
     raise ValueError('the config has no `data` section (data_pipeline.build.default_config())')
+  check_config(config.data)
   out = pipeline_data.dataset_dir(config, _WORKDIR.value)
   t0 = time.perf_counter()
   stats = build_dataset(config.data, out)

@@ -133,8 +133,22 @@ def walk_once(graph: Graph, root: str, hops: int, rng: np.random.Generator) -> t
   return path, descs
 
 
+def item_rng(seed: int, index: int) -> np.random.Generator:
+  """The random stream of item `index` (its hop count, then its walks): independent of the other items."""
+  return np.random.default_rng([seed, index])
+
+
+def draw_hops(config, rng: np.random.Generator) -> int:
+  """h ~ Cat(config.hop_choices; config.hop_probs), the first draw of an item's stream (`item_rng`)."""
+  probs = np.asarray(config.hop_probs, np.float64)
+  return int(rng.choice(list(config.hop_choices), p=probs / probs.sum()))
+
+
 def sample_paths(graph: Graph, landmarks: dict[str, str], config, image_dir: str = 'images/landmarks') -> tuple[list[dict], dict]:
   """Samples `config.num_items` walks, landmarks taken round-robin (sorted by file stem), deterministic in seed.
+
+  Item i draws its hop count and then its walks from `item_rng(config.seed, i)` (`draw_hops` first), so the
+  same seed gives the same records and another seed other ones.
 
   Args:
     graph: the `Graph`.
@@ -146,13 +160,12 @@ def sample_paths(graph: Graph, landmarks: dict[str, str], config, image_dir: str
     path, hops, descriptors (for v1..vh); counts has attempted / walked / no_walk / retries.
   """
   stems = sorted(s for s, t in landmarks.items() if t in graph.corpus)
-  probs = np.asarray(config.hop_probs, np.float64)
   records, seen = [], set()
   counts = {'attempted': 0, 'walked': 0, 'no_walk': 0, 'retries': 0}
   for i in range(config.num_items):
-    rng = np.random.default_rng([config.seed, i])
+    rng = item_rng(config.seed, i)
     stem = stems[i % len(stems)]
-    hops = int(rng.choice(list(config.hop_choices), p=probs / probs.sum()))
+    hops = draw_hops(config, rng)
     counts['attempted'] += 1
     got = None
     for attempt in range(config.max_retries + 1):

@@ -21,12 +21,29 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from data_pipeline import build as build_lib
-from osvl_jax.train import data, grpo, metrics, rollouts, sft
+from osvl_jax import config_checks as checks
+from osvl_jax import distributed
+from osvl_jax.train import data, grpo, metrics, rollouts, sft, storage
 
 
 
 def _stage(name: str, index: int):
   print(f'demo: [{index}/4] {name}', flush=True)
+
+
+def check_config(config) -> None:
+  """Checks every stage's config (data, sft, eval, grpo) before the first stage starts.
+
+  Raises:
+    ValueError: naming the field, from `data_pipeline.build.check_config`, `sft.check_config`,
+      `grpo.check_config`, or eval.num_prompts not an int >= 1, eval.temperature < 0, eval.top_p not in (0, 1].
+  """
+  build_lib.check_config(config.data)
+  sft.check_config(config)
+  checks.positive_int(config, 'eval.num_prompts')
+  checks.number(config, 'eval.temperature', low=0)
+  checks.number(config, 'eval.top_p', low=0, low_open=True, high=1)
+  grpo.check_config(config)
 
 
 def evaluate_format(config, workdir: pathlib.Path, model) -> dict:
@@ -55,8 +72,13 @@ def evaluate_format(config, workdir: pathlib.Path, model) -> dict:
 
 
 def run(config, workdir: str | pathlib.Path) -> str:
-  """Runs every stage; returns the summary line."""
-  workdir = pathlib.Path(workdir)
+  """Runs every stage; returns the summary line.
+
+  Raises:
+    ValueError: from `check_config`, before any stage runs or anything is written.
+  """
+  check_config(config)
+  workdir = storage.path(workdir)  # gs://... stays a URL (its dataset then needs --config.data.dir)
   workdir.mkdir(parents=True, exist_ok=True)
   t0 = time.time()
   _stage('data: Wikispeedia paths -> multi-hop visual questions -> oracle expert trajectories', 1)
@@ -82,6 +104,7 @@ def run(config, workdir: str | pathlib.Path) -> str:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
   print(run(_CONFIG.value, _WORKDIR.value), flush=True)
 
 

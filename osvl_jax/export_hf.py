@@ -1,41 +1,58 @@
-"""Exports the latest trained checkpoint of a workdir as a Hugging Face Qwen3-VL folder.
+"""Exports a trained checkpoint as a complete Hugging Face Qwen3-VL folder (transformers, SGLang, vLLM load it).
 
 Command (absl flags):
-  python -m osvl_jax.export_hf --workdir=W --out=DIR [--hf_config=PATH] [--dtype=float32|bfloat16] [--step=N]
+  python -m osvl_jax.export_hf --workdir=W --out=DIR [--checkpoint=latest|sft|grpo|PATH] [--step=N]
+      [--hf_config=PATH] [--dtype=float32|bfloat16] [--min_pixels=N --max_pixels=N]
 
-No `--config`: the architecture and parameter layout come from the checkpoint itself (a training config adds
-nothing an export needs; `--hf_config` is the override).
+Which checkpoint: `--checkpoint=latest` (default) is the latest step of `W/grpo_ckpt`, else of `W/sft_ckpt`;
+`sft` / `grpo` pick that folder of the workdir (so the SFT policy stays exportable once GRPO ran); a PATH is a
+checkpoint folder (`.../sft_ckpt`) or one step of it (`.../sft_ckpt/150`, `--workdir` not needed). `--step`
+picks a step (default: the latest).
 
-Reads the latest orbax checkpoint under `W/grpo_ckpt` (else `W/sft_ckpt`; `osvl_jax/train/checkpoint.py`, item
-'params' = `nnx.state(model, nnx.Param)`) into a model of the architecture the checkpoint's meta records (the
-trainers write it; `--hf_config`, a config.json or a HF folder holding one, overrides it; checkpoints without it
-default to the built-in tiny config) and its parameter layout (`scan_layers`), then writes `DIR/config.json`,
-`DIR/model.safetensors` (`weights.save_hf_folder`) and the tokenizer files
-(`osvl_jax.trajectory.load_tokenizer().save_pretrained`). The folder loads with
-`transformers.Qwen3VLForConditionalGeneration.from_pretrained(DIR)` (or the MoE class) and gives the same logits.
+No `--config`: the architecture and parameter layout come from the checkpoint's meta (the trainers record
+`model_config` and `scan_layers`; `--hf_config`, a config.json or an HF folder holding one, overrides; checkpoints
+without it default to the built-in tiny config), and so does the image processor budget the policy was trained
+with (`image_processor`: min_pixels, max_pixels; `--min_pixels` / `--max_pixels` override, and are required for
+a checkpoint that does not record it).
+
+Written into DIR (atomically: everything goes to a temporary sibling folder that is renamed onto DIR at the end,
+so a failed export leaves DIR as it was):
+  config.json, model.safetensors   `weights.save_hf_folder` (`Qwen3VLForConditionalGeneration.from_pretrained`)
+  tokenizer.json, tokenizer_config.json   the Qwen3-VL tokenizer (`osvl_jax.trajectory.load_tokenizer`)
+  chat_template.jinja              `chat_template()`: the trajectory builder's rendering as a Jinja template
+  preprocessor_config.json         Qwen3-VL image processor with the training pixel budget (`size` and the
+                                   `min_pixels` / `max_pixels` keys older readers use)
+  video_preprocessor_config.json   Qwen3-VL's video defaults (`AutoProcessor` builds a video processor too)
+  generation_config.json           eos [<|im_end|>, <|endoftext|>], pad <|endoftext|>, Qwen3-VL-Instruct sampling
+
+`transformers.AutoProcessor.from_pretrained(DIR)` gives a `Qwen3VLProcessor` whose image processor, tokenizer and
+chat template reproduce the project's `ImageProcessor` / `TrajectoryBuilder` (see `chat_template` for the
+inherent differences). Heavy modules are imported inside the functions, so `--help` is quick.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import shutil
 
-import jax
-import ml_dtypes
-import numpy as np
 from absl import app, flags
-from flax import nnx
 
-from osvl_jax.models.qwen3_vl import weights
-from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
+CHECKPOINT_DIRS = ('grpo_ckpt', 'sft_ckpt')   # in order of preference for --checkpoint=latest
+CHECKPOINT_CHOICES = {'latest': CHECKPOINT_DIRS, 'grpo': ('grpo_ckpt',), 'sft': ('sft_ckpt',)}
 
-CHECKPOINT_DIRS = ('grpo_ckpt', 'sft_ckpt')   # in order of preference
+# Qwen3-VL-Instruct generation_config.json (sampling defaults); the eos ids are Qwen's two end-of-sequence ids.
+GENERATION_DEFAULTS = {'do_sample': True, 'temperature': 0.7, 'top_p': 0.8, 'top_k': 20, 'repetition_penalty': 1.0}
+# Qwen3-VL video_preprocessor_config.json (pixels over all frames of a video; fps sampling).
+VIDEO_DEFAULTS = {'size': {'shortest_edge': 4096, 'longest_edge': 25165824}, 'fps': 2, 'min_frames': 4,
+                  'max_frames': 768}
 
 
-def read_config(hf_config: str | pathlib.Path | None, meta: dict | None = None) -> Qwen3VLConfig:
-  """The model architecture: from a config.json (or a folder containing one), else the checkpoint meta's
-  `model_config`, else `Qwen3VLConfig.tiny()`."""
+def read_config(hf_config: str | pathlib.Path | None, meta: dict | None = None):
+  """The model architecture (`Qwen3VLConfig`): from a config.json (or a folder containing one), else the checkpoint
+  meta's `model_config`, else `Qwen3VLConfig.tiny()`."""
+  from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
   if not hf_config:
     if meta and meta.get('model_config'):
       return Qwen3VLConfig.from_hf_dict(meta['model_config'])
@@ -45,61 +62,284 @@ def read_config(hf_config: str | pathlib.Path | None, meta: dict | None = None) 
   return Qwen3VLConfig.from_hf_dict(json.loads(path.read_text()))
 
 
+def resolve_checkpoint(workdir: str | pathlib.Path | None, checkpoint: str = 'latest',
+                       step: int | None = None) -> tuple[pathlib.Path, int]:
+  """(checkpoint folder, step) to export.
+
+  Args:
+    workdir: the job folder (needed unless `checkpoint` is a path).
+    checkpoint: 'latest' (grpo_ckpt, else sft_ckpt), 'sft', 'grpo', or a path to a checkpoint folder or to one
+      step folder of it (`.../sft_ckpt/150`, whose name gives the step).
+    step: the step; None = the latest of the folder (or the step folder's).
+  Returns:
+    (folder holding the step folders, step).
+  Raises:
+    FileNotFoundError: no such checkpoint folder / no checkpoint in it / no such step.
+    ValueError: no workdir for a named choice, or a step folder path together with another `step`.
+  """
+  from osvl_jax.train import checkpoint as ckpt_lib
+  if checkpoint in CHECKPOINT_CHOICES:
+    if not workdir:
+      raise ValueError(f'--checkpoint={checkpoint} needs --workdir')
+    candidates = [pathlib.Path(workdir) / name for name in CHECKPOINT_CHOICES[checkpoint]]
+  else:
+    path = pathlib.Path(checkpoint)
+    if not path.is_dir():
+      raise FileNotFoundError(f'--checkpoint={checkpoint}: no such checkpoint folder')
+    if path.name.isdigit():   # one step folder of a checkpoint folder
+      if step is not None and step != int(path.name):
+        raise ValueError(f'--checkpoint={checkpoint} is step {path.name}, but --step={step}')
+      step, path = int(path.name), path.parent
+    candidates = [path]
+  for folder in candidates:
+    if not folder.is_dir():
+      continue
+    steps = ckpt_lib.manager(folder.parent, folder.name).all_steps()
+    if not steps:
+      continue
+    if step is None:
+      return folder, int(max(steps))
+    if step not in steps:
+      raise FileNotFoundError(f'{folder} has no step {step}; it has {sorted(int(s) for s in steps)}')
+    return folder, int(step)
+  raise FileNotFoundError(f'no checkpoint in {", ".join(str(c) for c in candidates)}')
+
+
 def latest_checkpoint(workdir: str | pathlib.Path) -> tuple[str, int]:
-  """(checkpoint dir name, step) of the checkpoint to export: latest step of `grpo_ckpt`, else of `sft_ckpt`.
+  """(checkpoint dir name, step) of `--checkpoint=latest`: latest step of `grpo_ckpt`, else of `sft_ckpt`.
 
   Raises:
     FileNotFoundError: when neither holds a checkpoint.
   """
-  from osvl_jax.train import checkpoint
-  for name in CHECKPOINT_DIRS:
-    if (pathlib.Path(workdir) / name).is_dir():
-      step = checkpoint.manager(workdir, name).latest_step()
-      if step is not None:
-        return name, int(step)
-  raise FileNotFoundError(f'no checkpoint under {workdir}/{{{",".join(CHECKPOINT_DIRS)}}}')
+  folder, step = resolve_checkpoint(workdir, 'latest')
+  return folder.name, step
 
 
-def export(workdir: str | pathlib.Path, out: str | pathlib.Path, hf_config=None, dtype: str = 'float32',
-           step: int | None = None) -> dict:
-  """Restores the checkpoint and writes the HF folder; returns {'checkpoint', 'step', 'out', 'params'}."""
+def chat_template() -> str:
+  """The Jinja chat template (transformers' `chat_template`) that renders what `TrajectoryBuilder` renders.
+
+  Messages (OpenAI / transformers style):
+    system: optional; its `content` replaces the builder's `DEFAULT_INSTRUCTIONS` (its `system_prompt`).
+    user: `content` a string, or parts [{'type': 'text', 'text'}, {'type': 'image'}, ...]: all text parts, then
+      each image on its own line as 'img_k: <|vision_start|><|image_pad|><|vision_end|>' (the processor expands
+      the pad to the image's token count), k counting images over the whole conversation (img_1 = the user's).
+    assistant: `content` as the policy emitted it ('<think>…</think>\\n<tool_call>…</tool_call>' or
+      '…<response>…</response>'); optional `tool_calls` ([{'function': {'name', 'arguments'}}], arguments a dict
+      or a JSON string) are appended as '<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>'
+      (`render_assistant_text`'s form: content '<think>\\nX\\n</think>\\n' + one call gives its text).
+    tool: one observation (`TrajectoryBuilder.append_observation`): a user turn
+      '<tool_response>\\n{text}\\nimg_k: …\\n</tool_response>'; content as for user.
+  `tools`: the schemas, rendered as the builder's system text (`render_system_text`: one JSON line each).
+  Turns are joined by '\\n' (the last one ends with '<|im_end|>', as a finished trajectory does);
+  `add_generation_prompt` appends '\\n<|im_start|>assistant\\n' (what `prompt_ids()` ends with).
+
+  Inherent differences from the builder's ids (the text is identical; only its tokenization can differ):
+    - The builder tokenizes untrusted text (the question, tool output) without special tokens: a web page that
+      says '<|im_end|>' or '</tool_response>' stays plain text there, but a tokenizer applied to the rendered
+      string reads it as the special token.
+    - The builder tokenizes each piece on its own (question, tool text, the '\\n' after it); the rendered string
+      is tokenized as a whole, and BPE can merge across a piece boundary: a text ending in punctuation or spaces
+      followed by '\\n' ('city?' + '\\n' -> '?\\n' is one token) gives other ids. Texts ending in a letter or
+      digit give the same ids.
+    - The builder keeps the ids the policy sampled; a re-rendered assistant turn is the canonical tokenization
+      of its decoded text, which a sampled (non-canonical) tokenization need not be.
+  """
+  from osvl_jax.trajectory import builder
+  lit = json.dumps   # a Jinja string literal (its escapes are Python's unicode-escape ones)
+  image = ("{%- set ns.img = ns.img + 1 -%}"
+           "{{- '\\nimg_' ~ ns.img ~ ': <|vision_start|><|image_pad|><|vision_end|>' -}}")
+  content = ("{%- if m.content is string -%}{{- m.content -}}"
+             "{%- elif m.content -%}"
+             "{%- for p in m.content -%}{%- if p.type == 'text' -%}{{- p.text -}}{%- endif -%}{%- endfor -%}"
+             "{%- for p in m.content -%}{%- if p.type in ('image', 'image_url') -%}" + image +
+             "{%- endif -%}{%- endfor -%}"
+             "{%- endif -%}")
+  call = ("{%- set f = tc.function if tc.function is defined else tc -%}"
+          "{{- '<tool_call>\\n{\"name\": ' ~ (f.name | tojson) ~ ', \"arguments\": ' -}}"
+          "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
+          "{{- '}\\n</tool_call>' -}}")
+  return (
+      "{%- set ns = namespace(img=0) -%}"
+      "{%- if messages and messages[0].role == 'system' -%}"
+      "{%- set system = messages[0].content -%}{%- set rest = messages[1:] -%}"
+      "{%- else -%}"
+      "{%- set system = " + lit(builder.DEFAULT_INSTRUCTIONS) + " -%}{%- set rest = messages -%}"
+      "{%- endif -%}"
+      "{{- '<|im_start|>system\\n' ~ system -}}"
+      "{%- if tools -%}"
+      "{{- " + lit(builder._TOOLS_HEADER) + " -}}"
+      "{%- for t in tools -%}{%- if not loop.first -%}{{- '\\n' -}}{%- endif -%}{{- t | tojson -}}{%- endfor -%}"
+      "{{- " + lit(builder._TOOLS_FOOTER) + " -}}"
+      "{%- endif -%}"
+      "{{- '<|im_end|>' -}}"
+      "{%- for m in rest -%}"
+      "{{- '\\n<|im_start|>' -}}"
+      "{%- if m.role == 'assistant' -%}"
+      "{{- 'assistant\\n' -}}" + content +
+      "{%- if m.tool_calls -%}{%- for tc in m.tool_calls -%}{%- if not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+      + call + "{%- endfor -%}{%- endif -%}"
+      "{%- elif m.role == 'tool' -%}"
+      "{{- 'user\\n<tool_response>\\n' -}}" + content + "{{- '\\n</tool_response>' -}}"
+      "{%- else -%}"
+      "{{- m.role ~ '\\n' -}}" + content +
+      "{%- endif -%}"
+      "{{- '<|im_end|>' -}}"
+      "{%- endfor -%}"
+      "{%- if add_generation_prompt -%}{{- '\\n<|im_start|>assistant\\n' -}}{%- endif -%}")
+
+
+def preprocessor_config(min_pixels: int, max_pixels: int, patch_size: int = 16, temporal_patch_size: int = 2,
+                        merge_size: int = 2) -> dict:
+  """Qwen3-VL preprocessor_config.json with the policy's pixel budget (as `trajectory.ImageProcessor` uses it)."""
+  from osvl_jax.trajectory import images
+  return {
+      'size': {'shortest_edge': int(min_pixels), 'longest_edge': int(max_pixels)},
+      'min_pixels': int(min_pixels), 'max_pixels': int(max_pixels),
+      'patch_size': patch_size, 'temporal_patch_size': temporal_patch_size, 'merge_size': merge_size,
+      'image_mean': list(images.QWEN3_VL_IMAGE_MEAN), 'image_std': list(images.QWEN3_VL_IMAGE_STD),
+      'do_resize': True, 'resample': 3, 'do_rescale': True, 'rescale_factor': 1 / 255, 'do_normalize': True,
+      'do_convert_rgb': True, 'image_processor_type': 'Qwen2VLImageProcessorFast',
+      'processor_class': 'Qwen3VLProcessor',
+  }
+
+
+def _pixel_limits(meta: dict, min_pixels: int | None, max_pixels: int | None) -> tuple[int, int]:
+  recorded = meta.get('image_processor') or {}
+  lo = min_pixels if min_pixels is not None else recorded.get('min_pixels')
+  hi = max_pixels if max_pixels is not None else recorded.get('max_pixels')
+  if lo is None or hi is None:
+    raise ValueError('the checkpoint does not record the image processor budget it was trained with; pass '
+                     '--min_pixels and --max_pixels (config.image.min_pixels / max_pixels of the training run)')
+  if not 1 <= int(lo) <= int(hi):
+    raise ValueError(f'min_pixels={lo}, max_pixels={hi}: need 1 <= min_pixels <= max_pixels')
+  return int(lo), int(hi)
+
+
+def write_folder(model, out: pathlib.Path, dtype: str, min_pixels: int, max_pixels: int) -> None:
+  """Writes every file of the HF folder into `out` (an existing empty or new folder)."""
+  import ml_dtypes
+  import numpy as np
+  import transformers
+
   from osvl_jax import trajectory
-  from osvl_jax.train import checkpoint
-  name, latest = latest_checkpoint(workdir)
-  step = latest if step is None else step
-  mngr = checkpoint.manager(workdir, name)
-  saved = checkpoint.read_meta(mngr, step)
-  config = read_config(hf_config, saved)
-  model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=bool(saved.get('scan_layers', False)))
-  try:
-    meta = checkpoint.restore(mngr, model, step=step)
-  except ValueError as e:   # shape/structure mismatch
-    raise ValueError(f'checkpoint {workdir}/{name} does not fit this architecture; pass --hf_config') from e
+  from osvl_jax.models.qwen3_vl import weights
+  from osvl_jax.trajectory import images
   np_dtype = {'float32': np.float32, 'bfloat16': ml_dtypes.bfloat16}[dtype]
-  out = pathlib.Path(out)
   weights.save_hf_folder(model, out, dtype=np_dtype)
   if dtype != 'float32':
     cfg = json.loads((out / 'config.json').read_text())
     cfg['dtype'] = dtype
     (out / 'config.json').write_text(json.dumps(cfg, indent=2))
-  trajectory.load_tokenizer().save_pretrained(out)
+  tok = trajectory.load_tokenizer()
+  template = chat_template()
+  saved_template = tok.chat_template
+  try:  # the tokenizer is a per-process cached object: set the template only while saving
+    tok.chat_template = template
+    tok.save_pretrained(out)
+  finally:
+    tok.chat_template = saved_template
+  (out / 'chat_template.jinja').write_text(template)
+  vision = model.config.vision
+  patch, temporal, merge = vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size
+  (out / 'preprocessor_config.json').write_text(json.dumps(
+      preprocessor_config(min_pixels, max_pixels, patch, temporal, merge), indent=2))
+  (out / 'video_preprocessor_config.json').write_text(json.dumps({
+      **VIDEO_DEFAULTS, 'patch_size': patch, 'temporal_patch_size': temporal, 'merge_size': merge,
+      'image_mean': list(images.QWEN3_VL_IMAGE_MEAN), 'image_std': list(images.QWEN3_VL_IMAGE_STD),
+      'video_processor_type': 'Qwen3VLVideoProcessor', 'processor_class': 'Qwen3VLProcessor'}, indent=2))
+  eos = [trajectory.IM_END_ID, trajectory.ENDOFTEXT_ID]
+  transformers.GenerationConfig(bos_token_id=trajectory.ENDOFTEXT_ID, pad_token_id=trajectory.ENDOFTEXT_ID,
+                                eos_token_id=eos, **GENERATION_DEFAULTS).save_pretrained(out)
+
+
+def _swap_in(tmp: pathlib.Path, out: pathlib.Path) -> None:
+  """Renames the finished `tmp` onto `out`; an existing `out` folder is moved aside first, then deleted."""
+  old = None
+  if out.exists() or out.is_symlink():
+    if not out.is_dir():
+      raise FileExistsError(f'--out={out} exists and is not a folder')
+    old = out.with_name(f'.{out.name}.old-{os.getpid()}')
+    os.replace(out, old)
+  os.replace(tmp, out)
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_config=None, dtype: str = 'float32',
+           step: int | None = None, checkpoint: str = 'latest', min_pixels: int | None = None,
+           max_pixels: int | None = None) -> dict:
+  """Restores a checkpoint and writes the HF folder `out` atomically.
+
+  Args:
+    workdir: the job folder (None when `checkpoint` is a path).
+    out: the HF folder; an existing one is replaced only once the new one is complete.
+    hf_config: architecture override (config.json or a folder holding one).
+    dtype: 'float32' or 'bfloat16' weights.
+    step: checkpoint step; None = the latest.
+    checkpoint: 'latest' | 'sft' | 'grpo' | a checkpoint (step) folder (`resolve_checkpoint`).
+    min_pixels, max_pixels: override the image processor budget the checkpoint records.
+  Returns:
+    {'checkpoint': folder name, 'path', 'step', 'out', 'params', 'min_pixels', 'max_pixels'}.
+  Raises:
+    FileNotFoundError: no such checkpoint (`resolve_checkpoint`).
+    ValueError: the checkpoint does not fit the architecture (pass --hf_config), or no pixel budget is known.
+  """
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
+  from osvl_jax.train import checkpoint as ckpt_lib
+  if dtype not in ('float32', 'bfloat16'):
+    raise ValueError(f"dtype={dtype!r}: expected 'float32' or 'bfloat16'")
+  folder, step = resolve_checkpoint(workdir, checkpoint, step)
+  mngr = ckpt_lib.manager(folder.parent, folder.name)
+  saved = ckpt_lib.read_meta(mngr, step)
+  lo, hi = _pixel_limits(saved, min_pixels, max_pixels)
+  config = read_config(hf_config, saved)
+  model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=bool(saved.get('scan_layers', False)))
+  try:
+    meta = ckpt_lib.restore(mngr, model, step=step)
+  except ValueError as e:   # shape/structure mismatch
+    raise ValueError(f'checkpoint {folder} does not fit this architecture; pass --hf_config') from e
+  out = pathlib.Path(out).absolute()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_name(f'.{out.name}.tmp-{os.getpid()}')
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    tmp.mkdir()
+    write_folder(model, tmp, dtype, lo, hi)
+    _swap_in(tmp, out)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  return {'checkpoint': name, 'step': meta['step'], 'out': str(out), 'params': n}
+  return {'checkpoint': folder.name, 'path': str(folder), 'step': meta['step'], 'out': str(out), 'params': n,
+          'min_pixels': lo, 'max_pixels': hi}
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  info = export(_WORKDIR.value, _OUT.value, _HF_CONFIG.value, _DTYPE.value, _STEP.value)
+  if _CHECKPOINT.value in CHECKPOINT_CHOICES and not _WORKDIR.value:
+    raise app.UsageError(f'--checkpoint={_CHECKPOINT.value} needs --workdir')
+  info = export(_WORKDIR.value, _OUT.value, _HF_CONFIG.value, _DTYPE.value, _STEP.value, _CHECKPOINT.value,
+                _MIN_PIXELS.value, _MAX_PIXELS.value)
   print(json.dumps(info))
 
 
 if __name__ == '__main__':
   # Flags are defined only when run as a program, so the module imports into others (and tests) freely.
-  _WORKDIR = flags.DEFINE_string('workdir', None, 'Job folder holding grpo_ckpt/ or sft_ckpt/.', required=True)
-  _OUT = flags.DEFINE_string('out', None, 'HF folder to write.', required=True)
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'Job folder holding grpo_ckpt/ and/or sft_ckpt/.')
+  _OUT = flags.DEFINE_string('out', None, 'HF folder to write (replaced atomically).', required=True)
+  _CHECKPOINT = flags.DEFINE_string(
+      'checkpoint', 'latest', "'latest' (grpo_ckpt, else sft_ckpt), 'sft', 'grpo', or a checkpoint folder path "
+      '(.../sft_ckpt or one step of it, .../sft_ckpt/150).')
+  _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
   _HF_CONFIG = flags.DEFINE_string('hf_config', None,
                                    "config.json (or HF folder) of the architecture; default: the checkpoint's")
   _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'dtype of the written weights.')
-  _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step; default: the latest.')
+  _MIN_PIXELS = flags.DEFINE_integer('min_pixels', None,
+                                     "Image processor min_pixels; default: the checkpoint's (config.image).")
+  _MAX_PIXELS = flags.DEFINE_integer('max_pixels', None,
+                                     "Image processor max_pixels; default: the checkpoint's (config.image).")
   app.run(main)

@@ -214,9 +214,12 @@ def as_rgb(obj: Any) -> np.ndarray:
 
 
 def _resolve_image(pname: str, v: str, images: Sequence[Any]) -> np.ndarray:
-  k = int(IMAGE_REF_RE.match(v.strip()).group(1))
-  if not 1 <= k <= len(images):
-    raise ArgumentError(f'argument {pname!r}: image reference {v.strip()!r} does not exist '
+  digits = IMAGE_REF_RE.match(v.strip()).group(1).lstrip('0') or '0'
+  # Compare digit counts before int(): Python refuses int() of more than 4300 digits (a ValueError, which would
+  # surface as backend_error), and no reference that long can exist.
+  k = int(digits) if len(digits) <= len(str(len(images))) else None
+  if k is None or not 1 <= k <= len(images):
+    raise ArgumentError(f'argument {pname!r}: image reference {v.strip()!r:.40} does not exist '
                         f'({len(images)} image(s) available: img_1..img_{len(images)})')
   try:
     return as_rgb(images[k - 1])
@@ -224,11 +227,42 @@ def _resolve_image(pname: str, v: str, images: Sequence[Any]) -> np.ndarray:
     raise ArgumentError(f'argument {pname!r}: {v.strip()} is not a usable image: {e}') from None
 
 
+# |v| above which a JSON number argument is refused: 2**53, the limit of exactly representable integers in the
+# IEEE doubles JSON numbers are (RFC 8259 §6). Python's json gives larger integers exactly (10**400 too), and
+# those overflow float(): checked before any conversion.
+MAX_ABS_NUMBER = 2 ** 53
+
+
+def _check_number(p: Param, v: Any) -> int | float:
+  """`v` as p.type (`integer` | `number`), or ArgumentError naming `p.name` (module docstring of the checks)."""
+  kind = 'an integer' if p.type == 'integer' else 'a number'
+  if isinstance(v, bool) or not isinstance(v, (int, float)):  # bool is an int subclass: refused
+    raise ArgumentError(f'argument {p.name!r} must be {kind}, got {type(v).__name__} {v!r:.40}')
+  if isinstance(v, float) and not np.isfinite(v):  # NaN / Infinity (json.loads accepts both)
+    raise ArgumentError(f'argument {p.name!r} must be {kind}, got {v!r}')
+  if abs(v) > MAX_ABS_NUMBER:  # exact for ints of any size: no float conversion
+    text = repr(v) if isinstance(v, float) else f'an integer of {len(str(abs(v)))} digits'
+    raise ArgumentError(f'argument {p.name!r} is too large ({text}; |value| must be <= 2**53)')
+  if p.type == 'integer':
+    if isinstance(v, float):
+      if not v.is_integer():
+        raise ArgumentError(f'argument {p.name!r} must be an integer, got {v!r}')
+      v = int(v)  # 3.0 -> 3; -0.0 -> 0
+  else:
+    v = float(v) + 0.0  # -0.0 + 0.0 = 0.0
+  if (p.minimum is not None and v < p.minimum) or (p.maximum is not None and v > p.maximum):
+    raise ArgumentError(f'argument {p.name!r} must be in [{p.minimum}, {p.maximum}], got {v}')
+  return v
+
+
 def check_arguments(tool: str, params: Sequence[Param], arguments: Any, images: Sequence[Any]) -> dict:
   """Validated keyword arguments for a call of `tool` with `params`; absent optional ones get their default.
 
   Image parameters become `uint8 [H, W, 3]` arrays; a `string` parameter holding an image reference `img_k`
-  (the official `url`) is resolved too.
+  (the official `url`) is resolved too (leading zeros allowed; a reference of any length past the images is
+  refused). Numbers: `bool` is never a number; NaN and ±Infinity are refused; |v| > 2**53 (`MAX_ABS_NUMBER`) is
+  refused before any float conversion (10**400 is a valid JSON number); an `integer` accepts an integral float
+  (3.0 -> 3) and refuses 3.5; −0.0 becomes 0 (integer) / 0.0 (number); then the Param's bounds apply.
 
   Args:
     tool: tool name, for messages.
@@ -265,16 +299,6 @@ def check_arguments(tool: str, params: Sequence[Param], arguments: Any, images: 
       if not isinstance(v, bool):
         raise ArgumentError(f'argument {p.name!r} must be true or false, got {type(v).__name__} {v!r:.40}')
     else:
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-        raise ArgumentError(f'argument {p.name!r} must be {"an integer" if p.type == "integer" else "a number"}, '
-                            f'got {type(v).__name__} {v!r:.40}')
-      if p.type == 'integer':
-        if float(v) != int(v):
-          raise ArgumentError(f'argument {p.name!r} must be an integer, got {v!r}')
-        v = int(v)
-      else:
-        v = float(v)
-      if (p.minimum is not None and v < p.minimum) or (p.maximum is not None and v > p.maximum):
-        raise ArgumentError(f'argument {p.name!r} must be in [{p.minimum}, {p.maximum}], got {v}')
+      v = _check_number(p, v)
     out[p.name] = v
   return out

@@ -4,4 +4,5 @@
                definition + readers (the pipeline imports the format from here; the trainer never imports the
                pipeline)
   official.py  the official OpenSearch-VL release (LLaMA-Factory ShareGPT SFT, RL prompt jsonl)
+  benchmarks.py evaluation benchmarks -> EvalItem, adapters registered by name (DESIGN.md §9)
 """

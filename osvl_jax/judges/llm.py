@@ -1,10 +1,12 @@
 """LLM judges over any OpenAI-compatible `/v1/chat/completions` endpoint (DESIGN.md §6; the paper used GPT-4o).
 
-Two judgements, one prompt each (temperature 0 from config):
+Three judgements, one versioned prompt file each (`osvl_jax/judges/prompts`; temperature 0 from config;
+`config.prompts = {'accuracy': ..., 'query_quality': ..., 'process': ...}` picks other versions):
   accuracy       binary, VDR-Bench style: does the response contain the ground-truth answer (or an unambiguous
                  equivalent)? The judge replies `Correct` or `Incorrect`.      -> r_acc ∈ {0, 1}
   query quality  the pre-fatal steps' tool calls and their (truncated) results; the judge replies
-                 `Score: <number in [0, 1]>`.                                   -> r_query ∈ [0, 1]
+                 `Score: <number in [0, 1]>` (v2: the mean of four dimensions)   -> r_query ∈ [0, 1]
+  process        a whole trajectory (Sec. 3, four dimensions), `Score:`          -> [0, 1] (`process_quality`)
 
 Robustness: the reply is parsed leniently (`parse_binary`, `parse_score`: reasoning in <think> blocks dropped,
 JSON or free text, last verdict wins, 0-10 / percent / `7/10` scales mapped to [0, 1]). A failed request (HTTP
@@ -25,39 +27,19 @@ from typing import Any, Sequence
 import ml_collections
 import openai
 
-from osvl_jax.judges import base, rule
+from osvl_jax.judges import base, prompts, rule
 
-ACCURACY_PROMPT = """\
-You are grading the final answer of a multimodal search agent against the ground truth.
-
-Question: {question}
-Ground-truth answer (aliases separated by " | "): {answers}
-Agent response: {response}
-
-The response is Correct if it contains the ground-truth answer or an unambiguous equivalent (the same entity under \
-another name, the same number up to formatting, rounding or units, the same date in another format). Extra correct \
-detail is fine. It is Incorrect if it gives a different answer, hedges between several candidates, or says it \
-does not know.
-
-Reply with exactly one word: Correct or Incorrect."""
-
-QUERY_PROMPT = """\
-You are grading the search process of a multimodal search agent, not its final answer.
-
-Question: {question}
-
-The agent's tool calls, in order, each with the start of its result:
-{calls}
-
-Rate the quality of these tool calls from 0 to 1: are the queries relevant to the question and specific, do they \
-build on what earlier results revealed instead of repeating themselves, are the tools appropriate (image search \
-for the picture, text search for facts, crop/sharpen for details), and did they retrieve useful evidence? \
-0 = useless or erroneous calls, 1 = an efficient, well-targeted search.
-
-Reply with one line: Score: <number between 0 and 1>"""
+# The prompts are versioned files (`osvl_jax/judges/prompts`); `config.prompts.<kind>` picks another version.
+DEFAULT_PROMPTS = {'accuracy': 'accuracy_v1', 'query_quality': 'query_quality_v2', 'process': 'process_v1'}
+ACCURACY_PROMPT = prompts.load(DEFAULT_PROMPTS['accuracy'])
+QUERY_PROMPT = prompts.load(DEFAULT_PROMPTS['query_quality'])
+PROCESS_PROMPT = prompts.load(DEFAULT_PROMPTS['process'])
 
 _THINK_RE = re.compile(r'<think>.*?(</think>|$)', re.DOTALL | re.IGNORECASE)
-_BINARY_RE = re.compile(r'\b(not\s+correct|incorrect|correct|wrong|right|yes|no|true|false)\b', re.IGNORECASE)
+_BINARY_RE = re.compile(r'\b(not\s+correct|incorrect|correct|wrong)\b', re.IGNORECASE)
+_BINARY_WORD_RE = re.compile(r'^\W*(correct|incorrect|right|wrong|yes|no|true|false)\W*$', re.IGNORECASE)
+_ECHO_RE = re.compile(r'\bcorrect\s+or\s+incorrect\b', re.IGNORECASE)  # the instruction repeated back
+_JSON_VERDICT_KEYS = ('correct', 'is_correct', 'verdict', 'judgement', 'judgment', 'result')
 _BINARY_VALUE = {'not correct': 0.0, 'incorrect': 0.0, 'wrong': 0.0, 'no': 0.0, 'false': 0.0,
                  'correct': 1.0, 'right': 1.0, 'yes': 1.0, 'true': 1.0}
 _NUMBER = r'(-?\d+(?:\.\d+)?|-?\.\d+)'
@@ -82,17 +64,38 @@ def _strip_reasoning(text: str | None) -> str:
 def parse_binary(text: str | None) -> float:
   """A Correct / Incorrect reply -> 1.0 / 0.0.
 
-  Accepts `Correct`, `**Incorrect**`, `The response is correct.`, `{"correct": true}`, `yes` / `no`, `1` / `0`;
-  the last verdict word wins (`... so it is not correct` -> 0). <think> blocks are ignored.
+  Accepts `Correct`, `**Incorrect**`, `The response is correct.`, `{"correct": true}`, `{"verdict": "Correct"}`, a
+  reply that is only `yes` / `no` / `true` / `false` / `right` / `wrong`, and `1` / `0`. In free text only
+  correct / incorrect / not correct / wrong count and the last one wins (`... so it is not correct` -> 0); a
+  stray `no` or `yes` inside a sentence is not a verdict. <think> blocks and an echo of the instruction
+  ("Correct or Incorrect") are ignored.
 
   Raises:
-    JudgeParseError: no verdict in the reply.
+    JudgeParseError: no verdict in the reply (an empty reply, `Maybe.`, an echo of the instruction, a JSON
+      object without a readable verdict). The caller records a judge error: never a 0 or 1.
   """
   text = _strip_reasoning(text)
   lone = _LONE_NUMBER_RE.match(text)
   if lone and lone[1] in ('0', '1'):
     return float(lone[1])
-  words = _BINARY_RE.findall(text)
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError:
+    data = None
+  if isinstance(data, dict):
+    for key in _JSON_VERDICT_KEYS:
+      value = data.get(key)
+      if isinstance(value, bool):
+        return float(value)
+      if isinstance(value, (int, float)) and value in (0, 1):
+        return float(value)
+      if isinstance(value, str) and _BINARY_WORD_RE.match(value):
+        return _BINARY_VALUE[_BINARY_WORD_RE.match(value)[1].lower()]
+    raise JudgeParseError(f'no verdict field in JSON reply {text[:200]!r}')
+  whole = _BINARY_WORD_RE.match(text.replace('*', ''))
+  if whole:
+    return _BINARY_VALUE[whole[1].lower()]
+  words = _BINARY_RE.findall(_ECHO_RE.sub(' ', text))
   if not words:
     raise JudgeParseError(f'no Correct/Incorrect verdict in {text[:200]!r}')
   return _BINARY_VALUE[re.sub(r'\s+', ' ', words[-1].lower())]
@@ -188,6 +191,9 @@ class LLMJudge(base.Judge):
                                 timeout=float(config.timeout_s), max_retries=0)  # retries are ours, bounded
     self._cache: dict[str, float] = {}
     self._cache_lock = threading.Lock()
+    chosen = {**DEFAULT_PROMPTS, **dict(config.get('prompts') or {})}
+    self.prompt_names = {k: prompts.versioned_name(v) for k, v in chosen.items()}  # recorded by reports
+    self.prompts = {k: prompts.load(v) for k, v in self.prompt_names.items()}
 
   def _ask(self, prompt: str, parse) -> tuple[float | None, str | None, str]:
     """(score, None, raw) on success, (None, error, raw) after 1 + max_retries failed attempts."""
@@ -225,7 +231,7 @@ class LLMJudge(base.Judge):
     """r_acc ∈ {0, 1}; 0 without a call when there is no (or an empty) final response."""
     if response is None or not response.strip():
       return base.Verdict(0.0)
-    prompt = ACCURACY_PROMPT.format(question=question, answers=' | '.join(answers), response=response)
+    prompt = self.prompts['accuracy'].format(question=question, answers=' | '.join(answers), response=response)
     score, error, raw = self._ask(prompt, parse_binary)
     if error is not None:
       return base.Verdict(self._fallback(rule.accuracy(response, answers)), error, raw)
@@ -236,9 +242,44 @@ class LLMJudge(base.Judge):
     """r_query ∈ [0, 1] over the pre-fatal tool calls; 0 without a call when there are none."""
     if not tool_calls:
       return base.Verdict(0.0)
-    prompt = QUERY_PROMPT.format(question=question,
+    prompt = self.prompts['query_quality'].format(question=question,
                                  calls=format_calls(tool_calls, results, int(self.config.max_result_chars)))
     score, error, raw = self._ask(prompt, parse_score)
     if error is not None:
       return base.Verdict(self._fallback(rule.query_quality(tool_calls, results, question)), error, raw)
     return base.Verdict(score, None, raw)
+
+  def process_quality(self, question: str, transcript: str, answers: Sequence[str]) -> base.Verdict:
+    """The process judge (Sec. 3; prompt `process_v1`): score in [0, 1] of how a trajectory reached its answer.
+
+    Args:
+      question: the user question.
+      transcript: the trajectory as text (`format_transcript`).
+      answers: the reference answer and its aliases.
+    Returns:
+      Verdict(score); after failed retries or an unparseable reply, Verdict(0.0, error, raw): a caller must
+      read `error`, never the fallback score, as the verdict.
+    """
+    prompt = self.prompts['process'].format(question=question, answers=' | '.join(answers), transcript=transcript)
+    score, error, raw = self._ask(prompt, parse_score)
+    if error is not None:
+      return base.Verdict(0.0, error, raw)
+    return base.Verdict(score, None, raw)
+
+
+def format_transcript(steps: Sequence[Any], max_chars: int = 600) -> str:
+  """The process judge's view of a trajectory: per step `[k] <assistant text>` then `-> status: result text`.
+
+  Args:
+    steps: `trajectory.Step`s (text, action, result).
+    max_chars: tool-result text kept per step.
+  """
+  lines = []
+  for k, step in enumerate(steps, 1):
+    lines.append(f'[{k}] {" ".join(str(step.text).split())}')
+    result = getattr(step, 'result', None)
+    if result is not None:
+      status = 'ok' if result.ok else f'error ({result.error_kind})'
+      text = ' '.join(str(result.text).split())
+      lines.append(f'    -> {status}: {text[:max_chars]}{" ..." if len(text) > max_chars else ""}')
+  return '\n'.join(lines)

@@ -3,7 +3,7 @@
 `accuracy(response, answers)` — 1.0 when the response matches any gold alias, else 0.0. A match is any of:
   1. normalised exact match, or the normalised alias contained in the normalised response on word boundaries.
      Normalisation: dates in common formats -> ISO `yyyy mm dd` (see `_normalize_dates`), Unicode accents
-     stripped, lowercase, `1,234` -> `1234`, punctuation -> space (the decimal point between digits is kept),
+     stripped, lowercase, dotted acronyms joined (`U.S.` -> `us`), `1,234` -> `1234`, punctuation -> space (the decimal point between digits is kept),
      articles (a, an, the) dropped, whitespace collapsed;
   2. numeric match when the alias is a number (optionally with a scale word — thousand/million/billion — and
      up to two trailing unit words or `%`, which are ignored): some number in the response (scale words
@@ -65,6 +65,7 @@ _DATE_PATTERNS = [
     (re.compile(rf'\b{_MONTH_RE},?\s+{_YEAR_RE}\b'), lambda m: (m[2], _MONTHS[m[1]], None)),
 ]
 
+_ACRONYM_RE = re.compile(r'\b(?:[a-z]\.){2,}(?![a-z])')
 _ARTICLES = {'a', 'an', 'the'}
 _STOP_WORDS = _ARTICLES | {
     'and', 'are', 'was', 'were', 'for', 'from', 'with', 'what', 'which', 'who', 'whom', 'whose', 'when', 'where',
@@ -98,6 +99,7 @@ def _normalize_dates(text: str) -> str:
 def normalize(text: str) -> str:
   """Normalised form for exact/containment matching (module docstring, rule 1)."""
   text = _normalize_dates(_strip_accents(text).lower())
+  text = _ACRONYM_RE.sub(lambda m: m[0].replace('.', ''), text)  # u.s.a. -> usa
   text = re.sub(r'(?<=\d),(?=\d{3}\b)', '', text)  # 1,234 -> 1234
   text = re.sub(r'(?<=\d)\.(?=\d)', '\0', text)  # protect the decimal point
   text = re.sub(r'[^\w\0]+|_', ' ', text).replace('\0', '.')
@@ -138,19 +140,26 @@ def _numbers_match(gold: float, candidate: float, exact: bool, rel_tol: float) -
   return math.isclose(gold, candidate, rel_tol=rel_tol, abs_tol=0.0)
 
 
-def accuracy(response: str | None, answers: Sequence[str], rel_tol: float = 1e-2) -> float:
+def accuracy(response: str | None, answers: Sequence[str], rel_tol: float = 1e-2,
+             ranges: Sequence[Sequence[float]] = ()) -> float:
   """r_acc ∈ {0.0, 1.0}: does `response` match any alias in `answers`? (rules in the module docstring).
 
   Args:
     response: the final answer text (inside <response>), or None when the rollout gave none.
     answers: gold answer and its aliases.
-    rel_tol: relative tolerance for numeric answers.
+    rel_tol: relative tolerance for numeric answers (InfoSeek-style evaluation uses 0.1).
+    ranges: [lo, hi] intervals (inclusive) of accepted numeric answers, e.g. InfoSeek's `answer_eval` ranges:
+      any number in the response (scale words applied) inside one of them matches.
   """
   if response is None or not response.strip():
     return 0.0
   norm_response = normalize(response)
   padded = f' {norm_response} '
   response_numbers = None
+  if ranges:
+    response_numbers = _numbers(response)
+    if any(lo <= x <= hi for lo, hi in ranges for x in response_numbers):
+      return 1.0
   for alias in answers:
     norm_alias = normalize(alias)
     if norm_alias and (norm_alias == norm_response or f' {norm_alias} ' in padded):

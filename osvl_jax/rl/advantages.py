@@ -14,13 +14,16 @@ Estimators are registered by name in `ESTIMATORS` (Tunix style); each maps rewar
   grpo     (r − μ_G) / (σ_G + δ)                          (Eq. 11)
   rloo     r_i − mean_{j≠i} r_j    (leave-one-out baseline; verl's RLOO, no std scaling)
   dr_grpo  r − μ_G                 (Dr. GRPO: no std scaling)
-The fatal clamp applies to r̃ whatever the estimator.
+The fatal clamp applies to r̃ whatever the estimator. A group of G >= 2 whose rewards are all equal gets r̃ = 0
+exactly, whatever the estimator (DESIGN.md §6: no float rounding residue); a singleton group keeps the verl
+convention above.
 """
 
-from typing import Callable
+from typing import Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from osvl_jax import registry
 
@@ -64,7 +67,10 @@ def dr_grpo(rewards: jax.Array, *, delta: float = 1e-6, std_ddof: int = 1) -> ja
 def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, clamp: bool = True,
                      estimator: str = 'grpo', delta: float = 1e-6,
                      std_ddof: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Per-trajectory advantages Â (Eq. 11) and clamp statistics.
+  """Per-trajectory advantages Â (Eq. 11) and clamp statistics, for contiguous groups of `group_size` rows.
+
+  Use `group_advantages_by_id` when the rows carry their prompt_id (the trainer does): groups are then formed by
+  id, whatever the row order.
 
   Args:
     rewards: r(τ), float [N*G]: N prompts × G samples, each group contiguous (rows g*G .. g*G+G-1).
@@ -77,7 +83,9 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, c
     std_ddof: 1 = unbiased σ (verl / official code, default), 0 = population σ. See the module docstring.
 
   Returns:
-    advantages: Â, float32 [N*G].
+    advantages: Â, float32 [N*G]. Exactly 0 for every sample of a group of G >= 2 whose rewards are all equal,
+      whatever the estimator (float32 rounding of μ_G would otherwise leave a residue r − μ_G that σ_G, the same
+      residue, scales up to O(1): [0.9]*8 gave −0.056).
     stats: float32 scalars; counts and sums so that several batches reduce exactly (Tunix weighted metrics):
       num_fatal, num_fatal_clamped (fatal with r̃ < 0), num_fatal_kept (fatal with r̃ >= 0),
       fatal_clamped_frac = num_fatal_clamped / num_fatal, fatal_kept_frac = num_fatal_kept / num_fatal (both 0
@@ -89,15 +97,75 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, c
   Raises:
     ValueError: rewards / is_fatal not both [N*G], N*G not a multiple of group_size, an unknown estimator.
   """
-  rewards = jnp.asarray(rewards, dtype=jnp.float32)
-  is_fatal = jnp.asarray(is_fatal, dtype=bool)
-  if rewards.ndim != 1 or is_fatal.shape != rewards.shape:
-    raise ValueError(f'rewards {rewards.shape} and is_fatal {is_fatal.shape} must both be [N*G]')
+  rewards, is_fatal = _check_rows(rewards, is_fatal)
   if group_size < 1 or rewards.shape[0] % group_size:
     raise ValueError(f'{rewards.shape[0]} rewards do not split into groups of {group_size}')
+  groups = list(np.arange(rewards.shape[0]).reshape(-1, group_size))
+  return _advantages(rewards, is_fatal, groups, clamp, estimator, delta, std_ddof)
 
-  grouped = rewards.reshape(-1, group_size)
-  r_tilde = ESTIMATORS.get(estimator)(grouped, delta=delta, std_ddof=std_ddof).reshape(-1)
+
+def group_advantages_by_id(rewards: jax.Array, is_fatal: jax.Array, group_ids: Sequence[Hashable],
+                           clamp: bool = True, estimator: str = 'grpo', delta: float = 1e-6,
+                           std_ddof: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`group_advantages` with the groups formed by `group_ids` (the rows' prompt_id), in any row order.
+
+  A group is every row with the same id (DESIGN.md §4: group = all samples of one prompt_id), so the result
+  equals computing each group alone, whatever the order of the rows. Groups may differ in size (a prompt drawn
+  twice in one batch, across an epoch boundary, gives one group of 2G): each group's μ_G, σ_G (or leave-one-out
+  baseline) is over its own samples; a group of one sample follows verl (module docstring).
+
+  Args:
+    rewards: r(τ), float [B].
+    is_fatal: bool [B].
+    group_ids: B hashable ids (prompt_id per row).
+    clamp, estimator, delta, std_ddof: as in `group_advantages`.
+
+  Returns:
+    (advantages float32 [B], in the rows' order; stats as in `group_advantages`).
+
+  Raises:
+    ValueError: rewards / is_fatal / group_ids not all of length B, an unknown estimator.
+  """
+  rewards, is_fatal = _check_rows(rewards, is_fatal)
+  group_ids = list(group_ids)
+  if len(group_ids) != rewards.shape[0]:
+    raise ValueError(f'{len(group_ids)} group ids for {rewards.shape[0]} rewards')
+  rows: dict[Hashable, list[int]] = {}
+  for row, gid in enumerate(group_ids):
+    rows.setdefault(gid, []).append(row)
+  return _advantages(rewards, is_fatal, [np.asarray(r) for r in rows.values()], clamp, estimator, delta,
+                     std_ddof)
+
+
+def _check_rows(rewards, is_fatal) -> tuple[np.ndarray, np.ndarray]:
+  rewards = np.asarray(rewards, dtype=np.float32)
+  is_fatal = np.asarray(is_fatal, dtype=bool)
+  if rewards.ndim != 1 or is_fatal.shape != rewards.shape:
+    raise ValueError(f'rewards {rewards.shape} and is_fatal {is_fatal.shape} must both be [N*G]')
+  return rewards, is_fatal
+
+
+def _advantages(rewards: np.ndarray, is_fatal: np.ndarray, groups: list[np.ndarray], clamp: bool,
+                estimator: str, delta: float, std_ddof: int) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Shared body: `groups` lists each group's row indices (int [G_k]); groups of one size go through together."""
+  estimator_fn = ESTIMATORS.get(estimator)
+  r_tilde = np.zeros(rewards.shape, np.float32)
+  num_zero_std = 0
+  by_size: dict[int, list[np.ndarray]] = {}
+  for group_rows in groups:
+    by_size.setdefault(len(group_rows), []).append(group_rows)
+  for size, size_groups in by_size.items():
+    index = np.stack(size_groups)  # [n, size]
+    grouped = rewards[index]
+    out = np.asarray(estimator_fn(jnp.asarray(grouped), delta=delta, std_ddof=std_ddof), np.float32)
+    equal = np.all(grouped == grouped[:, :1], axis=-1)  # [n]: no learning signal
+    num_zero_std += int(equal.sum())
+    if size > 1:  # exactly 0, not the float32 residue (r − μ_G)/(σ_G + δ) of an inexact mean
+      out = np.where(equal[:, None], np.float32(0.0), out)
+    r_tilde[index] = out
+
+  r_tilde = jnp.asarray(r_tilde)
+  is_fatal = jnp.asarray(is_fatal)
   if clamp:
     advantages = jnp.where(is_fatal, jnp.maximum(r_tilde, 0.0), r_tilde)
   else:
@@ -120,8 +188,8 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, c
       'fatal_clamped_rtilde_mean': safe_div(clamped_sum, num_clamped),
       'fatal_kept_rtilde_sum': kept_sum,
       'fatal_kept_rtilde_mean': safe_div(kept_sum, num_kept),
-      'num_zero_std_groups': f32(jnp.sum(jnp.all(grouped == grouped[:, :1], axis=-1))),
-      'reward_mean': jnp.mean(rewards),
+      'num_zero_std_groups': f32(num_zero_std),
+      'reward_mean': jnp.mean(jnp.asarray(rewards)),
       'rtilde_mean': jnp.mean(r_tilde),
   }
   return advantages.astype(jnp.float32), stats

@@ -17,6 +17,17 @@ Episodes end on a response, after `max_turns` steps, at fatality (n_err consecut
 `max_total_tokens` would be exceeded (the trajectory then ends at the last whole step that fits). The reason is
 recorded in `Trajectory.stop_reason`. Bad model output never raises.
 
+Nothing a tool, the image processor or the builder raises during an episode leaves `run_episodes` (DESIGN §4):
+  - a tool that raises -> a `backend_error` result;
+  - an observation the builder cannot append (an image the processor refuses, e.g. a 300x1 crop whose aspect
+    ratio is over 200; text the tokenizer refuses) -> that step gets a `bad_arguments` error result instead,
+    naming the reason, and the episode goes on;
+  - anything else (an id outside the vocabulary, an error observation that cannot be appended either) -> that
+    trajectory ends at its last whole step with stop_reason 'error'.
+The builder's appends are transactional, so a failed append leaves no partial observation or step, and the other
+episodes of the batch are untouched. A turn with vision ids (from an engine other than the embedded sampler,
+which never samples them) is a malformed step whose ids are kept but read as text by the model.
+
 Token budgets (all counted in tokens of the one trajectory sequence; an image costs num_tokens + 2):
   - `max_prompt_tokens` (per prompt): system + user turn + image spans + '<|im_start|>assistant\n'. A longer
     prompt raises `trajectory.PromptTooLongError` naming the prompt; prompts are never cut (a cut could split an
@@ -180,11 +191,16 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
       calls = []  # (episode, action) awaiting a tool result
       for i, (e, gen) in enumerate(zip(active, gens)):
         needed = gen.ids.size + int(gen.ids.size == 0 or gen.ids[-1] != engine_lib.IM_END_ID)  # + closing im_end
+        # (an upper bound: the builder drops ids after the first end-of-sequence id)
         if gen.ids.size == 0 or (room is not None and needed > room[i]):
           e.done, e.end_reason = True, 'token_budget' if gen.ids.size else 'context_full'
           continue
-        action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds,
-                                            cut=gen.finish_reason == engine_lib.FINISH_LENGTH)
+        try:
+          action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds,
+                                              cut=gen.finish_reason == engine_lib.FINISH_LENGTH)
+        except Exception:  # pylint: disable=broad-except  # e.g. ids outside the vocabulary; builder unchanged
+          e.done, e.end_reason = True, 'error'
+          continue
         if action.kind == 'response':
           e.done, e.end_reason = True, 'response'
         elif action.kind == 'tool_call':
@@ -203,6 +219,10 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
 
       for e in active:
         if e.done:
+          continue
+        if e.builder.awaiting_observation:  # _observe could append neither the result nor an error about it
+          e.builder.truncate(len(e.builder.steps) - 1)
+          e.done, e.end_reason = True, 'error'
           continue
         if max_total_tokens is not None and e.builder.num_tokens > max_total_tokens:
           # The observation (tool text, image spans) crossed the budget: drop the whole step.
@@ -232,5 +252,23 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
 
 
 def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:
-  episode.builder.append_observation(result)
+  """Appends `result` as the observation; one the builder refuses becomes a `bad_arguments` error result.
+
+  When even that cannot be appended, the step is left awaiting its observation (the builder is transactional)
+  and the loop ends the episode with stop_reason 'error'.
+  """
+  builder = episode.builder
+  try:
+    builder.append_observation(result)
+    return
+  except Exception as e:  # pylint: disable=broad-except  # an image the processor refuses, untokenizable text
+    name = builder.steps[-1].action.name or 'the tool'
+    why = f'{type(e).__name__}: {e}'.encode('utf-8', 'backslashreplace').decode('utf-8')[:500]
+    fallback = tools_base.error(
+        'bad_arguments', f'{name} returned a result that cannot be shown to the model ({why}). Try other '
+        f'arguments.', seconds=float(getattr(result, 'seconds', 0.0) or 0.0))
+  try:
+    builder.append_observation(fallback)
+  except Exception:  # pylint: disable=broad-except  # the loop ends the episode ('error')
+    pass
 

@@ -7,8 +7,8 @@ SGLang HTTP client (GPU production). Text engines (`TextEngine`) write each turn
 model), and `data_pipeline.synthesize.OracleEngine` is the pipeline's oracle expert.
 
 Token exactness (DESIGN.md §4): `Generation.ids` are exactly the ids the policy emitted, including the stop
-token when it stopped on `<|im_end|>`; the agent loop appends them verbatim to the trajectory, never re-tokenizing
-`Generation.text`.
+token when it stopped on an end-of-sequence id (`<|im_end|>` or `<|endoftext|>`, `EOS_IDS`); the agent loop
+appends them verbatim to the trajectory, never re-tokenizing `Generation.text`.
 """
 
 import abc
@@ -20,9 +20,10 @@ import numpy as np
 from osvl_jax.trajectory import tokens as tokens_lib
 
 IM_END_ID = tokens_lib.IM_END_ID  # <|im_end|>: end of an assistant turn.
+EOS_IDS = tokens_lib.EOS_IDS  # <|im_end|> and <|endoftext|>: generation stops at either.
 
 # finish_reason values.
-FINISH_STOP = 'stop'          # emitted <|im_end|> (the last id is the stop token).
+FINISH_STOP = 'stop'          # emitted <|im_end|> or <|endoftext|> (the last id is that stop token).
 FINISH_STOP_STRING = 'stop_string'  # the text reached one of the stop strings (last id completes it).
 FINISH_LENGTH = 'length'      # max_new_tokens reached, or the context filled the engine's max_len.
 FINISH_REASONS = (FINISH_STOP, FINISH_STOP_STRING, FINISH_LENGTH)
@@ -45,7 +46,7 @@ class Generation:
   """One assistant turn produced by an engine.
 
   Attributes:
-    ids: int32 [N], the ids the policy emitted, including the stop token when it stopped on `<|im_end|>`.
+    ids: int32 [N], the ids the policy emitted, including the stop token when it stopped on one of `EOS_IDS`.
     logprobs: float32 [N], log-probability of each emitted id (which distribution: see the engine's docstring;
       zeros for `ScriptedEngine`), or None for an engine without a distribution (the oracle expert): the
       trajectory's `rollout_logprobs` is then None.
@@ -79,7 +80,8 @@ class Engine(abc.ABC):
       contexts: B contexts `(prompt_ids int32 [T_b], images list[ImageRef])`; lengths may differ.
       max_new_tokens: cap on emitted ids per row (None: the engine's default).
       stop: stop strings (None: the engine's default); generation of a row ends once its text contains one
-        (the ids up to and including the token that completes it are kept). `<|im_end|>` always stops.
+        (the ids up to and including the token that completes it are kept). `<|im_end|>` and `<|endoftext|>`
+        always stop (finish_reason 'stop', the id kept).
     Returns:
       B generations, in the order of `contexts`.
     """
@@ -92,13 +94,13 @@ def as_context(context: Context | tuple) -> Context:
 
 
 def decode_text(tokenizer, ids: Sequence[int]) -> str:
-  """The text of emitted ids for the parser: a trailing `<|im_end|>` dropped, other special tokens kept.
+  """The text of emitted ids for the parser: a trailing `<|im_end|>`/`<|endoftext|>` dropped, others kept.
 
   `<think>` and `<tool_call>` are single added tokens in Qwen3-VL; decoding with `skip_special_tokens=True` could
   drop them depending on how the tokenizer flags them, so only the stop token is removed.
   """
   ids = [int(i) for i in ids]
-  if ids and ids[-1] == IM_END_ID:
+  if ids and ids[-1] in EOS_IDS:
     ids = ids[:-1]
   return tokenizer.decode(ids, skip_special_tokens=False)
 
@@ -128,8 +130,10 @@ class TextEngine(Engine):
   For each context it finds the step index l (the number of assistant turns already in the context), asks
   `turn_text(l, context)` for the text (without `<|im_end|>`) and emits `tokenizer.encode(text) + [<|im_end|>]`
   (finish_reason 'stop'), exactly the ids `TrajectoryBuilder.append_assistant_text` would append. Like a sampling
-  engine it ends the turn at the first `<|im_end|>` (a text containing one is cut there), at the first stop
-  string, or at max_new_tokens.
+  engine it ends the turn at the first end-of-sequence id (a text containing `<|im_end|>` or `<|endoftext|>` is
+  cut there, that id kept, finish_reason 'stop'), at the first stop string, or at max_new_tokens. Other ids,
+  special ones included (vision ids too: the builder makes such a turn a malformed step), are emitted as the
+  text tokenizes.
   """
 
   def __init__(self, tokenizer, max_new_tokens: int = 1 << 30, with_logprobs: bool = True):
@@ -153,8 +157,11 @@ class TextEngine(Engine):
     for context in map(as_context, contexts):
       text = self.turn_text(count_assistant_turns(context.prompt_ids, self.tokenizer), context)
       ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-      if IM_END_ID in ids:  # like a sampling engine, the turn ends at the first <|im_end|>.
-        ids = ids[:ids.index(IM_END_ID)]
+      eos = [k for k, i in enumerate(ids) if i in EOS_IDS]
+      end_id = IM_END_ID
+      if eos:  # like a sampling engine, the turn ends at the first end-of-sequence id.
+        end_id, ids = ids[eos[0]], ids[:eos[0]]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
       reason = FINISH_STOP
       for s in stop:
         k = text.find(s)
@@ -163,7 +170,7 @@ class TextEngine(Engine):
           ids, reason = list(prefix), FINISH_STOP_STRING
           break
       if reason == FINISH_STOP:
-        ids.append(IM_END_ID)
+        ids.append(end_id)
       if len(ids) > cap:
         ids, reason = ids[:cap], FINISH_LENGTH
       out.append(Generation(ids=np.asarray(ids, np.int32),

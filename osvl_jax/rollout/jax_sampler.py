@@ -10,14 +10,24 @@ One `generate` call:
      `c_b` (per-row `cache_index [B]`) with text position `c_b + delta_b`, where
      `delta_b = max(position_ids[:, b]) + 1 - len_b` (HF's `rope_deltas` for a right-aligned-free row).
      Right padding is safe: a row's real tokens precede its pads, and decode overwrites the pad slots in order.
-  4. Stops a row at `<|im_end|>`, at a stop string, at max_new_tokens, or when the context reaches `max_len`.
+  4. Stops a row at `<|im_end|>` or `<|endoftext|>` (Qwen's two end-of-sequence ids; finish_reason 'stop'), at
+     a stop string, at max_new_tokens, or when the context reaches `max_len`.
+
+Vision ids (`trajectory.VISION_IDS`: `<|image_pad|>`, `<|vision_start|>`, `<|vision_end|>`, `<|video_pad|>`) are
+never emitted: their logits are set to -inf before sampling and before greedy argmax (only the environment writes
+image spans; a sampled pad would break the pad/feature count of the next context).
 
 Log-probabilities: `Generation.logprobs[k]` is log softmax(logits)[id_k] at temperature 1, i.e. under the policy
 model itself, not under the temperature/top-p-warped distribution the id was drawn from. This is what the trainer
-recomputes (the GRPO old/new log-probs are temperature-1 log-probs), so the two can be compared directly.
+recomputes (the GRPO old/new log-probs are temperature-1 log-probs, vision ids not masked), so the two can be
+compared directly.
+
+Sampling parameters are validated on construction and on assignment (`temperature`, `top_p` are properties):
+a ValueError names the parameter.
 """
 
 import math
+import numbers
 import time
 from typing import Any, Sequence
 
@@ -33,6 +43,7 @@ from osvl_jax.trajectory import tokens as tokens_lib
 PAD_ID = tokens_lib.ENDOFTEXT_ID  # <|endoftext|>, never attended to by real tokens (right padding).
 IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID  # <|image_pad|>, one per merged image patch.
 _STOP_TAIL = 64  # stop strings are searched in the text of a row's last this-many ids.
+NEVER_SAMPLED = tokens_lib.VISION_IDS  # ids whose logits are masked to -inf before sampling and argmax.
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -43,22 +54,42 @@ def _next_pow2(n: int) -> int:
   return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
+def _check_int(name: str, value: Any, minimum: int) -> int:
+  """`value` as an int >= minimum, or a ValueError naming the parameter."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}')
+  return int(value)
+
+
+def _check_stop(name: str, stop: Any) -> tuple[str, ...]:
+  """`stop` as a tuple of non-empty strings, or a ValueError naming the parameter (a bare str is refused)."""
+  if isinstance(stop, (str, bytes)) or not all(isinstance(x, str) and x for x in stop):
+    raise ValueError(f'{name} must be a sequence of non-empty strings, got {stop!r}')
+  return tuple(stop)
+
+
 def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                  greedy: bool, use_top_p: bool) -> tuple[jax.Array, jax.Array]:
+                  greedy: bool, use_top_p: bool, banned: Sequence[int] = NEVER_SAMPLED
+                  ) -> tuple[jax.Array, jax.Array]:
   """Draws one id per row and returns it with its temperature-1 log-probability.
 
   Args:
     logits: float32 [B, V].
     key: PRNG key.
     temperature: float32 scalar (> 0 unless `greedy`).
-    top_p: float32 scalar in (0, 1]: nucleus mass kept (the most probable id is always kept).
+    top_p: float32 scalar in (0, 1]: nucleus mass kept (the most probable allowed id is always kept).
     greedy: static; argmax when True (temperature 0).
     use_top_p: static; skip the sort when top_p == 1.
+    banned: static; ids never drawn (logits -inf before sampling and argmax; ids >= V are ignored). Default:
+      the vision ids.
   Returns:
-    (ids int32 [B], logprobs float32 [B]) with logprobs = log_softmax(logits)[ids].
+    (ids int32 [B], logprobs float32 [B]) with logprobs = log_softmax(logits)[ids] (unmasked, temperature 1).
   """
   logits = logits.astype(jnp.float32)
   logp = jax.nn.log_softmax(logits, axis=-1)
+  banned = [int(i) for i in banned if 0 <= int(i) < logits.shape[-1]]
+  if banned:
+    logits = logits.at[:, jnp.asarray(banned, jnp.int32)].set(-jnp.inf)
   if greedy:
     ids = jnp.argmax(logits, axis=-1)
   else:
@@ -91,31 +122,65 @@ class JaxSampler(engine_lib.Engine):
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`), for `Generation.text` and stop strings.
       image_processor: optional `trajectory.ImageProcessor`, used only for images given as raw uint8 [H, W, 3]
         arrays instead of `ImageRef`s.
-      max_new_tokens: default cap on emitted ids per row.
-      temperature: sampling temperature; 0 means greedy (argmax).
-      top_p: nucleus sampling mass in (0, 1].
-      seed: PRNG seed; each `generate` call advances the sampler's key.
-      max_len: cap on prompt + emitted ids per row (rows whose prompt already fills it emit nothing).
-      bucket: prompt lengths and cache lengths are rounded up to a multiple of this.
-      stop: default stop strings (besides `<|im_end|>`).
+      max_new_tokens: default cap on emitted ids per row, an integer >= 1.
+      temperature: sampling temperature, finite and >= 0; 0 means greedy (argmax).
+      top_p: nucleus sampling mass in (0, 1] (1: no nucleus cut).
+      seed: integer PRNG seed; each `generate` call advances the sampler's key.
+      max_len: cap on prompt + emitted ids per row, an integer >= 1 (rows whose prompt already fills it emit
+        nothing).
+      bucket: prompt lengths and cache lengths are rounded up to a multiple of this, an integer >= 1.
+      stop: default stop strings, non-empty (besides `<|im_end|>` and `<|endoftext|>`, which always stop).
       cache_dtype: KV-cache dtype (None: the model's default in `init_cache`).
       pad_batch_pow2: pad the batch to a power of two with dummy rows (fewer recompiles as episodes finish).
       progress: show a tqdm bar over decode steps.
+    Raises:
+      ValueError: naming the parameter, for any value outside the ranges above (e.g. top_p=0, a negative or NaN
+        temperature, max_new_tokens=0, a bare string as `stop`).
     """
     self.tokenizer = tokenizer
     self.image_processor = image_processor
-    self.max_new_tokens = max_new_tokens
-    self.temperature = float(temperature)
-    self.top_p = float(top_p)
-    self.max_len = max_len
-    self.bucket = bucket
-    self.stop = tuple(stop)
+    self.max_new_tokens = _check_int('max_new_tokens', max_new_tokens, 1)
+    self.temperature = temperature
+    self.top_p = top_p
+    self.max_len = _check_int('max_len', max_len, 1)
+    self.bucket = _check_int('bucket', bucket, 1)
+    self.stop = _check_stop('stop', stop)
     self.cache_dtype = cache_dtype
     self.pad_batch_pow2 = pad_batch_pow2
     self.progress = progress
-    self._key = jax.random.key(seed)
+    self._key = jax.random.key(_check_int('seed', seed, 0))
     self.set_model(model)
     self.stats: dict[str, float] = {}
+
+  @property
+  def temperature(self) -> float:
+    """Sampling temperature, finite and >= 0 (0: greedy); validated on assignment."""
+    return self._temperature
+
+  @temperature.setter
+  def temperature(self, value: float) -> None:
+    try:
+      t = float(value)
+    except (TypeError, ValueError):
+      raise ValueError(f'temperature must be a finite number >= 0, got {value!r}') from None
+    if not math.isfinite(t) or t < 0:
+      raise ValueError(f'temperature must be a finite number >= 0 (0 = greedy), got {value!r}')
+    self._temperature = t
+
+  @property
+  def top_p(self) -> float:
+    """Nucleus mass in (0, 1]; validated on assignment."""
+    return self._top_p
+
+  @top_p.setter
+  def top_p(self, value: float) -> None:
+    try:
+      p = float(value)
+    except (TypeError, ValueError):
+      raise ValueError(f'top_p must be a number in (0, 1], got {value!r}') from None
+    if not 0.0 < p <= 1.0:  # NaN fails this too
+      raise ValueError(f'top_p must be in (0, 1] (use temperature=0 for greedy), got {value!r}')
+    self._top_p = p
 
   # -------------------------------------------------------------------------------------------------------------
   # Weights.
@@ -132,8 +197,12 @@ class JaxSampler(engine_lib.Engine):
       self._jit_cache = {}
 
   def reseed(self, seed: int) -> None:
-    """Restarts the sampler's PRNG stream from `seed` (e.g. one seed per training step, for resumable runs)."""
-    self._key = jax.random.key(seed)
+    """Restarts the sampler's PRNG stream from `seed` (e.g. one seed per training step, for resumable runs).
+
+    Raises:
+      ValueError: when `seed` is not an integer >= 0.
+    """
+    self._key = jax.random.key(_check_int('seed', seed, 0))
 
   # -------------------------------------------------------------------------------------------------------------
   # Compiled pieces.
@@ -206,15 +275,18 @@ class JaxSampler(engine_lib.Engine):
 
     Args:
       contexts: B `(prompt_ids int32 [T_b], images list[ImageRef])`.
-      max_new_tokens: cap per row (default: the sampler's).
-      stop: stop strings (default: the sampler's); `<|im_end|>` always stops.
+      max_new_tokens: cap per row, an integer >= 1 (default: the sampler's).
+      stop: non-empty stop strings (default: the sampler's); `<|im_end|>` and `<|endoftext|>` always stop.
     Returns:
       B `Generation`s; `logprobs` are temperature-1 log-probabilities of the emitted ids (module docstring).
+    Raises:
+      ValueError: naming the parameter, for an invalid `max_new_tokens` or `stop`; for a context whose
+        `<|image_pad|>` count does not match its images.
     """
     contexts = [engine_lib.as_context(c) for c in contexts]
     contexts = [engine_lib.Context(c.prompt_ids, self._image_refs(c.images)) for c in contexts]
-    max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-    stop = self.stop if stop is None else tuple(stop)
+    max_new = self.max_new_tokens if max_new_tokens is None else _check_int('max_new_tokens', max_new_tokens, 1)
+    stop = self.stop if stop is None else _check_stop('stop', stop)
     results: list[engine_lib.Generation | None] = [None] * len(contexts)
 
     # Rows that cannot emit anything (no budget) are answered without running the model.
@@ -303,7 +375,7 @@ class JaxSampler(engine_lib.Engine):
           continue
         out_ids[b].append(int(tok_np[b]))
         out_lp[b].append(float(lp_np[b]))
-        if tok_np[b] == engine_lib.IM_END_ID:
+        if tok_np[b] in engine_lib.EOS_IDS:
           reasons[b] = engine_lib.FINISH_STOP
         elif stop and any(s in self.tokenizer.decode(out_ids[b][-_STOP_TAIL:]) for s in stop):
           reasons[b] = engine_lib.FINISH_STOP_STRING

@@ -3,6 +3,9 @@
 The loss only needs next-token log-probs where the policy emitted a token, so besides the full sequence the
 batch carries the gathered *loss positions*: position t predicts token t+1, and is kept when gen_mask[t+1] = 1.
 Computing the vocabulary projection only there keeps a 152k vocabulary from dominating time and memory.
+
+The model reads `trajectory.model_input_ids(token_ids, gen_mask)` (a vision id the policy emitted is text, as in
+the rollout's contexts: it can never break the pad/feature count); the loss targets are the emitted ids themselves.
 """
 
 import numpy as np
@@ -34,7 +37,8 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
     loss_multiple: K (loss positions per row) is padded up to a multiple of this.
     length, num_loss: fixed T and K instead (one compiled program for a whole run), at least the batch's own.
   Returns:
-    input_ids [B, T] int32 (right padded with <|endoftext|>), attention_mask [B, T] bool,
+    input_ids [B, T] int32 (`trajectory.model_input_ids` of each row, right padded with <|endoftext|>),
+    attention_mask [B, T] bool,
     position_ids [3, B, T] int32 (3-D MRoPE positions, `rope.get_rope_index`),
     pixel_values [N, 1536] float32 (all images of all rows, in order), image_grid_thw [I, 3] int32,
     loss_positions [B, K] int32 (t such that token t+1 was emitted by the policy; 0 on padding),
@@ -68,7 +72,7 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
   pixel_values, grids = [], []
   for i, traj in enumerate(trajectories):
     ids = np.asarray(traj.token_ids, np.int32)
-    input_ids[i, :len(ids)] = ids
+    input_ids[i, :len(ids)] = traj_lib.model_input_ids(ids, traj.gen_mask)
     attention_mask[i, :len(ids)] = True
     targets = np.nonzero(np.asarray(traj.gen_mask, bool)[1:])[0] + 1  # emitted tokens (index >= 1)
     n = len(targets)

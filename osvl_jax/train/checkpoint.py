@@ -1,16 +1,31 @@
-"""Orbax checkpoints of (model params, optimizer state, step, metadata) in `<workdir>/<name>/`."""
+"""Orbax checkpoints of (model params, optimizer state, step, metadata) in `<workdir>/<name>/`.
 
-import pathlib
+`workdir` may be a local folder or a cloud URL (`gs://bucket/run`): it is handled as an `etils.epath.Path`
+(`storage.path`), never as a `pathlib.Path`, so the URL reaches orbax and tensorstore unchanged. In a multi-host
+run every process calls `save` / `restore` (orbax writes and reads each host's shards; process 0 the metadata).
+Saves are asynchronous when asked (`wait=False`): the arrays are copied off the devices before `save` returns and
+written in the background; the next save, `wait_until_finished` or a `wait=True` save waits for them.
+"""
+
+import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
+from osvl_jax.train import storage
 
-def manager(workdir: str | pathlib.Path, name: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
-  """A CheckpointManager writing `<workdir>/<name>/<step>/`."""
-  path = pathlib.Path(workdir).resolve() / name
-  return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+
+def manager(workdir: str | os.PathLike, name: str, max_to_keep: int = 2) -> ocp.CheckpointManager:
+  """A CheckpointManager writing `<workdir>/<name>/<step>/`, keeping the newest `max_to_keep` steps."""
+  return ocp.CheckpointManager(directory(workdir, name), options=ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True))
+
+
+def directory(workdir: str | os.PathLike, name: str) -> epath.Path:
+  """`<workdir>/<name>` as orbax sees it: a URL stays a URL, a local path becomes absolute."""
+  return storage.path(workdir) / name
 
 
 def _architecture(model: nnx.Module) -> dict:
@@ -21,18 +36,23 @@ def _architecture(model: nnx.Module) -> dict:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, model: nnx.Module, optimizer: nnx.Optimizer | None,
-         meta: dict) -> None:
-  """Saves params (and optimizer state when given) at `step`, with JSON `meta`; blocks until written.
+         meta: dict, wait: bool = True) -> None:
+  """Saves params (and optimizer state when given) at `step`, with JSON `meta`.
 
   The meta also records the model's architecture (`model_config`, the HF config dict, and `scan_layers`), which
   `export_hf` reads and `restore` names when a checkpoint does not fit.
+
+  Args:
+    wait: block until the checkpoint is written (True), or return once the arrays are off the devices and let
+      orbax write in the background (False; the trainers wait on their last save).
   """
   meta = {**meta, **_architecture(model)}
   items = {'params': ocp.args.StandardSave(nnx.state(model, nnx.Param)), 'meta': ocp.args.JsonSave(meta)}
   if optimizer is not None:
     items['opt'] = ocp.args.StandardSave(nnx.state(optimizer))
   mngr.save(step, args=ocp.args.Composite(**items))
-  mngr.wait_until_finished()
+  if wait:
+    mngr.wait_until_finished()
 
 
 def restore(mngr: ocp.CheckpointManager, model: nnx.Module, optimizer: nnx.Optimizer | None = None,
@@ -41,7 +61,8 @@ def restore(mngr: ocp.CheckpointManager, model: nnx.Module, optimizer: nnx.Optim
 
   Args:
     mngr: from `manager`.
-    model: live model whose parameter shapes define what is read.
+    model: live model whose parameter shapes, dtypes and shardings define what is read: a checkpoint written on
+      another mesh (or another number of hosts) is resharded onto the model's placement.
     optimizer: live optimizer to restore too; None reads only the params (e.g. GRPO starting from SFT).
     step: which step; None = latest.
   Returns:

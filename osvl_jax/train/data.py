@@ -5,8 +5,19 @@ import pathlib
 import ml_collections
 
 from osvl_jax.data import pipeline as pipeline_data
+from osvl_jax.train import storage
 
-dataset_dir = pipeline_data.dataset_dir
+
+def dataset_dir(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
+  """`pipeline.dataset_dir`: `config.data.dir`, else `<workdir>/data`.
+
+  Raises:
+    ValueError: the workdir is a cloud URL and `config.data.dir` is unset: datasets are read from local disk
+      (a URL must not become a local folder named `gs:`).
+  """
+  if not config.data.get('dir') and storage.is_remote(workdir):
+    raise ValueError(f'workdir {workdir} is a URL: set --config.data.dir to the local dataset folder')
+  return pipeline_data.dataset_dir(config, workdir)
 
 
 def _check(path: pathlib.Path) -> pathlib.Path:

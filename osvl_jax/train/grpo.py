@@ -27,23 +27,30 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from osvl_jax import config_checks as checks
+from osvl_jax import distributed
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, metrics, policy, rollouts, sft
+from osvl_jax.train import batching, checkpoint, data, metrics, policy, rollouts, sft, storage
 from osvl_jax.trajectory import tokens as tokens_lib
 
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Fails fast on a config the trainer cannot run (names not registered, batch that does not split).
+  """Fails fast, before anything is read or written, on a GRPO config the trainer cannot run.
 
   Raises:
-    ValueError: an unknown fatal_mode / fatal_index / estimator / aggregation / judge, or a micro-batch size
-      that does not divide the group batch or is not a multiple of the data-parallel size.
+    ValueError: naming the field: `sft.check_model_config`'s; an unknown fatal_mode / fatal_index / estimator /
+      aggregation / judge; grpo.steps / prompts_per_step / ckpt_every not ints >= 1, num_generations < 2 (a group
+      of one has no baseline), lr <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1],
+      delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout
+      max_turns / max_new_tokens / fatal_k < 1, max_total_tokens < max_new_tokens; micro_batch_size < 0 or not
+      dividing the group batch; data_parallel < 0, over the devices, or not dividing the micro-batch.
   """
+  sft.check_model_config(config)
   cfg = config.grpo
   for choices, name in ((fatal_lib.FATAL_MODES, cfg.fatal_mode),
                         (fatal_lib.FATAL_INDEX, config.rollout.fatal_index),
@@ -51,12 +58,32 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                         (losses.AGGREGATIONS, cfg.get('aggregation', 'seq_mean_token_mean')),
                         (judges_registry.JUDGES, (config.get('judge') or {}).get('name', 'rule'))):
     choices.get(name)  # raises ValueError naming the choice and the registered names
+  for field in ('grpo.steps', 'grpo.prompts_per_step', 'grpo.ckpt_every', 'rollout.max_turns',
+                'rollout.max_new_tokens', 'rollout.fatal_k'):
+    checks.positive_int(config, field)
+  checks.number(config, 'grpo.num_generations', integer=True, low=2)
+  checks.number(config, 'grpo.lr', low=0, low_open=True)
+  checks.number(config, 'grpo.eps_low', low=0, high=1, high_open=True)
+  checks.number(config, 'grpo.eps_high', low=0)
+  checks.number(config, 'grpo.beta', low=0)
+  checks.number(config, 'grpo.alpha', low=0, high=1)
+  checks.number(config, 'grpo.delta', low=0, low_open=True)
+  if cfg.get('std_ddof') is not None:
+    checks.choice(config, 'grpo.std_ddof', (0, 1))
+  checks.number(config, 'grpo.clip_ratio_c', low=1, low_open=True, optional=True)
+  checks.number(config, 'grpo.temperature', low=0, low_open=True)
+  checks.number(config, 'grpo.top_p', low=0, low_open=True, high=1)
+  total = checks.positive_int(config, 'rollout.max_total_tokens')
+  if total < config.rollout.max_new_tokens:
+    raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_new_tokens={config.rollout.max_new_tokens}')
   batch = cfg.prompts_per_step * cfg.num_generations
-  micro = cfg.get('micro_batch_size', 0) or batch
+  micro = checks.number(config, 'grpo.micro_batch_size', integer=True, low=0, optional=True) or batch
   if batch % micro:
     raise ValueError(f'grpo.micro_batch_size={micro} does not divide the batch of {batch} trajectories')
-  data = cfg.get('data_parallel', 1)
-  data = len(jax.devices()) if data == 0 else data
+  data = checks.number(config, 'grpo.data_parallel', integer=True, low=0, optional=True)
+  data = 1 if data is None else len(jax.devices()) if data == 0 else data
+  if data > len(jax.devices()):
+    raise ValueError(f'grpo.data_parallel={data}, but {len(jax.devices())} devices exist')
   if micro % data:
     raise ValueError(f'grpo.micro_batch_size={micro} is not a multiple of grpo.data_parallel={data}')
 
@@ -189,8 +216,13 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
   `cfg.fatal_mode` is resolved here, once: its `clamp_fatal_advantage` goes to `advantages.group_advantages` and
   its `mask_fn` to `fatal.loss_mask`.
 
+  Groups (Eq. 11) are formed by `prompt_id`, never by row position: the rows may come in any order, and the
+  advantages equal those of each group computed alone. A group whose size is not `cfg.num_generations` (a prompt
+  drawn twice in one batch gives 2G samples of one prompt_id) is used as it is, over its own samples, and logged
+  as a warning.
+
   Args:
-    trajectories: N*G trajectories, each prompt's G samples contiguous.
+    trajectories: B trajectories (normally N prompts × G samples), in any order.
     cfg: `config.grpo` (alpha, num_generations, fatal_mode, delta; optional estimator, std_ddof,
       length_multiple, loss_multiple).
     judge: r_acc / r_query judge (`osvl_jax.judges.registry`); None = the offline rule judge.
@@ -204,8 +236,14 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
   fatal_mode = fatal_lib.FATAL_MODES.get(cfg.fatal_mode)
   rewards = np.array([s['reward'] for s in scores], np.float32)
   fatal_steps = fatal_lib.fatal_step_array([t.fatal_step for t in trajectories])
-  adv, adv_stats = advantages_lib.group_advantages(
-      rewards, fatal_steps != fatal_lib.NOT_FATAL, cfg.num_generations, clamp=fatal_mode.clamp_fatal_advantage,
+  prompt_ids = [t.prompt_id for t in trajectories]
+  sizes = collections.Counter(prompt_ids)
+  odd = {pid: n for pid, n in sizes.items() if n != cfg.num_generations}
+  if odd:  # e.g. a prompt drawn twice in one batch, across an epoch boundary: one group of 2G
+    logging.warning('groups whose size is not num_generations=%d (prompt_id: size): %s', cfg.num_generations,
+                    dict(list(odd.items())[:8]))
+  adv, adv_stats = advantages_lib.group_advantages_by_id(
+      rewards, fatal_steps != fatal_lib.NOT_FATAL, prompt_ids, clamp=fatal_mode.clamp_fatal_advantage,
       estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1))
   batch = batching.collate(trajectories, length_multiple=cfg.get('length_multiple', 1024),
                            loss_multiple=cfg.get('loss_multiple', 256))  # few distinct shapes
@@ -253,7 +291,7 @@ def prompt_indices(step: int, prompts_per_step: int, num_prompts: int, seed: int
 
 
 def _init_dir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathlib.Path:
-  return pathlib.Path(config.grpo.get('init_from') or workdir)
+  return storage.path(config.grpo.get('init_from') or workdir)  # gs://... stays a URL
 
 
 def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path):
@@ -300,7 +338,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   seq_mean_token_sum), eps_low / eps_high, beta (> 0 loads π_ref), micro_batch_size (0 = whole batch),
   data_parallel (devices on the 'data' mesh axis, 0 = all), judge.name (rule | llm).
   """
-  workdir = pathlib.Path(workdir)
+  workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.grpo
   check_config(config)
   prompts = data.load_prompts(config, workdir)
@@ -344,7 +382,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
         'step_seconds': time.time() - t0,
     })
     if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-      checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'grpo'})
+      checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'grpo', **sft.checkpoint_meta(config)})
   writer.close()
   return model
 
@@ -352,6 +390,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
+  check_config(_CONFIG.value)
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -1,42 +1,87 @@
 """Metrics to the workdir: JSON lines (any tool reads them) and TensorBoard event files; exact reduction of the
-metrics of a batch's parts (micro-batches) to those of the whole batch."""
+metrics of a batch's parts (micro-batches) to those of the whole batch.
+
+In a multi-host run only process 0 writes (`MetricWriter` is a no-op elsewhere). The workdir may be a cloud URL
+(`gs://bucket/run`, see `train.storage`).
+"""
 
 import json
+import os
 import pathlib
+import tempfile
 import time
 from typing import Any, Mapping, Sequence
 
+import jax
 import numpy as np
 import tensorboardX
+
+from osvl_jax.train import storage
 
 
 class MetricWriter:
   """Appends one JSON object per call to `<workdir>/metrics.jsonl` and mirrors scalars to TensorBoard.
 
+  Only process 0 of a multi-host run writes; on the others every method does nothing (`active` is False).
+  A cloud workdir (objects cannot be appended to) gets the whole `metrics.jsonl` rewritten at most every
+  `flush_seconds` and on `close`; its TensorBoard files go to a local folder (`tb_dir`, printed), since
+  tensorboardX cannot write to `gs://` without extra packages.
+
   Args:
-    workdir: the job's folder; `metrics.jsonl` and `tb/<stage>/` go there.
+    workdir: the job's folder (local path or URL); `metrics.jsonl` and `tb/<stage>/` go there.
     stage: name stored in every record (`sft`, `grpo`, `eval`).
+    flush_seconds: how often a cloud workdir's `metrics.jsonl` is rewritten.
   """
 
-  def __init__(self, workdir: str | pathlib.Path, stage: str):
-    self.workdir = pathlib.Path(workdir)
-    self.workdir.mkdir(parents=True, exist_ok=True)
+  def __init__(self, workdir: str | os.PathLike, stage: str, flush_seconds: float = 60.0):
     self.stage = stage
-    self._jsonl = open(self.workdir / 'metrics.jsonl', 'a', encoding='utf-8')
-    self._tb = tensorboardX.SummaryWriter(str(self.workdir / 'tb' / stage))
+    self.active = jax.process_index() == 0
+    if not self.active:
+      return
+    self.workdir = storage.path(workdir)
+    self.remote = storage.is_remote(self.workdir)
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self._path = self.workdir / 'metrics.jsonl'
+    self.flush_seconds, self._flushed = flush_seconds, time.time()
+    if self.remote:
+      self._lines = self._path.read_text(encoding='utf-8').splitlines(keepends=True) if self._path.exists() else []
+      self._jsonl = None
+      self.tb_dir = pathlib.Path(tempfile.gettempdir()) / 'osvl_tb' / str(self.workdir).replace('://', '/') / 'tb'
+      print(f'metrics: TensorBoard files of {self.workdir} are written locally to {self.tb_dir}', flush=True)
+    else:
+      self._jsonl = open(self._path, 'a', encoding='utf-8')
+      self.tb_dir = pathlib.Path(self.workdir / 'tb')
+    self._tb = tensorboardX.SummaryWriter(str(self.tb_dir / stage))
 
   def write(self, step: int, metrics: dict) -> None:
     """Writes `metrics` (scalars, or dicts of scalars) at `step`."""
+    if not self.active:
+      return
     record = {'stage': self.stage, 'step': int(step), 'time': time.time()}
     for key, value in metrics.items():
       record[key] = _to_json(value)
       if isinstance(record[key], (int, float)) and not isinstance(record[key], bool):
         self._tb.add_scalar(f'{self.stage}/{key}', record[key], step)
-    self._jsonl.write(json.dumps(record) + '\n')
-    self._jsonl.flush()
+    line = json.dumps(record) + '\n'
+    if self._jsonl is not None:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+    else:
+      self._lines.append(line)
+      if time.time() - self._flushed >= self.flush_seconds:
+        self._rewrite()
+
+  def _rewrite(self) -> None:
+    self._path.write_text(''.join(self._lines), encoding='utf-8')
+    self._flushed = time.time()
 
   def close(self) -> None:
-    self._jsonl.close()
+    if not self.active:
+      return
+    if self._jsonl is not None:
+      self._jsonl.close()
+    else:
+      self._rewrite()
     self._tb.close()
 
 
@@ -49,9 +94,9 @@ def _to_json(value):
   return value
 
 
-def read_metrics(workdir: str | pathlib.Path, stage: str | None = None) -> list[dict]:
-  """All records of `<workdir>/metrics.jsonl`, optionally only those of `stage`."""
-  path = pathlib.Path(workdir) / 'metrics.jsonl'
+def read_metrics(workdir: str | os.PathLike, stage: str | None = None) -> list[dict]:
+  """All records of `<workdir>/metrics.jsonl` (a local path or URL), optionally only those of `stage`."""
+  path = storage.path(workdir) / 'metrics.jsonl'
   if not path.exists():
     return []
   records = [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line.strip()]

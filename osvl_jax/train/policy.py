@@ -42,13 +42,31 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
   return model
 
 
+def make_schedule(lr: float, steps: int, warmup_steps: int = 0) -> optax.Schedule:
+  """Learning rate per optimizer step: linear warmup from 0 over `warmup_steps`, then cosine decay to 10% of `lr`
+  at `steps`; without warmup the first step already uses `lr`.
+
+  Raises:
+    ValueError: steps < 1, warmup_steps < 0 or warmup_steps >= steps (optax's cosine decay needs >= 1 step).
+  """
+  if steps < 1:
+    raise ValueError(f'steps={steps}: the schedule needs at least one step')
+  if not 0 <= warmup_steps < steps:
+    raise ValueError(f'warmup_steps={warmup_steps} must lie in [0, steps={steps})')
+  if warmup_steps == 0:
+    return optax.cosine_decay_schedule(lr, decay_steps=steps, alpha=0.1)
+  return optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, steps, end_value=lr * 0.1)
+
+
 def make_optimizer(model: nnx.Module, lr: float, steps: int, warmup_steps: int = 0,
                    weight_decay: float = 0.0, grad_clip: float = 1.0) -> nnx.Optimizer:
-  """AdamW with linear warmup then cosine decay to 10% of `lr`, global-norm clipping."""
-  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup_steps, 1), max(steps, warmup_steps + 1),
-                                                end_value=lr * 0.1)
+  """AdamW on `make_schedule(lr, steps, warmup_steps)`, global-norm clipping at `grad_clip`.
+
+  Raises:
+    ValueError: from `make_schedule`.
+  """
   tx = optax.chain(optax.clip_by_global_norm(grad_clip),
-                   optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay))
+                   optax.adamw(make_schedule(lr, steps, warmup_steps), b1=0.9, b2=0.95, weight_decay=weight_decay))
   return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 

@@ -20,9 +20,54 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from osvl_jax import config_checks as checks
+from osvl_jax import distributed
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, metrics, policy
+from osvl_jax.train import batching, checkpoint, data, metrics, policy, storage
 
+
+def check_model_config(config: ml_collections.ConfigDict) -> None:
+  """Checks what every trainer shares: seed, model choice, the policy's image processor budget.
+
+  Raises:
+    ValueError: naming the field: a non-int seed, an unknown model.name without model.hf_path, image pixel limits
+      that are not ints >= 1 with min <= max, or data.min_pixels / max_pixels (the budget the dataset's
+      trajectories were rendered with) differing from image.min_pixels / max_pixels.
+  """
+  checks.number(config, 'seed', integer=True)
+  if not checks.get(config, 'model.hf_path') and checks.get(config, 'model.name') != 'tiny':
+    raise ValueError(f"model.name={checks.get(config, 'model.name')!r}: only 'tiny' is built in; set model.hf_path")
+  limits = checks.pixel_limits(config, 'image')
+  if checks.get(config, 'data.min_pixels') is not None:
+    data_limits = checks.pixel_limits(config, 'data')
+    if data_limits != limits:
+      raise ValueError(f'data.min_pixels/max_pixels={data_limits} differ from image.min_pixels/max_pixels={limits}: '
+                       "the dataset's image tokens must come from the policy's image processor")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Fails fast, before anything is read or written, on an SFT config that cannot run.
+
+  Raises:
+    ValueError: naming the field: `check_model_config`'s, sft.steps / batch_size / log_every / ckpt_every not
+      ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps), sft.weight_decay < 0, sft.grad_clip <= 0.
+  """
+  check_model_config(config)
+  steps = checks.positive_int(config, 'sft.steps')
+  for field in ('batch_size', 'log_every', 'ckpt_every'):
+    checks.positive_int(config, f'sft.{field}')
+  checks.number(config, 'sft.lr', low=0, low_open=True)
+  warmup = checks.number(config, 'sft.warmup_steps', integer=True, low=0)
+  if warmup >= steps:
+    raise ValueError(f'sft.warmup_steps={warmup} must be < sft.steps={steps} (the cosine decay needs >= 1 step)')
+  checks.number(config, 'sft.weight_decay', low=0)
+  checks.number(config, 'sft.grad_clip', low=0, low_open=True)
+
+
+
+def checkpoint_meta(config: ml_collections.ConfigDict) -> dict:
+  """What a checkpoint records of the config beside the architecture: the policy's image processor budget."""
+  return {'image_processor': {'min_pixels': int(config.image.min_pixels), 'max_pixels': int(config.image.max_pixels)}}
 
 
 def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> np.ndarray:
@@ -56,16 +101,28 @@ def grid_key(image_grid_thw: np.ndarray | None) -> tuple:
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
-  """Runs (or resumes) SFT; returns the trained model. Checkpoints in `<workdir>/sft_ckpt`."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) SFT; returns the trained model. Checkpoints in `<workdir>/sft_ckpt`.
+
+  The checkpoints' meta records the image processor budget (`image_processor`: min_pixels, max_pixels), which
+  `osvl_jax.export_hf` writes into the exported preprocessor_config.json.
+
+  Raises:
+    ValueError: from `check_config`, before anything is read or written.
+  """
+  check_config(config)
+  workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.sft
   trajectories = data.load_sft_trajectories(config, workdir)
   print(f'sft: {len(trajectories)} expert trajectories', flush=True)
 
   model = policy.build_model(config, seed=config.seed)
   optimizer = policy.make_optimizer(model, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.weight_decay, cfg.grad_clip)
+  # Data parallelism ('data' mesh, parameters replicated); a multi-host run spans every host's devices.
+  mesh = policy.make_mesh(0 if jax.process_count() > 1 else cfg.get('data_parallel', 1))
+  policy.replicate(model, mesh)
+  policy.replicate(optimizer, mesh)
   mngr = checkpoint.manager(workdir, 'sft_ckpt')
-  meta = checkpoint.restore(mngr, model, optimizer)
+  meta = checkpoint.restore(mngr, model, optimizer)  # onto the placement above, whatever mesh wrote it
   start = meta['step'] if meta else 0
   if start:
     print(f'sft: resumed at step {start}', flush=True)
@@ -74,18 +131,19 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
 
   length, num_loss = batching.padded_sizes(trajectories)  # one shape for the run: one compiled step
   t0, tokens = time.time(), 0
-  for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps):
+  for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
+                          disable=not distributed.is_main()):
     idx = batch_indices(step, cfg.batch_size, len(trajectories), config.seed)
-    batch = batching.collate([trajectories[i] for i in idx], length=length, num_loss=num_loss)
-    grid = grid_key(batch.pop('image_grid_thw'))
-    out = train_step(model, optimizer, policy.device_batch(batch), grid)
-    tokens += int(batch['completion_mask'].sum())
+    batch, grid = distributed.host_batch([trajectories[i] for i in idx], mesh, length, num_loss)  # host's rows
+    out = train_step(model, optimizer, batch, grid)
+    tokens += out['num_tokens']
     if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
       out = jax.device_get(out)
       writer.write(step + 1, {**out, 'target_tokens_per_s': tokens / (time.time() - t0)})
       t0, tokens = time.time(), 0
     if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-      checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'sft'})
+      checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'sft', **checkpoint_meta(config)},
+                      wait=step + 1 == cfg.steps)  # asynchronous but the last
   writer.close()
   return model
 
@@ -93,6 +151,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
+  check_config(_CONFIG.value)
   train(_CONFIG.value, _WORKDIR.value)
 
 

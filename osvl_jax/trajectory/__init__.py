@@ -11,8 +11,8 @@ One module per concern; every public name is re-exported here (`from osvl_jax im
   record    `Step`, `Trajectory`, errors and stop reasons, record IO (`to_record`/`from_record`,
             `record_features`, `write_jsonl`/`read_jsonl`)
   builder   `TrajectoryBuilder`, `render_system_text`, `DEFAULT_INSTRUCTIONS`
-  check     `check_trajectory`, `validate_trajectory`, `check_jsonl`, `main`
-  __main__  `python -m osvl_jax.trajectory --check FILE.jsonl [...]`
+  check     `check_trajectory`, `validate_trajectory`, `check_jsonl`, `check_file`, `main`
+  __main__  `python -m osvl_jax.trajectory --check PATH [...]` (JSON lines, datasets folder or .arrow)
 
 Chat format (Qwen3-VL markup, Hermes tools)::
 
@@ -54,20 +54,22 @@ tokens of the Qwen3 vocabulary; `<response>` is plain text.
 
 Earlier turns, <think> blocks included, stay in the context exactly as emitted (no chat template re-renders them).
 `check_trajectory` / `validate_trajectory` state the invariants the trainer relies on (`train.batching.collate`
-validates every trajectory); `python -m osvl_jax.trajectory --check FILE.jsonl` checks a file of `to_json` lines.
+validates every trajectory); `python -m osvl_jax.trajectory --check PATH` checks stored trajectories (JSON lines
+of `to_json`, or a datasets folder / .arrow file of `to_record` rows).
 """
 
 from osvl_jax.trajectory.actions import (
     ARGUMENT_ALIASES, OFFICIAL_ONLY_ARGUMENTS, PROFILES, TOOL_NAME_ALIASES, ParsedAction, loads_lenient, parse_action,
     render_assistant_text)
 from osvl_jax.trajectory.builder import DEFAULT_INSTRUCTIONS, TrajectoryBuilder, render_system_text
-from osvl_jax.trajectory.check import check_jsonl, check_trajectory, main, validate_trajectory
+from osvl_jax.trajectory.check import check_file, check_jsonl, check_trajectory, main, validate_trajectory
 from osvl_jax.trajectory.images import (
     QWEN3_VL_IMAGE_MEAN, QWEN3_VL_IMAGE_STD, QWEN3_VL_MAX_PIXELS, QWEN3_VL_MIN_PIXELS, ImageProcessor, ImageRef)
 from osvl_jax.trajectory.record import (
     STOP_REASONS, TRUNCATION_REASONS, PromptTooLongError, Step, Trajectory, TrajectoryError, read_jsonl,
     record_features, write_jsonl)
 from osvl_jax.trajectory.tokens import (
-    ADDED_TOKENS, ASSISTANT_ID, ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_PAD_ID, NEWLINE_ID, QWEN2_PRETOKENIZE_REGEX,
-    THINK_END_ID, THINK_ID, TOOL_CALL_END_ID, TOOL_CALL_ID, TOOL_RESPONSE_END_ID, TOOL_RESPONSE_ID, VIDEO_PAD_ID,
-    VISION_END_ID, VISION_START_ID, VOCAB_SIZE, load_tokenizer)
+    ADDED_TOKENS, ASSISTANT_ID, ENDOFTEXT_ID, EOS_IDS, IM_END_ID, IM_START_ID, IMAGE_PAD_ID, NEWLINE_ID,
+    QWEN2_PRETOKENIZE_REGEX, THINK_END_ID, THINK_ID, TOOL_CALL_END_ID, TOOL_CALL_ID, TOOL_RESPONSE_END_ID,
+    TOOL_RESPONSE_ID, VIDEO_PAD_ID, VISION_END_ID, VISION_IDS, VISION_PAD_ID, VISION_START_ID, VOCAB_SIZE,
+    load_tokenizer, model_input_ids)

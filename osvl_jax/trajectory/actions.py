@@ -42,6 +42,26 @@ class ParsedAction:
 _END_TOKENS = ('<|im_end|>', '<|endoftext|>')
 _OPEN_RE = re.compile(r'<(tool_call|response)>')
 _FENCE_RE = re.compile(r'^```(?:json)?\s*(.*?)\s*```$', re.S)
+_BODY_LEAD_RE = re.compile(r'\s*(?:```(?:json)?\s*)?')  # what may precede a tool call's JSON value
+_DECODER = json.JSONDecoder(strict=False)
+
+
+def _json_value_end(text: str, start: int) -> int:
+  """End (exclusive) of the JSON value that opens `text` at `start` (after blanks and a code fence), or -1.
+
+  So a tool call's body is found by parsing its JSON, not by the first literal `</tool_call>`: a query may
+  contain that text (or `<tool_call>`). Returns -1 when no strict JSON value starts there (the caller then falls
+  back to the closing tag, and `loads_lenient` repairs what it can).
+  """
+  lead = _BODY_LEAD_RE.match(text, start)
+  pos = lead.end()
+  if pos >= len(text) or text[pos] not in '{[':
+    return -1
+  try:
+    _, end = _DECODER.raw_decode(text, pos)
+  except (json.JSONDecodeError, RecursionError):
+    return -1
+  return end
 
 
 def parse_action(text: str, profile: str = 'osvl') -> ParsedAction:
@@ -58,6 +78,9 @@ def parse_action(text: str, profile: str = 'osvl') -> ParsedAction:
   - Two or more actions in one turn: format_ok False; the FIRST one (in text order) is the action executed.
   - Missing think block, missing closing tag, text outside the blocks, empty response: format_ok False, the
     action still counts.
+  - A tool call's body is found by parsing its JSON value (`json.JSONDecoder.raw_decode` from the `{`/`[` that
+    opens it), so `</tool_call>` or `<tool_call>` inside a JSON string (a query about them) is text; only a body
+    that is not strict JSON ends at the first literal `</tool_call>` (then repaired by `loads_lenient`).
   - No action, unreadable JSON, missing/invalid name or non-object arguments: kind 'malformed' with `error`.
 
   Args:
@@ -99,13 +122,17 @@ def _parse_action(text: str, profile: str) -> ParsedAction:
   # Action blocks in text order; an unclosed block runs to the next opening tag or the end.
   blocks, outside, pos = [], [], 0
   opens = list(_OPEN_RE.finditer(rest))
-  for i, m in enumerate(opens):
+  for m in opens:
     if m.start() < pos:
       continue  # inside the previous block
     outside.append(rest[pos:m.start()])
     tag = m.group(1)
-    next_open = opens[i + 1].start() if i + 1 < len(opens) else len(rest)
-    close = rest.find(f'</{tag}>', m.end())
+    search_from = m.end()
+    if tag == 'tool_call':  # tags inside the call's JSON strings are text
+      search_from = max(search_from, _json_value_end(rest, m.end()))
+    following = _OPEN_RE.search(rest, search_from)
+    next_open = following.start() if following else len(rest)
+    close = rest.find(f'</{tag}>', search_from)
     # A <response> runs to its closing tag whatever it quotes; a <tool_call> must close before the next action.
     if close >= 0 and (tag == 'response' or close < next_open):
       body, pos = rest[m.end():close], close + len(f'</{tag}>')
@@ -200,7 +227,7 @@ def loads_lenient(text: str) -> Any:
   hole is not guessed).
 
   Raises:
-    ValueError: when none of these parses (message from the strict attempt).
+    ValueError: when none of these parses (message from the strict attempt; also for nesting too deep to parse).
   """
   text = text.strip()
   fence = _FENCE_RE.match(text)
@@ -208,7 +235,7 @@ def loads_lenient(text: str) -> Any:
     text = fence.group(1)
   try:
     return json.loads(text, strict=False)
-  except json.JSONDecodeError as e:
+  except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting deeper than the C stack allows
     first_error = e
   starts = [i for i in (text.find('{'), text.find('[')) if i >= 0]
   if not starts:
@@ -222,7 +249,7 @@ def loads_lenient(text: str) -> Any:
   for cand in candidates:
     try:
       return json.loads(cand, strict=False)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
       pass
     try:
       return json_repair.loads(cand, skip_json_loads=True, strict=True)

@@ -1,7 +1,17 @@
 """Append-only rendering of one episode into a Trajectory: `TrajectoryBuilder` (DESIGN.md §4).
 
 The ids after each append start with the ids before it: earlier turns, <think> blocks included, stay in the
-context exactly as emitted (no chat template re-renders them).
+context exactly as emitted (no chat template re-renders them). Every append is transactional: one that raises
+leaves the builder exactly as it was (no half observation, no half step).
+
+Tokenization: the environment's text (template text, the question, tool output, image names) is tokenized the
+way a Hugging Face tokenizer reads the whole rendered string: each maximal run of text between special tokens is
+one string (`tokens._encode_parts`; 'city?' + '\n' -> '?\n' is one token). Every turn boundary is a special
+token (`<|im_end|>`, `<|im_start|>`), and so is every image span's start, so a run never crosses a turn or an
+image: the appends stay append-only. A context ends with '<|im_start|>assistant\n', as a served prompt with the
+generation prompt does; the ids the policy then emits are kept as emitted. So the ids equal what the exported
+chat template renders (`export_hf.chat_template`): a policy served by SGLang / vLLM sees the format it was
+trained on.
 """
 
 import dataclasses
@@ -14,8 +24,8 @@ from osvl_jax.trajectory.actions import PROFILES, ParsedAction, parse_action
 from osvl_jax.trajectory.images import ImageProcessor, ImageRef
 from osvl_jax.trajectory.record import STOP_REASONS, PromptTooLongError, Step, Trajectory
 from osvl_jax.trajectory.tokens import (
-    ENDOFTEXT_ID, IM_END_ID, IM_START_ID, IMAGE_PAD_ID, TOOL_RESPONSE_END_ID, TOOL_RESPONSE_ID, VISION_END_ID,
-    VISION_START_ID, _encode)
+    ADDED_TOKENS, EOS_IDS, IM_END_ID, IM_START_ID, IMAGE_PAD_ID, TOOL_RESPONSE_END_ID, TOOL_RESPONSE_ID,
+    VISION_END_ID, VISION_IDS, VISION_START_ID, VOCAB_SIZE, Untrusted, _encode, _encode_parts, model_input_ids)
 from tools.base import ToolResult
 
 DEFAULT_INSTRUCTIONS = (
@@ -90,8 +100,12 @@ class TrajectoryBuilder:
     return bool(self._steps) and self._steps[-1].action.kind != 'response' and self._steps[-1].result is None
 
   def prompt_ids(self) -> np.ndarray:
-    """int32 [T]: the context for the next model call (ends with '<|im_start|>assistant\\n')."""
-    return np.asarray(self._ids, np.int32)
+    """int32 [T]: the context for the next model call (ends with '<|im_start|>assistant\\n').
+
+    These are `model_input_ids(token_ids, gen_mask)`: the trajectory's ids, except that a vision id the policy
+    emitted reads as `<|vision_pad|>` (text), so the `<|image_pad|>` count always matches `images`.
+    """
+    return model_input_ids(np.asarray(self._ids, np.int32), np.asarray(self._gen, bool))
 
   # -- appends -----------------------------------------------------------------------------------------------
   def _append(self, ids: Sequence[int], gen: bool, step: int, logprobs: Sequence[float] | None = None):
@@ -100,13 +114,17 @@ class TrajectoryBuilder:
     self._step.extend([step] * len(ids))
     self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids))
 
-  def _append_image(self, image: np.ndarray, step: int) -> str:
-    name = f'img_{len(self._images) + 1}'
-    ref = self.image_processor.process(image, name=name)
-    self._images.append(ref)
-    self._append(_encode(self.tokenizer, f'{name}: '), False, step)
-    self._append([VISION_START_ID] + [IMAGE_PAD_ID] * ref.num_tokens + [VISION_END_ID], False, step)
-    return name
+  @staticmethod
+  def _image_span_parts(name: str, ref: ImageRef) -> list:
+    """'\nimg_k: <|vision_start|><|image_pad|>×num_tokens<|vision_end|>' as `_encode_parts` pieces."""
+    return ['\n', f'{name}: ', VISION_START_ID] + [IMAGE_PAD_ID] * ref.num_tokens + [VISION_END_ID]
+
+  def _encode_parts(self, parts: list, what: str) -> list[int]:
+    """`tokens._encode_parts`; ValueError naming `what` for text the tokenizer refuses (e.g. lone surrogates)."""
+    try:
+      return _encode_parts(self.tokenizer, parts)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(f'{what} cannot be tokenized: {type(e).__name__}: {e}') from e
 
   def start(self, question: str, image: np.ndarray | Sequence[np.ndarray] | None,
             max_tokens: int | None = None) -> None:
@@ -117,66 +135,106 @@ class TrajectoryBuilder:
       image: uint8 [H, W, 3] input image (img_1), a list of them (img_1, img_2, ..., each on its own line), or
         None for a text-only question.
       max_tokens: the prompt budget; None for none.
-    Raises:
+    Each run of text between special tokens is tokenized as one string (`tokens._encode_parts`), the question
+    as plain text (never added tokens): the ids are those the exported chat template gives (`export_hf`).
+    Raises (transactional: the builder is unchanged, and `start` may be called again):
       PromptTooLongError: when the rendered prompt has more than `max_tokens` tokens. A prompt is never cut:
         cutting could leave an image span without the pads its grid needs.
+      ValueError: an image the processor refuses (not uint8 RGB, empty, aspect ratio over 200, ...; the message
+        names img_k), or a question the tokenizer refuses.
     """
     if self._ids:
       raise RuntimeError('TrajectoryBuilder.start called twice')
-    self.question = question
-    tok = self.tokenizer
     system = render_system_text(self.tool_schemas, self.system_prompt)
-    self._append([IM_START_ID] + _encode(tok, 'system\n' + system) + [IM_END_ID], False, -1)
-    self._append(_encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'user\n'), False, -1)
-    self._append(_encode(tok, question, untrusted=True), False, -1)
     images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
-    for im in images:
-      self._append(_encode(tok, '\n'), False, -1)
-      self._append_image(im, -1)
-    self._append([IM_END_ID] + _encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'assistant\n'), False, -1)
-    if max_tokens is not None and len(self._ids) > max_tokens:
-      pads = sum(im.num_tokens + 2 for im in self._images)
+    refs = [self.image_processor.process(im, name=f'img_{k + 1}') for k, im in enumerate(images)]
+    parts = [IM_START_ID, 'system\n' + system, IM_END_ID, '\n', IM_START_ID, 'user\n', Untrusted(question or '')]
+    for k, ref in enumerate(refs):
+      parts += self._image_span_parts(f'img_{k + 1}', ref)
+    parts += [IM_END_ID, '\n', IM_START_ID, 'assistant\n']
+    ids = self._encode_parts(parts, 'the question')
+    if max_tokens is not None and len(ids) > max_tokens:
+      pads = sum(ref.num_tokens + 2 for ref in refs)
       raise PromptTooLongError(
-          f'prompt has {len(self._ids)} tokens ({pads} of them in {len(self._images)} image span(s)), over the '
+          f'prompt has {len(ids)} tokens ({pads} of them in {len(refs)} image span(s)), over the '
           f'prompt budget of {max_tokens}; prompts and image spans are never cut: drop the prompt, shrink its '
           f'image (ImageProcessor.max_pixels) or raise the budget')
+    # Commit.
+    self.question = question
+    self._images.extend(refs)
+    self._append(ids, False, -1)
 
   def append_assistant(self, ids: Sequence[int], logprobs: Sequence[float] | None = None,
                        seconds: float = 0.0, cut: bool = False) -> ParsedAction:
     """Appends the ids the policy emitted for the next step (gen_mask 1) and parses them.
 
     Args:
-      ids: int [n], should end with <|im_end|>; if it does not (length cut), <|im_end|> is appended with
-        gen_mask 0.
+      ids: int [n], should end with an end-of-sequence id (`<|im_end|>`, or Qwen's other one `<|endoftext|>`).
+        Ids after the first end-of-sequence id are not part of the turn (generation stops there) and are
+        dropped with their log-probs. If the turn does not end with `<|im_end|>` (length cut, or it ended with
+        `<|endoftext|>`), `<|im_end|>` is appended with gen_mask 0 to close it.
       logprobs: float [n] engine log-probs of `ids`, or None.
       seconds: generation time of the step.
       cut: the engine stopped at its per-turn limit (`max_new_tokens`, finish_reason 'length') before
         <|im_end|>. The turn is kept as emitted (the policy is accountable for it) but never executed: its
         action becomes 'malformed' with error 'turn cut at the token limit ...' (so a half-written tool call
         cannot run, and a half-written response is not an answer).
+    A turn containing a vision id (`VISION_IDS`: `<|image_pad|>`, `<|vision_start|>`, `<|vision_end|>`,
+    `<|video_pad|>`) is kept as emitted but is a malformed step, never executed; the model reads those ids as
+    text (`prompt_ids`, `tokens.model_input_ids`), so they never break the pad/feature count.
     Returns:
       parse_action of the decoded text (the step is recorded; its result comes with append_observation).
+    Raises:
+      RuntimeError: out of order (before `start`, after a response, or while an observation is due).
+      ValueError: `logprobs` of another length than `ids`, or an id outside [0, VOCAB_SIZE). The builder is
+        unchanged when it raises.
     """
     self._check_can_act()
-    ids = [int(i) for i in ids]
-    if logprobs is not None and len(logprobs) != len(ids):
-      raise ValueError(f'{len(logprobs)} logprobs for {len(ids)} ids')
+    try:
+      ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    except (TypeError, ValueError, OverflowError) as e:
+      raise ValueError(f'assistant ids are not integers: {e}') from e
+    if logprobs is not None:
+      logprobs = [float(x) for x in np.asarray(logprobs, np.float64).reshape(-1)]
+      if len(logprobs) != len(ids):
+        raise ValueError(f'{len(logprobs)} logprobs for {len(ids)} ids')
+    bad = [i for i in ids if not 0 <= i < VOCAB_SIZE]
+    if bad:
+      raise ValueError(f'assistant ids outside the vocabulary [0, {VOCAB_SIZE}): {bad[:5]}')
+    stops = [k for k, i in enumerate(ids) if i in EOS_IDS]
+    if stops:  # the turn ends at its first end-of-sequence id
+      ids = ids[:stops[0] + 1]
+      logprobs = None if logprobs is None else logprobs[:stops[0] + 1]
+    body = ids[:-1] if ids and ids[-1] in EOS_IDS else ids
+    try:
+      text = self.tokenizer.decode(body, skip_special_tokens=False)
+    except Exception:  # pylint: disable=broad-except  # ids past the tokenizer's table decode to nothing
+      text = self.tokenizer.decode([i for i in body if i < len(self.tokenizer)], skip_special_tokens=False)
+    vision = sorted({ADDED_TOKENS[i][0] for i in body if i in VISION_IDS})
+    action = self._parse(text, cut=cut and (not ids or ids[-1] not in EOS_IDS))
+    if vision:
+      why = (f'the turn contains {", ".join(vision)}: vision tokens are written by the environment only; '
+             f'not executed')
+      action = ParsedAction(think=action.think, kind='malformed', error=why, problems=action.problems + [why])
+    # Commit (nothing above mutates the builder).
     step = len(self._steps)
     self._begin_step(logprobs is not None)
     self._append(ids, True, step, logprobs)
     if not ids or ids[-1] != IM_END_ID:
       self._append([IM_END_ID], False, step)
-    body = ids[:-1] if ids and ids[-1] in (IM_END_ID, ENDOFTEXT_ID) else ids
-    text = self.tokenizer.decode(body, skip_special_tokens=False)
-    return self._record_step(text, seconds, cut=cut and (not ids or ids[-1] != IM_END_ID))
+    self._record_step(text, seconds, action)
+    return action
 
   def append_assistant_text(self, text: str, seconds: float = 0.0) -> ParsedAction:
     """Appends an expert's assistant turn given as text (SFT data): its ids + <|im_end|>, all gen_mask 1."""
     self._check_can_act()
+    ids = _encode(self.tokenizer, text) + [IM_END_ID]
+    action = self._parse(text)
     step = len(self._steps)
     self._begin_step(False)
-    self._append(_encode(self.tokenizer, text) + [IM_END_ID], True, step)
-    return self._record_step(text, seconds)
+    self._append(ids, True, step)
+    self._record_step(text, seconds, action)
+    return action
 
   def _begin_step(self, has_logprobs: bool):
     self._marks.append((len(self._ids), len(self._images)))
@@ -208,43 +266,54 @@ class TrajectoryBuilder:
     if self.awaiting_observation:
       raise RuntimeError(f'step {len(self._steps) - 1} is a tool call: call append_observation first')
 
-  def _record_step(self, text: str, seconds: float, cut: bool = False) -> ParsedAction:
+  def _parse(self, text: str, cut: bool = False) -> ParsedAction:
     action = parse_action(text, self.profile)
     if cut:
       why = 'turn cut at the token limit (max_new_tokens) before <|im_end|>; not executed'
       action = ParsedAction(think=action.think, kind='malformed', error=why, problems=action.problems + [why])
+    return action
+
+  def _record_step(self, text: str, seconds: float, action: ParsedAction) -> None:
     self._steps.append(Step(index=len(self._steps), text=text, action=action, result=None,
                             format_ok=action.format_ok, seconds=float(seconds)))
-    return action
 
   def append_observation(self, result: ToolResult) -> list[str]:
     """Appends the tool result of the last step as a user turn, then '<|im_start|>assistant\\n'.
 
     Renders '\\n<|im_start|>user\\n<tool_response>\\n{text}\\nimg_k: <|vision_start|>…<|vision_end|>\\n
     </tool_response><|im_end|>\\n<|im_start|>assistant\\n' (gen_mask 0, step = the last step's index).
+    Transactional: every image is processed and every id computed before anything is recorded, so an append
+    that raises leaves the builder unchanged (the step still awaits its observation).
 
     Args:
       result: the ToolResult of the last step's call (a malformed call gets `error('malformed_call', …)`).
     Returns:
       the names given to the result's images (img_k, ...).
+    Raises:
+      RuntimeError: when no tool-call step awaits an observation.
+      ValueError: when an image of `result` cannot be shown to the model (`ImageProcessor.process`: not uint8
+        RGB, empty, aspect ratio over 200, ...; the message names the image), or its text cannot be tokenized.
     """
     if not self.awaiting_observation:
       raise RuntimeError('append_observation needs a preceding tool-call step without a result')
     step = self._steps[-1]
+    l = step.index
+    text = result.text if (result.text or result.error_kind is None) else f'Error: {result.error_kind}'
+    parts = ['\n', IM_START_ID, 'user\n', TOOL_RESPONSE_ID, '\n', Untrusted(str(text))]
+    refs, names = [], []
+    for image in result.images:
+      name = f'img_{len(self._images) + len(refs) + 1}'
+      refs.append(self.image_processor.process(image, name=name))  # ValueError naming the image
+      names.append(name)
+      parts += self._image_span_parts(name, refs[-1])
+    parts += ['\n', TOOL_RESPONSE_END_ID, IM_END_ID, '\n', IM_START_ID, 'assistant\n']
+    ids = self._encode_parts(parts, 'tool text')  # e.g. lone surrogates the tokenizer refuses
+    # Commit.
     step.result = result
     step.format_ok = step.action.format_ok and not result.is_execution_error
     step.seconds += float(result.seconds)
-    tok, l = self.tokenizer, step.index
-    text = result.text if (result.text or result.error_kind is None) else f'Error: {result.error_kind}'
-    self._append(_encode(tok, '\n') + [IM_START_ID] + _encode(tok, 'user\n') + [TOOL_RESPONSE_ID]
-                 + _encode(tok, '\n'), False, l)
-    self._append(_encode(tok, text, untrusted=True), False, l)
-    names = []
-    for image in result.images:
-      self._append(_encode(tok, '\n'), False, l)
-      names.append(self._append_image(image, l))
-    self._append(_encode(tok, '\n') + [TOOL_RESPONSE_END_ID, IM_END_ID] + _encode(tok, '\n') + [IM_START_ID]
-                 + _encode(tok, 'assistant\n'), False, l)
+    self._images.extend(refs)
+    self._append(ids, False, l)
     return names
 
   def finish(self, prompt_id: str = '', sample_index: int = 0, answers: Sequence[str] = (),

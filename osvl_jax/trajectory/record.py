@@ -22,8 +22,11 @@ class PromptTooLongError(TrajectoryError):
   """A rendered prompt exceeds its token budget; prompts are never cut (a cut could split an image span)."""
 
 
-# Why an episode stopped (`Trajectory.stop_reason`). The last two mean the token budget cut the episode short.
-STOP_REASONS = ('response', 'max_turns', 'fatal', 'token_budget', 'context_full')
+# Why an episode stopped (`Trajectory.stop_reason`). 'token_budget' and 'context_full' mean the token budget cut
+# the episode short; 'error' means an append failed in a way no tool error can report (e.g. the policy emitted an
+# id outside the vocabulary, or even the error observation could not be rendered): the trajectory ends at the last
+# whole step and the other episodes of the batch go on.
+STOP_REASONS = ('response', 'max_turns', 'fatal', 'token_budget', 'context_full', 'error')
 TRUNCATION_REASONS = ('token_budget', 'context_full')
 
 
@@ -72,7 +75,8 @@ class Trajectory:
     answers: accepted answers (may be empty at inference).
     stop_reason: why the episode ended, one of `STOP_REASONS` ('response', 'max_turns', 'fatal',
       'token_budget': the next step would not fit `max_total_tokens`, so the trajectory ends at the last whole
-      step; 'context_full': the engine's context is full), or None when not produced by the agent loop (SFT
+      step; 'context_full': the engine's context is full; 'error': an append failed and could not be reported as
+      a tool error, the trajectory ends at the last whole step), or None when not produced by the agent loop (SFT
       data, hand-built). `truncated` is True for the budget reasons.
   """
   prompt_id: str

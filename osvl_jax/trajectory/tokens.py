@@ -47,6 +47,7 @@ IM_START_ID = 151644
 IM_END_ID = 151645  # <|im_end|>: eos, end of every turn.
 VISION_START_ID = 151652
 VISION_END_ID = 151653
+VISION_PAD_ID = 151654  # <|vision_pad|>: unused by Qwen3-VL; stands in for vision ids the policy emitted.
 IMAGE_PAD_ID = 151655  # <|image_pad|>: one per merged image patch.
 VIDEO_PAD_ID = 151656
 TOOL_CALL_ID = 151657
@@ -55,6 +56,11 @@ TOOL_RESPONSE_ID = 151665
 TOOL_RESPONSE_END_ID = 151666
 THINK_ID = 151667
 THINK_END_ID = 151668
+# Qwen's two end-of-sequence ids: generation stops at either (DESIGN.md §4).
+EOS_IDS = (IM_END_ID, ENDOFTEXT_ID)
+# Ids only the environment writes (image spans; video pads are never rendered here). The embedded sampler never
+# samples them; one another engine emits is text for the model: see `model_input_ids`.
+VISION_IDS = (VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID)
 # Regular BPE tokens used by `check_trajectory` to find assistant turns.
 ASSISTANT_ID = 77091  # 'assistant'
 NEWLINE_ID = 198  # '\n'
@@ -133,3 +139,83 @@ def _encode(tokenizer, text: str, untrusted: bool = False) -> list[int]:
       return list(plain.encode(text, add_special_tokens=False).ids)
     return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
   return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class Untrusted(str):
+  """Text from outside (a question, tool output) for `_encode_parts`: never read as added tokens."""
+
+
+@functools.lru_cache(maxsize=1)
+def _added_token_regex():
+  import re  # pylint: disable=g-import-not-at-top
+  contents = sorted((c for c, _ in ADDED_TOKENS.values()), key=len, reverse=True)  # leftmost-longest, as HF
+  return re.compile('(' + '|'.join(re.escape(c) for c in contents) + ')')
+
+
+def _split_added(text: str) -> list:
+  """Trusted text as plain strings and the ids of the added tokens it spells ('a<think>b' -> ['a', 151667, 'b'])."""
+  ids = {c: i for i, (c, _) in ADDED_TOKENS.items()}
+  return [ids[p] if k % 2 else p for k, p in enumerate(_added_token_regex().split(text)) if p]
+
+
+def _encode_parts(tokenizer, parts) -> list[int]:
+  """Ids of a rendering given as pieces, tokenized as a tokenizer reads the concatenated string.
+
+  Each maximal run of plain text between added tokens is tokenized as ONE string, as a Hugging Face tokenizer
+  does with the whole rendered text (it splits at added tokens, then pre-tokenizes each segment): so 'city?'
+  followed by a template '\n' gives the one token '?\n', exactly the ids a chat template served by SGLang / vLLM
+  produces. Untrusted pieces join the runs as plain text but are never read as added tokens.
+
+  Args:
+    tokenizer: the Qwen tokenizer (`load_tokenizer`).
+    parts: a sequence of: int (an added token id, e.g. `IM_START_ID`), str (trusted template text: the added
+      tokens it spells, e.g. '<tool_call>' in the system text, become their ids), `Untrusted` (plain text only).
+  Returns:
+    the ids.
+  """
+  out, run = [], []
+  def flush():
+    if run:
+      out.extend(_encode(tokenizer, ''.join(run), untrusted=True))
+      run.clear()
+  for part in parts:
+    if isinstance(part, Untrusted):
+      pieces = [str(part)]
+    elif isinstance(part, str):
+      pieces = _split_added(part)
+    else:
+      pieces = [int(part)]
+    for piece in pieces:
+      if isinstance(piece, str):
+        run.append(piece)
+      else:
+        flush()
+        out.append(piece)
+  flush()
+  return out
+
+
+def model_input_ids(token_ids, gen_mask):
+  """The ids the model reads for a trajectory sequence: vision ids the policy emitted become `<|vision_pad|>`.
+
+  A vision id (`VISION_IDS`) under gen_mask is one a non-embedded engine sampled (the embedded sampler never
+  does); it is kept in `Trajectory.token_ids` (the loss target, token-exact) but the model must read it as text,
+  or the `<|image_pad|>` count would no longer match the image features (DESIGN.md §4). The builder's contexts,
+  `check_trajectory` and `train.batching.collate` all apply this one rule, so rollout and training agree.
+
+  Args:
+    token_ids: int [T] (or [B, T]).
+    gen_mask: bool [T] (or [B, T]), same shape.
+  Returns:
+    int32 array of the same shape: `token_ids` with every vision id where gen_mask is True replaced by
+    `VISION_PAD_ID` (a copy; the inputs are not modified).
+  Raises:
+    ValueError: when the shapes differ.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top  # this module stays light at import time
+  ids = np.array(token_ids, dtype=np.int32, copy=True)
+  gen = np.asarray(gen_mask, dtype=bool)
+  if ids.shape != gen.shape:
+    raise ValueError(f'model_input_ids: token_ids {ids.shape} and gen_mask {gen.shape} differ in shape')
+  ids[gen & np.isin(ids, VISION_IDS)] = VISION_PAD_ID
+  return ids

@@ -29,6 +29,41 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   again = build.build_dataset(config, tmp_path)
   assert all(again[s]['resumed'] for s in ('paths', 'qa', 'rewrite', 'ground', 'items', 'sft'))
   assert again['summary'] == stats['summary']
+  assert json.loads((tmp_path / build.BUILD_CONFIG_FILE).read_text()) == build.build_settings(config)
+  config.num_items = 4   # another build: refused, not answered with the 3 old items
+  with pytest.raises(ValueError, match="num_items: built with 3, asked 4"):
+    build.build_dataset(config, tmp_path)
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('num_items', 7, 'num_items: built with 5, asked 7'), ('seed', 1, 'seed: built with 0, asked 1'),
+    ('hop_probs', (0.2, 0.4, 0.4), 'hop_probs: built with'), ('max_pixels', 64 * 64, 'max_pixels: built with'),
+])
+def test_a_folder_built_with_other_settings_is_refused_naming_the_difference(tmp_path, field, value, match):
+  config = build.default_config()
+  config.num_items = 5
+  (tmp_path / build.BUILD_CONFIG_FILE).write_text(json.dumps(build.build_settings(config)))
+  config.dir, config.data_dir, config.synthesize = '/elsewhere', '/data', False   # where, not what: no difference
+  build._check_resume(tmp_path, build.build_settings(config))
+  config[field] = value
+  with pytest.raises(ValueError, match=match):
+    build.build_dataset(config, tmp_path)
+
+
+def test_a_folder_with_stages_but_no_recorded_settings_is_refused(tmp_path):
+  (tmp_path / 'items').mkdir()
+  (tmp_path / 'items' / pipeline_data.COUNTS_FILE).write_text('{}')
+  with pytest.raises(ValueError, match='without build_config.json'):
+    build.build_dataset(build.default_config(), tmp_path)
+  assert not (tmp_path / build.BUILD_CONFIG_FILE).exists()
+
+
+def test_a_bad_data_config_is_refused_before_anything_is_written(tmp_path):
+  config = build.default_config()
+  config.num_items = 0
+  with pytest.raises(ValueError, match='data.num_items=0'):
+    build.build_dataset(config, tmp_path / 'out')
+  assert not (tmp_path / 'out').exists()
 
 
 def test_readers_name_the_missing_split_and_the_build_command(tmp_path):

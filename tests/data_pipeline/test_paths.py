@@ -36,10 +36,41 @@ def test_is_valid_walk_rejects_cycles_and_non_links(corpus):
   assert not paths.is_valid_walk(corpus, ['Taj_Mahal', 'Zebra'])
 
 
-def test_walks_are_deterministic_in_the_seed(graph, small_config):
-  a, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
-  b, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
-  assert [r['path'] for r in a] == [r['path'] for r in b]
+def test_walks_are_deterministic_in_the_seed_and_differ_across_seeds(graph, small_config):
+  """Same seed -> the same records; other seeds -> other paths (a sampler ignoring its seed fails here)."""
+  sample = lambda seed: paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, _with_seed(small_config, seed))[0]
+  seed = small_config.seed
+  a, b = sample(seed), sample(seed)
+  assert [r['path'] for r in a] == [r['path'] for r in b] and a
+  assert [r['hops'] for r in a] == [r['hops'] for r in b]
+  others = [sample(seed + 1), sample(seed + 2)]
+  for other in others:
+    assert other and [r['path'] for r in other] != [r['path'] for r in a]
+  assert [r['path'] for r in others[0]] != [r['path'] for r in others[1]]
+  assert {r['prompt_id'] for r in a}.isdisjoint(r['prompt_id'] for r in others[0])
+
+
+def _with_seed(config, seed):
+  c = config.copy_and_resolve_references()
+  c.seed = seed
+  return c
+
+
+def test_hop_counts_follow_the_configured_categorical(graph, small_config):
+  """h ~ Cat({2, 3, 4}; 0.4, 0.4, 0.2): over n items of the fixed seed, each count is within 4 binomial standard
+  deviations of n p (the seed is fixed, so this is deterministic); `sample_paths` uses exactly these draws."""
+  assert tuple(small_config.hop_choices) == (2, 3, 4) and tuple(small_config.hop_probs) == (0.4, 0.4, 0.2)
+  n = 3000
+  hops = [paths.draw_hops(small_config, paths.item_rng(small_config.seed, i)) for i in range(n)]
+  for h, p in zip((2, 3, 4), (0.4, 0.4, 0.2)):
+    count = hops.count(h)
+    assert abs(count - n * p) <= 4 * np.sqrt(n * p * (1 - p)), (h, count, n * p)
+  assert set(hops) == {2, 3, 4}
+  other = [paths.draw_hops(small_config, paths.item_rng(small_config.seed + 1, i)) for i in range(n)]
+  assert other != hops  # the draws depend on the seed
+  recs, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
+  for r in recs:  # each record's h is its item's draw
+    assert r['hops'] == hops[int(r['prompt_id'].rsplit('-', 1)[1])]
 
 
 def test_unique_descriptor_picks_out_one_out_link(graph):

@@ -146,3 +146,146 @@ def test_context_at_max_len_emits_nothing(model, tokenizer):
   full, short = sampler.generate([(_text_prompt(0, 12), []), (_text_prompt(1, 9), [])])
   assert full.ids.size == 0 and full.finish_reason == engine_lib.FINISH_LENGTH
   assert short.ids.size == 3 and short.finish_reason == engine_lib.FINISH_LENGTH
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hardening: end-of-sequence ids, vision ids never sampled, temperature and seed really used, parameter checks.
+# ---------------------------------------------------------------------------------------------------------------
+
+PEAKED = {100: 20.0, 200: 19.0, 300: 18.0, 400: 17.0}  # first-token logits of `_peaked_model` (all others 0)
+
+
+def _peaked_model(prompt, targets):
+  """An untied tiny model whose logits at the last prompt position are `targets` {id: logit}, 0 elsewhere."""
+  model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(tie_word_embeddings=False), nnx.Rngs(0))
+  x = np.asarray(prompt, np.int32)[None]
+  hidden, _ = model(x, rope.get_rope_index(x)[0], None, None, None)
+  h = np.asarray(hidden[0, -1], np.float64)
+  kernel = np.zeros(model.lm_head.kernel[...].shape, np.float32)
+  for i, v in targets.items():
+    kernel[:, i] = v * h / np.dot(h, h)
+  model.lm_head.kernel[...] = jnp.asarray(kernel)
+  return model, np.asarray(hidden[0, -1], np.float64) @ kernel.astype(np.float64)
+
+
+ROWS = 256  # rows per draw: one compiled prefill shared by the temperature and seed tests
+
+
+@pytest.fixture(scope='module')
+def peaked(tokenizer):
+  """(prompt, first-token logits float64 [V], one sampler over `_peaked_model`: max_new_tokens=1, T=1, seed 0)."""
+  prompt = _text_prompt(8, 10)
+  model, logits = _peaked_model(prompt, PEAKED)
+  return prompt, logits, _sampler(model, tokenizer, max_new_tokens=1, temperature=1.0, seed=0)
+
+
+def _draw(sampler, prompt, temperature=1.0, seed=None):
+  sampler.temperature = temperature
+  if seed is not None:
+    sampler.reseed(seed)
+  return np.asarray([g.ids[0] for g in sampler.generate([(prompt, [])] * ROWS)])
+
+
+def _softmax(x):
+  e = np.exp(x - x.max())
+  return e / e.sum()
+
+
+def _chi2(ids, probs, keys):
+  """Chi-square of the counts of `keys` (plus 'any other id') against `probs` [V]."""
+  observed = np.asarray([np.sum(ids == k) for k in keys] + [np.sum(~np.isin(ids, keys))], np.float64)
+  expected = np.asarray([probs[k] for k in keys] + [1 - sum(probs[k] for k in keys)]) * len(ids)
+  expected = np.maximum(expected, 1e-3)
+  return float(np.sum((observed - expected) ** 2 / expected))
+
+
+def test_temperature_shapes_the_sampled_distribution(peaked):
+  """256 first tokens at T=0.5 follow softmax(logits / 0.5) (chi2, 4 dof, p=0.001 -> 18.5), not softmax(logits)."""
+  prompt, logits, sampler = peaked
+  keys = sorted(PEAKED)
+  cold = _draw(sampler, prompt, temperature=0.5, seed=0)
+  assert _chi2(cold, _softmax(logits / 0.5), keys) < 18.5
+  assert _chi2(cold, _softmax(logits), keys) > 18.5  # a sampler that ignored its temperature fails here
+  hot = _draw(sampler, prompt, temperature=1.0, seed=0)
+  assert _chi2(hot, _softmax(logits), keys) < 18.5
+  assert _chi2(hot, _softmax(logits / 0.5), keys) > 18.5
+  assert np.mean(cold == 100) > np.mean(hot == 100) + 0.1  # colder: the top id more often
+
+
+def test_seed_decides_the_samples(peaked):
+  prompt, _, sampler = peaked
+  a = _draw(sampler, prompt, seed=0)
+  c = _draw(sampler, prompt, seed=1)
+  d = _draw(sampler, prompt)  # the key advances per call
+  assert set(a.tolist()) <= set(PEAKED) and len(set(a.tolist())) > 1
+  assert a.tolist() != c.tolist() and d.tolist() not in (a.tolist(), c.tolist())
+  assert _draw(sampler, prompt, seed=0).tolist() == a.tolist()
+
+
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_vision_ids_are_never_sampled_nor_argmaxed(tokenizer, temperature):
+  """Vision ids get the largest logits, yet greedy and sampling pick an allowed id; log-probs stay unmasked."""
+  prompt = _text_prompt(9, 10)
+  targets = {**{v: 30.0 for v in tj.VISION_IDS}, 500: 20.0, 600: 19.0}
+  model, logits = _peaked_model(prompt, targets)
+  sampler = _sampler(model, tokenizer, max_new_tokens=1, temperature=temperature, seed=0)
+  gens = sampler.generate([(prompt, [])] * 32)
+  ids = np.asarray([g.ids[0] for g in gens])
+  assert not np.isin(ids, tj.VISION_IDS).any()
+  assert set(ids.tolist()) == ({500} if temperature == 0 else {500, 600})
+  logp = logits - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()
+  np.testing.assert_allclose([g.logprobs[0] for g in gens], logp[ids], atol=1e-4)  # under the unmasked model
+
+
+def test_sample_logits_bans_ids_in_greedy_top_p_and_plain_sampling():
+  logits = jnp.asarray([[9.0, 1.0, 0.5, 0.0]], jnp.float32)
+  keys = jax.random.split(jax.random.key(0), 200)
+  for greedy, use_top_p in [(True, False), (False, False), (False, True)]:
+    ids = jax.vmap(lambda k: jax_sampler.sample_logits(logits, k, 1.0, 0.4, greedy, use_top_p, banned=(0,))[0][0])(
+        keys)
+    assert 0 not in set(np.asarray(ids).tolist())
+    if greedy or use_top_p:
+      assert set(np.asarray(ids).tolist()) == {1}  # the best allowed id (the nucleus of the allowed ids)
+
+
+def test_endoftext_stops_like_im_end(tokenizer):
+  """Qwen's second end-of-sequence id ends the row too (finish 'stop', kept, not in the text)."""
+  model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(tie_word_embeddings=False), nnx.Rngs(0))
+  prompt = _text_prompt(6, 9)
+  ref, _ = _reference_greedy(model, prompt, [], 8)
+  k = next(i for i in range(1, len(ref)) if ref[i] not in ref[:i])
+  kernel = model.lm_head.kernel[...]
+  eot = tj.ENDOFTEXT_ID
+  model.lm_head.kernel[...] = kernel.at[:, [eot, ref[k]]].set(kernel[:, [ref[k], eot]])
+  gen = _sampler(model, tokenizer, max_new_tokens=8).generate([(prompt, [])])[0]
+  assert gen.ids.tolist() == ref[:k] + [eot]
+  assert gen.finish_reason == engine_lib.FINISH_STOP
+  assert gen.text == tokenizer.decode(ref[:k])
+
+
+@pytest.mark.parametrize('kw, name', [
+    ({'top_p': 0.0}, 'top_p'), ({'top_p': -0.5}, 'top_p'), ({'top_p': 1.5}, 'top_p'),
+    ({'top_p': float('nan')}, 'top_p'),
+    ({'temperature': -0.1}, 'temperature'), ({'temperature': float('nan')}, 'temperature'),
+    ({'temperature': float('inf')}, 'temperature'), ({'temperature': 'hot'}, 'temperature'),
+    ({'max_new_tokens': 0}, 'max_new_tokens'), ({'max_new_tokens': 2.5}, 'max_new_tokens'),
+    ({'max_new_tokens': True}, 'max_new_tokens'), ({'max_len': 0}, 'max_len'), ({'bucket': 0}, 'bucket'),
+    ({'stop': '</tool_call>'}, 'stop'), ({'stop': ['']}, 'stop'), ({'seed': -1}, 'seed')])
+def test_invalid_sampling_parameters_are_refused_by_name(model, tokenizer, kw, name):
+  with pytest.raises(ValueError, match=name):
+    _sampler(model, tokenizer, **kw)
+
+
+def test_sampling_parameters_are_checked_on_assignment_and_per_call(model, tokenizer):
+  sampler = _sampler(model, tokenizer, temperature=0.0, top_p=1.0)  # the edges of the valid ranges
+  sampler.temperature, sampler.top_p = 0.7, 0.01
+  assert (sampler.temperature, sampler.top_p) == (0.7, 0.01)
+  with pytest.raises(ValueError, match='top_p'):
+    sampler.top_p = 0.0
+  with pytest.raises(ValueError, match='temperature'):
+    sampler.temperature = -1.0
+  assert (sampler.temperature, sampler.top_p) == (0.7, 0.01)
+  with pytest.raises(ValueError, match='max_new_tokens'):
+    sampler.generate([(_text_prompt(0, 5), [])], max_new_tokens=0)
+  with pytest.raises(ValueError, match='stop'):
+    sampler.generate([(_text_prompt(0, 5), [])], stop='x')

@@ -189,3 +189,63 @@ def test_alias_tables_are_defined_once_and_match_the_official_schemas():
     schema.register(schema.ToolSpec('_bad', 'test tool', (), make=lambda cfg: None,
                                     official=schema.OfficialSchema('_bad', (schema.Param('zzz', 'string', 'z'),))))
   assert '_bad' not in schema.TOOLS
+
+
+# Numbers and references the JSON parser hands over that overflow Python's conversions (10**400 is a valid JSON
+# number; int() refuses strings of more than 4300 digits): bad_arguments naming the argument, never
+# backend_error. Each call goes through the real parser (osvl_jax.trajectory.parse_action) first.
+_CROP = '{"image": "img_1", "x": 0, "y": 0, "width": %s, "height": 10}'
+
+
+@pytest.mark.parametrize('raw, needle', [
+    (_CROP % ('1' + '0' * 400), "'width'"),  # 10**400
+    (_CROP % ('-1' + '0' * 400), "'width'"),  # -10**400
+    (_CROP % '1e400', "'width'"),  # a float literal that parses to inf
+    (_CROP % 'NaN', "'width'"),
+    (_CROP % 'Infinity', "'width'"),
+    (_CROP % '-Infinity', "'width'"),
+    (_CROP % '9007199254740993', "'width'"),  # 2**53 + 1
+    (_CROP % '1e300', "'width'"),
+    (_CROP % 'true', "'width'"),  # bool where an integer is expected
+    (_CROP % '10.5', "'width'"),  # non-integral float where an integer is expected
+    ('{"image": "img_%s", "x": 0, "y": 0, "width": 10, "height": 10}' % ('1' * 5000), "'image'"),
+    ('{"image": "img_%s", "x": 0, "y": 0, "width": 10, "height": 10}' % ('9' * 400), "'image'"),
+    ('{"image": "img_0000", "x": 0, "y": 0, "width": 10, "height": 10}', "'image'"),
+], ids=['1e400-int', 'neg-1e400-int', '1e400-float', 'nan', 'inf', 'neg-inf', '2p53+1', '1e300', 'bool',
+        'float-10.5', 'img-5000-digits', 'img-400-digits', 'img-0000'])
+def test_overflowing_arguments_are_bad_arguments(env, taj, raw, needle):
+  from osvl_jax import trajectory as tj  # pylint: disable=import-outside-toplevel
+  action = tj.parse_action(f'<think>\nt\n</think>\n<tool_call>\n{{"name": "crop", "arguments": {raw}}}\n'
+                           '</tool_call>')
+  assert action.kind == 'tool_call', action
+  r = env.call(action.name, action.arguments, [taj])
+  assert (r.ok, r.error_kind) == (False, 'bad_arguments'), r.text
+  assert needle in r.text and len(r.text) < 400  # the 5,000 digits are not echoed
+
+
+@pytest.mark.parametrize('arguments, shape', [
+    ({'x': -0.0, 'y': 0, 'width': 10.0, 'height': 5}, (5, 10, 3)),  # -0.0 -> 0, 10.0 -> 10
+    ({'x': 0, 'y': -0.0, 'width': 2 ** 53, 'height': 5}, None),  # at the limit: the crop body decides
+])
+def test_neighbours_of_the_overflow_checks(env, taj, arguments, shape):
+  r = env.call('crop', {'image': 'img_0001', **arguments}, [taj])  # leading zeros: img_1
+  if shape is None:
+    assert r.error_kind != 'backend_error', r.text
+  else:
+    assert r.ok and r.images[0].shape == shape, r.text
+    np.testing.assert_array_equal(r.images[0], taj[:5, :10])
+
+
+def test_number_checks_directly():
+  width = schema.Param('width', 'integer', 'w', minimum=1)
+  amount = schema.Param('amount', 'number', 'a')
+  check = lambda p, v: schema.check_arguments('t', (p,), {p.name: v}, [])[p.name]
+  assert check(width, 3.0) == 3 and type(check(width, 3.0)) is int
+  assert check(width, 2 ** 53) == 2 ** 53
+  assert str(check(amount, -0.0)) == '0.0' and check(amount, 7) == 7.0
+  for bad in (10 ** 400, -(10 ** 400), 2 ** 53 + 1, float('nan'), float('inf'), True, 1.5, '3'):
+    with pytest.raises(schema.ArgumentError, match="'width'"):
+      check(width, bad)
+  for bad in (10 ** 400, float('nan'), float('-inf'), False, [1]):
+    with pytest.raises(schema.ArgumentError, match="'amount'"):
+      check(amount, bad)

@@ -11,7 +11,6 @@ import pytest
 from flax import nnx
 
 from osvl_jax import trajectory as tj
-from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.train import batching, grpo, metrics, sft
@@ -52,8 +51,16 @@ def test_collate_gathers_exactly_the_emitted_next_tokens(trajectories):
     assert not batch['attention_mask'][i, len(traj.token_ids):].any()
   np.testing.assert_array_equal(batch['pixel_values'],
                                 np.concatenate([t.images[0].pixel_values for t in trajectories]))
-  expected, _ = rope.get_rope_index(batch['input_ids'], batch['image_grid_thw'], batch['attention_mask'])
-  np.testing.assert_array_equal(batch['position_ids'], expected)
+  # Positions against the HF reference (transformers' Qwen3-VL get_rope_index; see models/qwen3_vl/parity.py).
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=import-outside-toplevel
+  hf = transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**Qwen3VLConfig.tiny().to_hf_dict()))
+  ids = torch.tensor(batch['input_ids'], dtype=torch.long)
+  expected, _ = hf.model.get_rope_index(ids, (ids == tj.IMAGE_PAD_ID).int(),
+                                        torch.tensor(batch['image_grid_thw'], dtype=torch.long),
+                                        attention_mask=torch.tensor(batch['attention_mask'].astype(np.int64)))
+  np.testing.assert_array_equal(batch['position_ids'], expected.numpy())
   assert batch['input_ids'].shape[1] % 128 == 0 and batch['loss_positions'].shape[1] % 32 == 0
 
 

@@ -62,7 +62,17 @@ def test_sft_record_becomes_a_trajectory_with_gpt_turns_masked(sft, tokenizer, i
   assert len(traj.images) == 2 and all(np.array_equal(im.pixels, photo) for im in traj.images)
   assert int(np.sum(traj.token_ids == tj.IMAGE_PAD_ID)) == sum(im.num_tokens for im in traj.images)
   assert '<image>' not in text and text.count('<|vision_start|>') == 2
-  batching.collate([traj, text_only], length_multiple=64, loss_multiple=16)  # validated by the trainer's entry
+  batch = batching.collate([traj, text_only], length_multiple=64, loss_multiple=16)  # the trainer's entry
+  for row, t in enumerate((traj, text_only)):
+    n, emitted = t.num_tokens, np.flatnonzero(t.gen_mask)
+    assert batch['input_ids'][row, :n].tolist() == t.token_ids.tolist() and not batch['attention_mask'][row, n:].any()
+    k = len(emitted)
+    assert batch['loss_positions'][row, :k].tolist() == (emitted - 1).tolist()
+    assert batch['loss_targets'][row, :k].tolist() == t.token_ids[emitted].tolist()
+    assert batch['completion_mask'][row].sum() == k and batch['loss_step'][row, :k].tolist() == (
+        t.step_of_token[emitted].tolist())
+  assert batch['image_grid_thw'].tolist() == traj.image_grid_thw.tolist()
+  assert batch['pixel_values'].shape == (int(np.prod(traj.image_grid_thw, axis=1).sum()), 1536)
 
 
 def test_sft_text_only_record_with_function_call_turn(sft, tokenizer):

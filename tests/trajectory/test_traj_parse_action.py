@@ -1,8 +1,12 @@
 """parse_action: one think block then exactly one tool call or response; lenient, never raises."""
 
+import json
+
+import numpy as np
 import pytest
 
 from osvl_jax import trajectory as tj
+from osvl_jax.trajectory import actions
 
 THINK = '<think>\nThe building looks like the Taj Mahal.\n</think>\n'
 
@@ -108,11 +112,78 @@ def test_unreadable_calls_are_malformed(body):
   assert a.kind == 'malformed' and a.error and not a.format_ok
 
 
-@pytest.mark.parametrize('text', ['', '<think>', '</think></think><response>', '<tool_call>' * 50, None, 12,
-                                  '<think>x</think><tool_call>{{{{[[[[</tool_call>', '\x00\ud800'])
-def test_never_raises(text):
-  a = tj.parse_action(text)
-  assert a.kind in ('tool_call', 'response', 'malformed')
+def _assert_well_formed(a, text):
+  """The structure every ParsedAction has, whatever the input."""
+  assert a.kind in ('tool_call', 'response', 'malformed'), text
+  assert a.format_ok == (not a.problems), (text, a)
+  assert a.think is None or isinstance(a.think, str)
+  if a.kind == 'malformed':
+    assert isinstance(a.error, str) and a.error and not a.format_ok and a.problems, (text, a)
+  else:
+    assert a.error is None, (text, a)
+  if a.kind == 'tool_call':
+    assert isinstance(a.name, str) and a.name.strip() and isinstance(a.arguments, dict), (text, a)
+  else:
+    assert a.name is None and a.arguments == {}, (text, a)
+  assert (a.kind == 'response') == isinstance(a.response, str), (text, a)
+
+
+@pytest.mark.parametrize('text, kind', [
+    ('', 'malformed'), ('<think>', 'malformed'), ('</think></think><response>', 'response'),
+    ('<tool_call>' * 50, 'malformed'), ('<think>x</think><tool_call>{{{{[[[[</tool_call>', 'malformed'),
+    ('\x00\ud800', 'malformed'), ('<think>a</think><response>\ud800</response>', 'response'),
+    ('<think>a</think><tool_call>' + '[' * 5000 + '</tool_call>', 'malformed'),
+    ('<think>a</think><tool_call>{"name": "crop", "arguments": {"x": 1e999}}</tool_call>', 'tool_call')])
+def test_inner_parser_never_raises_and_results_are_well_formed(text, kind):
+  """The parser itself (no catch-all around it) handles hostile input, with a well-formed result."""
+  a = actions._parse_action(text, 'osvl')
+  _assert_well_formed(a, text)
+  assert a.kind == kind
+  assert tj.parse_action(text) == a
+
+
+@pytest.mark.parametrize('text', [None, 12])
+def test_non_string_input_is_read_as_its_text(text):
+  assert tj.parse_action(text) == actions._parse_action(str(text), 'osvl')
+
+
+def test_random_markup_never_reaches_the_catch_all():
+  """2,000 random mixes of tags, JSON fragments and special-token text parse without the safety net."""
+  pieces = ['<think>', '</think>', '<tool_call>', '</tool_call>', '<response>', '</response>', '{', '}', '[', ']',
+            '"', ':', ',', '"name"', '"arguments"', '"crop"', '"query"', '{"name": "crop", "arguments": {}}', '\\',
+            '```', 'json', ' ', '\n', 'x', '<|im_end|>', '<|endoftext|>', '<|image_pad|>', 'null', '1e309', '-0', "'",
+            'True']
+  rng = np.random.default_rng(0)
+  kinds = set()
+  for _ in range(2000):
+    text = ''.join(rng.choice(pieces, size=rng.integers(0, 40)))
+    a = actions._parse_action(text, 'osvl')
+    _assert_well_formed(a, text)
+    kinds.add(a.kind)
+  assert kinds == {'tool_call', 'response', 'malformed'}
+
+
+@pytest.mark.parametrize('query', ['what does </tool_call> mean', 'what is <tool_call> for',
+                                   '</tool_call><tool_call>{"name": "crop"}</tool_call>', 'a <response>b</response>'])
+def test_tool_call_body_is_found_by_parsing_its_json(query):
+  """Tags inside a JSON string are text: the whole query is kept and the call stays format_ok."""
+  call = json.dumps({'name': 'text_search', 'arguments': {'query': query}})
+  for body in (call, f'\n{call}\n', f'```json\n{call}\n```'):
+    a = tj.parse_action(THINK + f'<tool_call>{body}</tool_call>')
+    assert (a.kind, a.name, a.arguments, a.format_ok, a.problems) == (
+        'tool_call', 'text_search', {'query': query}, True, [])
+
+
+def test_json_found_tool_call_still_reports_real_second_actions_and_missing_close():
+  call = json.dumps({'name': 'text_search', 'arguments': {'query': 'what does </tool_call> mean'}})
+  two = tj.parse_action(THINK + f'<tool_call>{call}</tool_call><response>Agra</response>')
+  assert (two.kind, two.arguments['query'], two.format_ok) == ('tool_call', 'what does </tool_call> mean', False)
+  assert two.problems == ['2 actions in one turn (the first is executed)']
+  unclosed = tj.parse_action(THINK + f'<tool_call>{call}')
+  assert (unclosed.kind, unclosed.arguments['query'], unclosed.problems) == (
+      'tool_call', 'what does </tool_call> mean', ['unclosed <tool_call>'])
+  lenient = tj.parse_action(THINK + "<tool_call>{'name': 'crop', 'arguments': {'image': 'img_1',}}</tool_call>")
+  assert (lenient.kind, lenient.arguments, lenient.format_ok) == ('tool_call', {'image': 'img_1'}, True)
 
 
 def test_render_assistant_text_parses_back():

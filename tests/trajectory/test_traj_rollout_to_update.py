@@ -7,7 +7,6 @@ from PIL import Image
 
 from osvl_jax import paths
 from osvl_jax import trajectory as tj
-from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.train import batching
@@ -89,10 +88,29 @@ def test_update_tensors_are_exactly_the_rollouts_ids_images_and_masks(rollout, p
     np.testing.assert_array_equal(traj.images[j].pixels, pixels)
     np.testing.assert_array_equal(batch['pixel_values'][offsets[j]:offsets[j + 1]], want.pixel_values)
     np.testing.assert_array_equal(batch['image_grid_thw'][j], want.grid_thw)
-  # Positions: the 3-D MRoPE positions of exactly these ids and grids.
-  want_pos, _ = rope.get_rope_index(traj.token_ids[None], traj.image_grid_thw)
-  np.testing.assert_array_equal(batch['position_ids'][:, 0, :t], want_pos[:, 0])
+  # Positions: the 3-D MRoPE positions of exactly these ids and grids, from the HF reference implementation
+  # (transformers' Qwen3-VL `get_rope_index`, as osvl_jax/models/qwen3_vl/parity.py builds it), not from our own
+  # `rope.get_rope_index` that collate calls.
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=import-outside-toplevel
+  hf = transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**Qwen3VLConfig.tiny().to_hf_dict()))
+  ids_t = torch.tensor(traj.token_ids[None], dtype=torch.long)
+  want_pos, _ = hf.model.get_rope_index(ids_t, (ids_t == tj.IMAGE_PAD_ID).int(),
+                                        torch.tensor(traj.image_grid_thw, dtype=torch.long),
+                                        attention_mask=torch.ones_like(ids_t))
+  np.testing.assert_array_equal(batch['position_ids'][:, 0, :t], want_pos.numpy()[:, 0])
   assert np.all(batch['position_ids'][:, 0, t:] == 0)
+  # Hand check: text positions before the first image are 0..k-1 on all three axes, and the first image's
+  # pads (merged grid h x w) take h rows / w columns starting at the <|vision_start|> position + 1.
+  vs = int(np.flatnonzero(traj.token_ids == tj.VISION_START_ID)[0])
+  np.testing.assert_array_equal(batch['position_ids'][:, 0, :vs + 1], np.tile(np.arange(vs + 1), (3, 1)))
+  _, gh, gw = (int(x) // m for x, m in zip(traj.image_grid_thw[0], (1, 2, 2)))
+  pads = batch['position_ids'][:, 0, vs + 1:vs + 1 + gh * gw]
+  np.testing.assert_array_equal(pads[0], np.full(gh * gw, vs + 1))
+  np.testing.assert_array_equal(pads[1], vs + 1 + np.repeat(np.arange(gh), gw))
+  np.testing.assert_array_equal(pads[2], vs + 1 + np.tile(np.arange(gw), gh))
+  assert batch['position_ids'][0, 0, vs + 1 + gh * gw] == vs + 1 + max(gh, gw)  # <|vision_end|>
 
 
 def test_stored_trajectory_collates_to_the_same_tensors(rollout, tmp_path):

@@ -1,0 +1,75 @@
+"""Evaluation of a policy on the paper's benchmarks (DESIGN.md §9), with the cost figures the paper leaves out.
+
+Run:
+  .venv/bin/python -m osvl_jax.evaluate --config=configs/eval.py --workdir=workdir/eval \
+      --config.checkpoint=workdir/demo/grpo_ckpt --config.max_items_per_benchmark=8
+  (no --config.checkpoint: the tiny random model; --config.modes=agentic,direct,rag,degrade for all four modes;
+  --config.budgets=2,4,8,16 adds the tool-call budget sweep and its plot; rerun with the same workdir to resume)
+
+Writes `<workdir>/results.jsonl` (one judged record per run x item, appended as items finish), `report.json`,
+`report.md`, and with budgets `budget_sweep.json` + `budget_sweep.png`. Last line printed:
+  benchmarks=<n> items=<m> report=<workdir>/report.json
+"""
+
+import ml_collections
+
+from osvl_jax.judges import registry as judges_registry
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Benchmarks by name (osvl_jax.data.benchmarks.BENCHMARKS). Those whose files are absent are reported, not run.
+  c.benchmarks = ('simplevqa', 'mmsearch', 'livevqa', 'browsecomp_vl', 'fvqa', 'infoseek', 'vdr_bench')
+  c.max_items_per_benchmark = 0  # 0 = all items
+  # Per-benchmark overrides: {name: path or [paths]} and {name: image folder}; '' data_dir = osvl_jax.paths.
+  c.benchmark_files = ml_collections.ConfigDict()
+  c.image_roots = ml_collections.ConfigDict()
+  c.data_dir = ''
+
+  # Modes: agentic (the agent loop with tools), direct (no tools, one turn), rag (text-search results for the
+  # question in the user turn, one turn), degrade (agentic on blurred / downscaled / skewed images).
+  c.modes = ('agentic',)
+  c.budgets = ()  # tool-call budget sweep, e.g. (2, 4, 8, 16): agentic runs with max_tool_calls = b, + plot
+  c.max_tool_calls = 8  # tool calls per item in agentic / degrade (max_turns = max_tool_calls + 1)
+  c.rag_top_k = 3
+  c.degrade_kinds = ('blur', 'downscale', 'skew')  # item k gets kind k mod 3 (by a hash of its id)
+
+  # Policy: '' = the tiny random model (config.model), else a checkpoint folder (`<W>/grpo_ckpt`,
+  # `<W>/sft_ckpt`) or a workdir holding one (grpo_ckpt preferred); the architecture comes from the checkpoint.
+  c.checkpoint = ''
+  c.model = ml_collections.ConfigDict()
+  c.model.name = 'tiny'
+  c.model.hf_path = ''
+  c.model.scan_layers = False
+  c.model.text = ml_collections.ConfigDict(
+      {'num_hidden_layers': 4, 'intermediate_size': 256, 'rope_theta': 10_000.0})
+
+  c.image = ml_collections.ConfigDict()
+  c.image.min_pixels = 64 * 64
+  c.image.max_pixels = 128 * 128
+
+  c.tools = ml_collections.ConfigDict()
+  c.tools.enabled = ('text_search', 'image_search', 'crop', 'sharpen', 'perspective_correct')
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_new_tokens = 128
+  c.rollout.max_total_tokens = 4096
+  c.rollout.fatal_k = 3
+  c.rollout.fatal_index = 'first'
+  c.rollout.temperature = 0.0  # greedy: Pass@1 of one deterministic sample
+  c.rollout.top_p = 1.0
+  c.batch_size = 4  # items rolled out together; results are appended after each item is judged
+
+  # Agent prompts (osvl_jax/judges/prompts): a versioned file name, or 'builder_default' for the instructions
+  # the trainer's trajectories use (trajectory.builder.DEFAULT_INSTRUCTIONS; what the demo checkpoints saw).
+  c.system_prompt = 'agent_system_v1'
+  c.direct_prompt = 'agent_direct_v1'
+  c.rag_prompt = 'agent_rag_v1'
+
+  # Accuracy judge: 'rule' offline, or 'llm' over an OpenAI-compatible endpoint (prompt accuracy_v1), e.g.
+  # --config.judge.name=llm --config.judge.base_url=http://127.0.0.1:8000/v1 --config.judge.model=m
+  c.judge = judges_registry.default_config()
+  c.progress = True
+  return c

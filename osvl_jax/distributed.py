@@ -1,0 +1,175 @@
+"""Multi-host runs: when to call `jax.distributed.initialize`, who writes, and which rows each host feeds.
+
+Every entry point (SFT, GRPO, the demo) calls `initialize()` first thing in its `main`. It starts JAX's
+distributed runtime only when the job runs as more than one process, decided from the environment:
+
+  OSVL_COORDINATOR_ADDRESS (or JAX's own JAX_COORDINATOR_ADDRESS), OSVL_NUM_PROCESSES, OSVL_PROCESS_ID
+      explicit settings (CPU tests, hand-made clusters): `host:port` of process 0, the process count, this
+      process's index. All three, or none.
+  OSVL_DISTRIBUTED=auto
+      let JAX detect the cluster (Cloud TPU VM pods, GKE, Slurm, Open MPI); `tpu_scripts/launch.sh` sets it on
+      every worker of a multi-host TPU.
+  OSVL_DISTRIBUTED=0
+      never initialize (a single host, even on a pod slice's worker).
+
+Without any of these (a laptop, CI, one TPU VM host) nothing is initialized and the job is one process. A
+multi-host TPU also announces itself with `TPU_WORKER_HOSTNAMES` listing more than one host or with
+`MEGASCALE_NUM_SLICES` > 1 (multi-slice); those count as `auto`.
+
+After `initialize`, `jax.devices()` is the global device list (every host's chips), `jax.process_index()` says
+who this host is: process 0 alone writes metrics and logs (`is_main`), every process takes part in the
+checkpoint (orbax writes each host's shards), and each host puts on its devices only its rows of a batch
+(`host_rows`, `host_batch`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import jax
+import numpy as np
+
+ENV_COORDINATOR = 'OSVL_COORDINATOR_ADDRESS'
+ENV_NUM_PROCESSES = 'OSVL_NUM_PROCESSES'
+ENV_PROCESS_ID = 'OSVL_PROCESS_ID'
+ENV_MODE = 'OSVL_DISTRIBUTED'
+
+
+def settings(env: Mapping[str, str] | None = None) -> dict | None:
+  """What `initialize` would do in `env` (default `os.environ`).
+
+  Returns:
+    None (one process: nothing to initialize), {} (JAX auto-detects the cluster), or
+    {'coordinator_address', 'num_processes', 'process_id'} from the explicit variables.
+  Raises:
+    ValueError: only some of the explicit variables are set, or they are not integers / out of range.
+  """
+  env = os.environ if env is None else env
+  mode = env.get(ENV_MODE, '').strip().lower()
+  if mode in ('0', 'false', 'no', 'off'):
+    return None
+  coordinator = env.get(ENV_COORDINATOR) or env.get('JAX_COORDINATOR_ADDRESS')
+  explicit = {ENV_COORDINATOR: coordinator, ENV_NUM_PROCESSES: env.get(ENV_NUM_PROCESSES),
+              ENV_PROCESS_ID: env.get(ENV_PROCESS_ID)}
+  given = [k for k, v in explicit.items() if v]
+  if given and len(given) < 3:
+    missing = sorted(set(explicit) - set(given))
+    raise ValueError(f'distributed run: {", ".join(given)} set but not {", ".join(missing)} (set all three)')
+  if given:
+    try:
+      num, pid = int(explicit[ENV_NUM_PROCESSES]), int(explicit[ENV_PROCESS_ID])
+    except ValueError as e:
+      raise ValueError(f'{ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} must be integers: {e}') from None
+    if not 0 <= pid < num:
+      raise ValueError(f'{ENV_PROCESS_ID}={pid} is not in [0, {ENV_NUM_PROCESSES}={num})')
+    if num == 1:
+      return None
+    return {'coordinator_address': coordinator, 'num_processes': num, 'process_id': pid}
+  if mode in ('1', 'auto', 'true', 'yes', 'on'):
+    return {}
+  hosts = [h for h in env.get('TPU_WORKER_HOSTNAMES', '').split(',') if h.strip()]
+  if len(hosts) > 1 or int(env.get('MEGASCALE_NUM_SLICES', '1') or 1) > 1:
+    return {}
+  return None
+
+
+def initialize(env: Mapping[str, str] | None = None) -> bool:
+  """Starts `jax.distributed` when the environment describes a multi-process job (see the module docstring).
+
+  Call it before anything touches a JAX device. Idempotent.
+
+  Returns:
+    True when this is a distributed run (now or already initialized), False for a single process.
+  """
+  if jax.distributed.is_initialized():
+    return True
+  kwargs = settings(env)
+  if kwargs is None:
+    return False
+  jax.distributed.initialize(**kwargs)
+  return True
+
+
+def is_main() -> bool:
+  """True on the process that writes metrics, logs and other single-writer files (process 0)."""
+  return jax.process_index() == 0
+
+
+def host_rows(mesh: jax.sharding.Mesh | None, batch_size: int, axis: str = 'data') -> slice:
+  """The rows of a global batch that this host feeds when the batch is split over mesh axis `axis`.
+
+  They are the rows held by this process's devices: one contiguous block (a mesh over `jax.devices()` lists each
+  process's devices together). Without a mesh, or in a single process, all rows.
+
+  Raises:
+    ValueError: the rows of this host's devices are not one contiguous block (a mesh that interleaves hosts), or
+      `batch_size` does not split over the axis.
+  """
+  if mesh is None or jax.process_count() == 1:
+    return slice(0, batch_size)
+  if batch_size % mesh.shape[axis]:
+    raise ValueError(f'global batch of {batch_size} rows does not split over the {mesh.shape[axis]} devices of '
+                     f'mesh axis {axis!r}')
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
+  rows = sorted({index[0].indices(batch_size)[:2]
+                 for index in sharding.addressable_devices_indices_map((batch_size,)).values()})
+  start, stop = rows[0][0], rows[-1][1]
+  if any(a[1] != b[0] for a, b in zip(rows, rows[1:])):
+    raise ValueError(f'process {jax.process_index()} holds rows {rows}, not one contiguous block')
+  return slice(start, stop)
+
+
+def global_array(sharding: jax.sharding.NamedSharding, local: np.ndarray, axis: int | None,
+                 batch_size: int) -> jax.Array:
+  """One global array from this host's part: its rows (`host_rows`) along `axis`, or, for axis None, the whole
+  value (identical on every host; replicated or split by `sharding` as it says)."""
+  local = np.asarray(local)
+  shape = local.shape
+  if axis is not None:
+    shape = shape[:axis] + (batch_size,) + shape[axis + 1:]
+  return jax.make_array_from_process_local_data(sharding, local, shape)
+
+
+def host_batch(trajectories: list, mesh: jax.sharding.Mesh | None, length: int, num_loss: int,
+               axis: str = 'data') -> tuple[dict, tuple]:
+  """The global training batch of `trajectories`, of which this host collates only its own rows.
+
+  Text fields (ids, masks, positions, loss gathers) are collated from this host's rows alone and become global
+  arrays split over `axis`. The vision tower runs replicated (`policy.shard_batch`: pixel_values on every
+  device), so each host also stacks the pixel patches and grids of the whole batch's images (no tokenizing, no
+  collation of other hosts' rows).
+
+  Args:
+    trajectories: the B rows of the global batch, the same list on every host.
+    mesh: the data-parallel mesh (`policy.make_mesh`); None = one device.
+    length, num_loss: the run's fixed T and K (`batching.padded_sizes`).
+  Returns:
+    (batch of jax arrays without image_grid_thw, grid key `sft.grid_key` of the whole batch).
+  """
+  from osvl_jax.train import batching, policy  # pylint: disable=g-import-not-at-top
+  if mesh is None or jax.process_count() == 1:
+    batch = batching.collate(trajectories, length=length, num_loss=num_loss)
+    grid = batch.pop('image_grid_thw')
+    grid = tuple(map(tuple, grid.tolist())) if grid is not None else ()
+    return policy.shard_batch(batch, mesh), grid
+  size = len(trajectories)
+  local = batching.collate(trajectories[host_rows(mesh, size, axis)], length=length, num_loss=num_loss)
+  images = [image for traj in trajectories for image in traj.images]
+  local['pixel_values'] = (np.concatenate([np.asarray(i.pixel_values, np.float32) for i in images])
+                           if images else None)
+  local.pop('image_grid_thw')
+  grid = tuple(tuple(int(v) for v in np.asarray(i.grid_thw)) for i in images)
+  out = {}
+  for key, value in local.items():
+    row_axis = policy._ROW_AXIS.get(key, 0)  # pylint: disable=protected-access
+    if value is None:
+      out[key] = None
+      continue
+    if row_axis is None or np.ndim(value) == 0:
+      spec = jax.sharding.PartitionSpec()
+      row_axis = None
+    else:
+      spec = jax.sharding.PartitionSpec(*([None] * row_axis + [axis]))
+    out[key] = global_array(jax.sharding.NamedSharding(mesh, spec), value, row_axis, size)
+  return out, grid

@@ -1,0 +1,150 @@
+"""The evaluation report: Pass@1 per benchmark and its average, then the costs the paper leaves out.
+
+Input: the judged records of `results.jsonl` (one per run x item; fields in `runner.make_record`). Per run (a mode,
+or a budget of the sweep) and per benchmark:
+
+  items               records
+  judged              records with a verdict (a judge error has none)
+  pass_at_1           correct / judged (judge errors are not counted as wrong: they are reported apart)
+  judge_error_rate    records whose judge gave no parseable verdict / items
+  no_answer_rate      records without a final <response> (stop reason in `stop_reasons`)
+  abstention_rate     responses that abstain ("cannot determine", "unable to tell", "I don't know", ...)
+  fatal_rate          records that ended in a fatal tool-error cascade (K consecutive execution errors)
+  error_rate          records whose rollout failed outside the model (prompt too long, engine error)
+  tool_error_rate     tool calls that were execution errors / tool calls
+  image_problem_rate  records whose image(s) could not be used (missing file, remote URL, unreadable)
+  turns, tool_calls, gen_tokens, seconds: {mean, median, p90} per item
+  tool_usage          {tool name: calls}, and `tool_share` {tool name: fraction of all calls}
+  stop_reasons        {reason: records}
+
+`average_pass_at_1` is the unweighted mean of the benchmarks' Pass@1 (the paper's "Avg."), over benchmarks with
+at least one judged item. `seconds` is the item's own time: the wall time of each batched generate call it took
+part in, plus its own tool time.
+"""
+
+import collections
+import json
+import pathlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+COST_FIELDS = ('turns', 'tool_calls', 'gen_tokens', 'seconds')
+
+
+def _dist(values: Sequence[float]) -> dict[str, float]:
+  if not values:
+    return {'mean': 0.0, 'median': 0.0, 'p90': 0.0}
+  a = np.asarray(values, np.float64)
+  return {'mean': float(a.mean()), 'median': float(np.median(a)), 'p90': float(np.percentile(a, 90))}
+
+
+def _rate(n: int, d: int) -> float:
+  return float(n) / d if d else 0.0
+
+
+def summarize_records(records: Sequence[dict]) -> dict:
+  """The statistics of one group of records (module docstring)."""
+  n = len(records)
+  judged = [r for r in records if r.get('correct') is not None]
+  correct = sum(bool(r['correct']) for r in judged)
+  tool_calls = sum(int(r.get('tool_calls', 0)) for r in records)
+  usage = collections.Counter()
+  for r in records:
+    usage.update(r.get('tools') or {})
+  out = {
+      'items': n, 'judged': len(judged), 'correct': correct, 'pass_at_1': _rate(correct, len(judged)),
+      'judge_error_rate': _rate(sum(r.get('judge_error') is not None for r in records), n),
+      'no_answer_rate': _rate(sum(r.get('response') is None for r in records), n),
+      'abstention_rate': _rate(sum(bool(r.get('abstained')) for r in records), n),
+      'fatal_rate': _rate(sum(bool(r.get('fatal')) for r in records), n),
+      'error_rate': _rate(sum(r.get('error') is not None for r in records), n),
+      'tool_error_rate': _rate(sum(int(r.get('tool_errors', 0)) for r in records), tool_calls),
+      'image_problem_rate': _rate(sum(bool(r.get('problems')) for r in records), n),
+  }
+  for field in COST_FIELDS:
+    out[field] = _dist([float(r.get(field, 0.0)) for r in records])
+  out['tool_usage'] = dict(sorted(usage.items()))
+  out['tool_share'] = {k: _rate(v, tool_calls) for k, v in sorted(usage.items())}
+  out['stop_reasons'] = dict(sorted(collections.Counter(str(r.get('stop_reason')) for r in records).items()))
+  return out
+
+
+def summarize(records: Iterable[dict], run_order: Sequence[str] = ()) -> dict:
+  """{run key: {'benchmarks': {name: stats}, 'average_pass_at_1', 'all': stats, 'mode', 'max_tool_calls'}}."""
+  by_run: dict[str, list[dict]] = collections.defaultdict(list)
+  for r in records:
+    by_run[r['run']].append(r)
+  order = [k for k in run_order if k in by_run] + sorted(k for k in by_run if k not in run_order)
+  out = {}
+  for key in order:
+    rows = by_run[key]
+    by_bench: dict[str, list[dict]] = collections.defaultdict(list)
+    for r in rows:
+      by_bench[r['benchmark']].append(r)
+    benches = {b: summarize_records(v) for b, v in sorted(by_bench.items())}
+    scored = [s['pass_at_1'] for s in benches.values() if s['judged']]
+    out[key] = {'mode': rows[0].get('mode'), 'max_tool_calls': rows[0].get('max_tool_calls'),
+                'benchmarks': benches, 'average_pass_at_1': float(np.mean(scored)) if scored else 0.0,
+                'all': summarize_records(rows)}
+  return out
+
+
+def _pct(x: float) -> str:
+  return f'{100.0 * x:.1f}'
+
+
+def to_markdown(report: dict) -> str:
+  """report.md: per run, a Pass@1 table (benchmarks + Avg.), a cost table, tool usage, problems."""
+  lines = ['# Evaluation report', '']
+  meta = report.get('meta', {})
+  for k in ('policy', 'judge', 'judge_prompt', 'system_prompt', 'results'):
+    if k in meta:
+      lines.append(f'- {k}: `{meta[k]}`')
+  lines.append('')
+  for key, run in report['runs'].items():
+    lines += [f"## Run `{key}` (mode {run['mode']}, max tool calls {run['max_tool_calls']})", '',
+              '| benchmark | items | judged | Pass@1 (%) | no answer | abstain | fatal | judge err | image problems |',
+              '|---|---|---|---|---|---|---|---|---|']
+    for name, s in run['benchmarks'].items():
+      lines.append(f"| {name} | {s['items']} | {s['judged']} | {_pct(s['pass_at_1'])} | {_pct(s['no_answer_rate'])} | "
+                   f"{_pct(s['abstention_rate'])} | {_pct(s['fatal_rate'])} | {_pct(s['judge_error_rate'])} | "
+                   f"{_pct(s['image_problem_rate'])} |")
+    lines += [f"| **Avg.** | | | **{_pct(run['average_pass_at_1'])}** | | | | | |", '',
+              '| cost per item | mean | median | p90 |', '|---|---|---|---|']
+    for field in COST_FIELDS:
+      d = run['all'][field]
+      lines.append(f"| {field} | {d['mean']:.2f} | {d['median']:.2f} | {d['p90']:.2f} |")
+    a = run['all']
+    lines += ['', f"Tool error rate {_pct(a['tool_error_rate'])}%, error rate {_pct(a['error_rate'])}%, "
+              f"stop reasons {a['stop_reasons']}.", '']
+    if a['tool_usage']:
+      lines += ['| tool | calls | share (%) |', '|---|---|---|']
+      lines += [f"| {t} | {c} | {_pct(a['tool_share'][t])} |" for t, c in a['tool_usage'].items()]
+      lines.append('')
+  if report.get('budget_sweep'):
+    lines += ['## Tool-call budget sweep', '', '| budget | mean tool calls | Pass@1 (%) |', '|---|---|---|']
+    lines += [f"| {p['budget']} | {p['mean_tool_calls']:.2f} | {_pct(p['pass_at_1'])} |"
+              for p in report['budget_sweep']]
+    if report.get('budget_plot'):
+      lines += ['', f"![budget sweep]({pathlib.Path(report['budget_plot']).name})"]
+    lines.append('')
+  if report.get('benchmarks_not_run'):
+    lines += ['## Benchmarks not run', '']
+    lines += [f'- {name}: {why}' for name, why in report['benchmarks_not_run'].items()]
+    lines.append('')
+  if report.get('problems'):
+    lines += ['## Items with unusable images', '']
+    for name, p in report['problems'].items():
+      lines.append(f"- {name}: {p['items']} item(s), e.g. {p['examples'][0]}")
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def write(report: dict, workdir: str | pathlib.Path) -> pathlib.Path:
+  """Writes `<workdir>/report.json` and `<workdir>/report.md`; returns the JSON path."""
+  workdir = pathlib.Path(workdir)
+  path = workdir / 'report.json'
+  path.write_text(json.dumps(report, indent=1, ensure_ascii=False, default=str))
+  (workdir / 'report.md').write_text(to_markdown(report))
+  return path

@@ -1,0 +1,410 @@
+"""The evaluation runner (DESIGN.md §9): benchmarks -> the one agent loop -> judged records -> report.
+
+Runs (`plan_runs`): one per mode in `config.modes`, plus `budget_<b>` per tool-call budget in `config.budgets`:
+  agentic   `rollout.agent_loop.run_episodes` with the tools, max_turns = max_tool_calls + 1
+  degrade   as agentic, on a degraded copy of each image (`eval.degrade`, kind by a hash of the item id)
+  direct    no tools offered (one turn; a tool call anyway gets `unknown_tool`), prompt `agent_direct_v1`
+  rag       `text_search` results for the question appended to the user turn, then one turn, `agent_rag_v1`
+
+Resumable per item: every judged item is appended at once to `<workdir>/results.jsonl` (flushed, fsynced) under
+the key (run, benchmark, id); a rerun skips the keys present, so a killed run resumes without judging an item
+twice (a torn last line is ignored and its item redone). Items are rolled out `batch_size` at a time.
+
+A benchmark whose file is missing is listed under `benchmarks_not_run`; an item whose image cannot be used is
+run without it and its `problems` are recorded (and counted in the report), never dropped.
+"""
+
+import collections
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+import numpy as np
+import tqdm
+
+from osvl_jax import trajectory as traj_lib
+from osvl_jax.data import benchmarks as bench_lib
+from osvl_jax.eval import degrade as degrade_lib
+from osvl_jax.eval import plots, report as report_lib
+from osvl_jax.judges import base as judges_base
+from osvl_jax.judges import prompts as prompts_lib
+from osvl_jax.judges import registry as judges_registry
+from osvl_jax.judges import rule as rule_judge
+from osvl_jax.rollout import agent_loop
+from tools import base as tools_base
+
+MODES = ('agentic', 'direct', 'rag', 'degrade')
+RESULTS_FILE = 'results.jsonl'
+
+_ABSTAIN_RE = re.compile(
+    r"\b(can ?not|can't|unable to|could not|couldn't|impossible to)\s+(be\s+)?"
+    r"(determine|determined|tell|answer|identify|identified|say|know)\b|\bi\s+(do not|don't)\s+know\b"
+    r'|\bnot enough (information|evidence)\b|\binsufficient (information|evidence)\b', re.IGNORECASE)
+
+
+def is_abstention(response: str | None) -> bool:
+  """True for a final answer that declines to answer ('cannot determine', 'unable to tell', "I don't know")."""
+  return bool(response) and _ABSTAIN_RE.search(response) is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One evaluation run: a mode at a tool-call budget; `key` names it in results.jsonl and the report."""
+  key: str
+  mode: str
+  max_tool_calls: int
+
+
+def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
+  """The runs of a config: one per `modes` entry, then `budget_<b>` (agentic) per `budgets` entry.
+
+  Raises:
+    ValueError: an unknown mode, or a budget < 1.
+  """
+  runs = []
+  for mode in config.modes:
+    if mode not in MODES:
+      raise ValueError(f'eval mode {mode!r} is not one of {MODES}')
+    calls = int(config.max_tool_calls) if mode in ('agentic', 'degrade') else 0
+    runs.append(Run(mode, mode, calls))
+  for b in config.get('budgets') or ():
+    if int(b) < 1:
+      raise ValueError(f'tool-call budget {b} must be >= 1')
+    runs.append(Run(f'budget_{int(b)}', 'agentic', int(b)))
+  return runs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# results.jsonl
+# ----------------------------------------------------------------------------------------------------------------
+
+class ResultStore:
+  """Append-only judged records, keyed by (run, benchmark, id).
+
+  Args:
+    path: the results.jsonl file (created on the first append).
+  Attributes:
+    records: the records read or appended, in order.
+    torn_lines: lines that were not JSON (a write cut by a kill); ignored, their items are redone.
+  """
+
+  def __init__(self, path: str | pathlib.Path):
+    self.path = pathlib.Path(path)
+    self.records: list[dict] = []
+    self.torn_lines = 0
+    self._done: set[tuple[str, str, str]] = set()
+    if self.path.is_file():
+      for line in self.path.read_text(encoding='utf-8').splitlines():
+        if not line.strip():
+          continue
+        try:
+          record = json.loads(line)
+          key = self.key(record)
+        except (json.JSONDecodeError, KeyError, TypeError):
+          self.torn_lines += 1
+          continue
+        if key not in self._done:
+          self._done.add(key)
+          self.records.append(record)
+
+  @staticmethod
+  def key(record: dict) -> tuple[str, str, str]:
+    return str(record['run']), str(record['benchmark']), str(record['id'])
+
+  def done(self, run: str, benchmark: str, item_id: str) -> bool:
+    return (run, benchmark, str(item_id)) in self._done
+
+  def append(self, record: dict) -> None:
+    """Appends one record (one line), flushed and fsynced before returning.
+
+    Raises:
+      ValueError: the key is already stored (an item is never judged twice).
+    """
+    key = self.key(record)
+    if key in self._done:
+      raise ValueError(f'result {key} is already in {self.path}')
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    needs_newline = self.path.is_file() and self.path.stat().st_size > 0 and not self._ends_with_newline()
+    with self.path.open('a', encoding='utf-8') as f:
+      f.write(('\n' if needs_newline else '') + json.dumps(record, ensure_ascii=False, default=str) + '\n')
+      f.flush()
+      os.fsync(f.fileno())
+    self._done.add(key)
+    self.records.append(record)
+
+  def _ends_with_newline(self) -> bool:
+    with self.path.open('rb') as f:
+      f.seek(-1, os.SEEK_END)
+      return f.read(1) == b'\n'
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Policy and environment
+# ----------------------------------------------------------------------------------------------------------------
+
+def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, str]:
+  """(workdir, checkpoint folder name) of `path`: a `*_ckpt` folder, or a workdir holding grpo_ckpt / sft_ckpt.
+
+  Raises:
+    FileNotFoundError: neither.
+  """
+  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(path)
+  if path.name.endswith('_ckpt') and path.is_dir():
+    return path.parent, path.name
+  if path.is_dir():
+    name, _ = export_hf.latest_checkpoint(path)
+    return path, name
+  raise FileNotFoundError(f'checkpoint {path} does not exist (a <workdir>/grpo_ckpt or sft_ckpt, or a workdir)')
+
+
+def load_policy(config: ml_collections.ConfigDict):
+  """(model, description): `config.checkpoint` restored (architecture from its meta), else `config.model`.
+
+  Raises:
+    FileNotFoundError: a checkpoint path without a checkpoint.
+    ValueError: a checkpoint that does not fit its recorded architecture.
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
+  from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
+  from osvl_jax.train import checkpoint, policy  # pylint: disable=g-import-not-at-top
+  if not config.get('checkpoint'):
+    model = policy.build_model(config, seed=config.seed)
+    return model, (f'hf:{config.model.hf_path}' if config.model.get('hf_path') else
+                   f'{config.model.name} (random init, seed {config.seed})')
+  workdir, name = find_checkpoint(config.checkpoint)
+  mngr = checkpoint.manager(workdir, name)
+  if mngr.latest_step() is None:
+    raise FileNotFoundError(f'no checkpoint step in {workdir / name}')
+  meta = checkpoint.read_meta(mngr)
+  model = model_lib.Qwen3VLModel(export_hf.read_config(None, meta), nnx.Rngs(0),
+                                 scan_layers=bool(meta.get('scan_layers', False)))
+  restored = checkpoint.restore(mngr, model)
+  return model, f'{workdir / name} step {restored["step"]}'
+
+
+class _NoTools:
+  """The environment of the no-tool modes: any call is an `unknown_tool` error (no tools were offered)."""
+
+  def call(self, name, arguments, images=()):
+    del arguments, images
+    return tools_base.error('unknown_tool', f'No tools are available in this mode (called {name!r}). '
+                            'Answer with <response>...</response>.')
+
+
+def _system_prompt(spec: str) -> str | None:
+  return None if spec == 'builder_default' else prompts_lib.load(spec)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The evaluator
+# ----------------------------------------------------------------------------------------------------------------
+
+class Evaluator:
+  """Runs the planned runs over the benchmarks, appending judged records; `evaluate()` returns the report.
+
+  Args:
+    config: the eval config (`configs/eval.py`).
+    workdir: output folder (results.jsonl, report.json, report.md, budget_sweep.*).
+    engine: the policy engine; None builds the embedded `JaxSampler` on `load_policy(config)`.
+    judge: accuracy judge; None = `judges.registry.get_judge(config.judge)`.
+    env: tool environment; None = `tools.env.ToolEnv(config.tools)`.
+    tokenizer: None = `trajectory.load_tokenizer()`.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, engine=None,
+               judge: judges_base.Judge | None = None, env=None, tokenizer=None):
+    self.config = config
+    self.workdir = pathlib.Path(workdir)
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.tokenizer = tokenizer or traj_lib.load_tokenizer()
+    self.processor = traj_lib.ImageProcessor(min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels)
+    if env is None:
+      from tools import env as tools_env  # pylint: disable=g-import-not-at-top
+      env = tools_env.ToolEnv(config.get('tools'))
+    self.env = env
+    self.policy_name = 'given engine'
+    if engine is None:
+      from osvl_jax.rollout import jax_sampler  # pylint: disable=g-import-not-at-top
+      model, self.policy_name = load_policy(config)
+      r = config.rollout
+      engine = jax_sampler.JaxSampler(model, self.tokenizer, self.processor, max_new_tokens=r.max_new_tokens,
+                                      temperature=r.temperature, top_p=r.top_p, seed=config.seed,
+                                      max_len=r.max_total_tokens + r.max_new_tokens)
+    self.engine = engine
+    self.judge = judge or judges_registry.get_judge(config.get('judge'))
+    self.store = ResultStore(self.workdir / RESULTS_FILE)
+
+  # -- items -----------------------------------------------------------------------------------------------------
+  def load_items(self) -> tuple[dict[str, list[bench_lib.EvalItem]], dict[str, str]]:
+    """({benchmark: items}, {benchmark: why it is not run})."""
+    loaded, not_run = {}, {}
+    files = dict(self.config.get('benchmark_files') or {})
+    roots = dict(self.config.get('image_roots') or {})
+    for name in self.config.benchmarks:
+      try:
+        items = bench_lib.load_benchmark(name, files=files.get(name), image_root=roots.get(name) or None,
+                                         limit=int(self.config.max_items_per_benchmark or 0),
+                                         data_dir=self.config.get('data_dir') or None)
+      except (FileNotFoundError, ValueError) as e:
+        not_run[name] = f'{type(e).__name__}: {e}'
+        continue
+      if items:
+        loaded[name] = items
+      else:
+        not_run[name] = 'no items'
+    return loaded, not_run
+
+  def _prepare(self, run: Run, item: bench_lib.EvalItem) -> tuple[dict, dict]:
+    """(agent_loop item mapping, info: problems, degrade kind, rag status) of one item in one run."""
+    images, problems = bench_lib.load_images(item)
+    problems = list(item.problems) + problems
+    info: dict[str, Any] = {'problems': problems, 'images_used': len(images)}
+    question = item.question
+    if run.mode == 'degrade' and images:
+      kind = degrade_lib.kind_for(item.id, tuple(self.config.degrade_kinds))
+      images = [degrade_lib.degrade(im, kind) for im in images]
+      info['degrade'] = kind
+    if run.mode == 'rag':
+      result = self.env.call('text_search', {'query': item.question, 'top_k': int(self.config.rag_top_k)}, [])
+      info['rag_status'] = 'ok' if result.ok and not result.error_kind else str(result.error_kind)
+      info['rag_seconds'] = float(result.seconds)
+      question = f'{item.question}\n\nSearch results for the question:\n{result.text}'
+    image = None if not images else images[0] if len(images) == 1 else images
+    return {'prompt_id': f'{item.benchmark}/{item.id}', 'question': question, 'image': image,
+            'answers': list(item.answers)}, info
+
+  # -- rollouts ----------------------------------------------------------------------------------------------------
+  def _rollout(self, run: Run, prepared: Sequence[dict]) -> list:
+    r = self.config.rollout
+    tools = run.mode in ('agentic', 'degrade')
+    spec = self.config.system_prompt if tools else (
+        self.config.direct_prompt if run.mode == 'direct' else self.config.rag_prompt)
+    system = _system_prompt(spec)
+    schemas = self.env.schemas() if tools else []
+    make_builder = lambda: traj_lib.TrajectoryBuilder(self.tokenizer, self.processor, schemas, system_prompt=system)
+    return agent_loop.run_episodes(
+        self.engine, self.env if tools else _NoTools(), make_builder, prepared, num_generations=1,
+        max_turns=run.max_tool_calls + 1 if tools else 1, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
+        max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens)
+
+  def _rollout_each(self, run: Run, prepared: Sequence[dict]) -> list:
+    """Trajectories (or the error string of an item whose rollout failed), batched, one by one on failure."""
+    try:
+      return list(self._rollout(run, prepared))
+    except Exception:  # pylint: disable=broad-except  (retried item by item, so one bad item fails alone)
+      if len(prepared) == 1:
+        raise
+    out = []
+    for p in prepared:
+      try:
+        out.append(self._rollout(run, [p])[0])
+      except Exception as e:  # pylint: disable=broad-except
+        out.append(f'{type(e).__name__}: {str(e)[:300]}')
+    return out
+
+  # -- judging -----------------------------------------------------------------------------------------------------
+  def _judge(self, item: bench_lib.EvalItem, response: str | None) -> tuple[bool | None, str | None, float]:
+    """(correct or None on a judge error, judge error, the judge's score) of one response."""
+    if response is None or not response.strip():
+      return False, None, 0.0  # no answer: wrong by construction, no judge call (DESIGN §6)
+    if isinstance(self.judge, rule_judge.RuleJudge):
+      self.judge._count('calls')  # pylint: disable=protected-access
+      score = rule_judge.accuracy(response, item.answers,
+                                  rel_tol=float(item.metadata.get('numeric_tolerance', 1e-2)),
+                                  ranges=item.metadata.get('numeric_ranges') or ())
+      return bool(score), None, score
+    verdict = self.judge.accuracy(item.question, response, item.answers)
+    if verdict.error is not None:
+      return None, verdict.error, float(verdict.score)
+    return bool(verdict.score >= 0.5), None, float(verdict.score)
+
+  def make_record(self, run: Run, item: bench_lib.EvalItem, info: dict, traj) -> dict:
+    """The judged record of one item (fields listed in `eval.report`)."""
+    record = {'run': run.key, 'mode': run.mode, 'max_tool_calls': run.max_tool_calls,
+              'benchmark': item.benchmark, 'id': str(item.id), 'answers': list(item.answers)[:10],
+              **info, 'error': None}
+    if isinstance(traj, str):  # the rollout itself failed (e.g. a prompt over the token budget)
+      record.update(response=None, correct=False, judge_error=None, judge_score=0.0, abstained=False, turns=0,
+                    tool_calls=0, tools={}, tool_errors=0, gen_tokens=0, seconds=0.0, fatal=False,
+                    stop_reason='error', error=traj)
+      return record
+    calls = [s for s in traj.steps if s.action.kind == 'tool_call']
+    response = traj.final_response
+    correct, judge_error, score = self._judge(item, response)
+    record.update(
+        response=response if response is None else response[:1000], correct=correct, judge_error=judge_error,
+        judge_score=score, abstained=is_abstention(response), turns=len(traj.steps), tool_calls=len(calls),
+        tools=dict(collections.Counter(str(s.action.name) for s in calls)),
+        tool_errors=sum(s.is_execution_error for s in calls),
+        malformed_steps=sum(s.action.kind not in ('tool_call', 'response') for s in traj.steps),
+        gen_tokens=int(np.asarray(traj.gen_mask).sum()),
+        seconds=float(sum(s.seconds + (s.result.seconds if s.result is not None else 0.0) for s in traj.steps)
+                      + info.get('rag_seconds', 0.0)),
+        fatal=traj.fatal_step is not None, stop_reason=traj.stop_reason)
+    return record
+
+  # -- the whole evaluation ------------------------------------------------------------------------------------------
+  def evaluate(self) -> dict:
+    """Runs every planned run over every loaded benchmark (skipping stored items); writes and returns the report."""
+    runs = plan_runs(self.config)
+    loaded, not_run = self.load_items()
+    todo = [(run, name, item) for run in runs for name, items in loaded.items() for item in items
+            if not self.store.done(run.key, name, item.id)]
+    bar = tqdm.tqdm(total=len(todo), desc='eval', unit='item', disable=not self.config.get('progress', True))
+    batch = max(1, int(self.config.batch_size))
+    for run in runs:
+      for name in loaded:
+        pending = [it for r, n, it in todo if r == run and n == name]
+        for start in range(0, len(pending), batch):
+          chunk = pending[start:start + batch]
+          prepared = [self._prepare(run, it) for it in chunk]
+          trajs = self._rollout_each(run, [p for p, _ in prepared])
+          for item, (_, info), traj in zip(chunk, prepared, trajs):
+            self.store.append(self.make_record(run, item, info, traj))
+            bar.update(1)
+    bar.close()
+    return self.write_report(runs, loaded, not_run)
+
+  def write_report(self, runs: Sequence[Run], loaded: dict, not_run: dict) -> dict:
+    keys = {run.key for run in runs}
+    wanted = {(n, str(it.id)) for n, items in loaded.items() for it in items}
+    records = [r for r in self.store.records if r['run'] in keys and (r['benchmark'], r['id']) in wanted]
+    problems: dict[str, dict] = {}  # per benchmark: items whose image(s) could not be used (adapter or decode)
+    seen = set()
+    for r in records:
+      if r.get('problems') and (r['benchmark'], r['id']) not in seen:
+        seen.add((r['benchmark'], r['id']))
+        p = problems.setdefault(r['benchmark'], {'items': 0, 'examples': []})
+        p['items'] += 1
+        if len(p['examples']) < 3:
+          p['examples'].append(f"{r['id']}: {r['problems'][0]}")
+    rep = {
+        'meta': {'policy': self.policy_name, 'judge': self.judge.name,
+                 'judge_prompt': getattr(self.judge, 'prompt_names', {}).get('accuracy', 'rule (no prompt)'),
+                 'system_prompt': self.config.system_prompt, 'results': str(self.store.path),
+                 'torn_result_lines': self.store.torn_lines, 'time': time.strftime('%Y-%m-%d %H:%M:%S')},
+        'runs': report_lib.summarize(records, [run.key for run in runs]),
+        'benchmarks_not_run': not_run, 'problems': problems,
+        'benchmarks': sorted(loaded), 'items': len(wanted)}
+    sweep = [{'budget': run.max_tool_calls, 'mean_tool_calls': rep['runs'][run.key]['all']['tool_calls']['mean'],
+              'pass_at_1': rep['runs'][run.key]['average_pass_at_1']}
+             for run in runs if run.key.startswith('budget_') and run.key in rep['runs']]
+    if sweep:
+      rep['budget_sweep'] = sweep
+      (self.workdir / 'budget_sweep.json').write_text(json.dumps(sweep, indent=1))
+      rep['budget_plot'] = str(plots.plot_budget_sweep(sweep, self.workdir / 'budget_sweep.png'))
+    rep['report'] = str(report_lib.write(rep, self.workdir))
+    return rep
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, **kwargs) -> dict:
+  """`Evaluator(config, workdir, **kwargs).evaluate()`: the report dict (also in <workdir>/report.json)."""
+  return Evaluator(config, workdir, **kwargs).evaluate()

@@ -1,0 +1,689 @@
+"""SGLang's native HTTP API over the embedded JAX sampler (DESIGN.md §6b); `python -m osvl_jax.serve` runs it.
+
+Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sglang_client` is the client):
+
+  POST /generate                  SGLang `GenerateReqInput`: `input_ids` (one list, or a batch of lists),
+                                  `image_data` (base64 / data URLs, one per image, or a list per row),
+                                  `sampling_params` {max_new_tokens, temperature, top_p, stop, stop_token_ids,
+                                  skip_special_tokens, no_stop_trim, ...}, `return_logprob`,
+                                  `return_text_in_logprobs`. Answer {text, output_ids, meta_info{id,
+                                  finish_reason, prompt_tokens, completion_tokens, cached_tokens,
+                                  weight_version, weight_versions, output_token_logprobs
+                                  [[logprob, id, text|null]], e2e_latency}} (a list for a batch).
+  POST /update_weights_from_disk  {model_path, weight_version?, ...}: new weights between two batches
+                                  (`JaxSampler.set_model`, no recompile); the version is `weight_version`, or
+                                  the old one + 1 when it is an integer and none is given.
+  GET|POST /flush_cache           no prefix cache here: always succeeds.
+  GET /health, /health_generate, /ready
+  GET /model_info, /server_info   and the deprecated `/get_model_info`, `/get_server_info`.
+  POST /v1/chat/completions       OpenAI-compatible, text out (judges, pipeline stages): messages rendered by
+                                  `render_messages` (the `TrajectoryBuilder`'s rendering), n=1, no streaming.
+  GET /v1/models
+
+Images: as SGLang, `input_ids` hold ONE `<|image_pad|>` per image (inside `<|vision_start|>...<|vision_end|>`),
+expanded here to the image's feature count after the image is decoded and processed with the server's
+`ImageProcessor` (the checkpoint's pixel budget). Ids that already hold the expanded runs (as many pads as the
+images' features) are accepted as they are. `image_data` items are base64 strings or `data:image/...;base64,`
+URLs (no URLs or file paths are fetched).
+
+Batching: one worker thread owns the sampler. It takes the first waiting job, waits `batch_window_s` for more,
+then takes every job waiting (up to `max_batch` rows) and runs them in as few `JaxSampler.generate` calls as
+their sampling parameters allow (one per distinct (temperature, top_p, stop strings)); per-row
+`max_new_tokens` and extra `stop_token_ids` are applied by cutting the row's output (the batch decodes to the
+largest cap). A weight update is a job too: the rows before it finish on the old weights, the rows after it
+start on the new ones, so no generation straddles an update (each answer has one version span).
+
+Log-probs are temperature-1 log-probabilities of the emitted ids under the served weights (`JaxSampler`'s).
+A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream advances per batch).
+"""
+
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+import pathlib
+import queue
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.trajectory import tokens as tokens_lib
+
+IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID
+
+# /generate top-level fields this server reads; any other field must be absent or hold a default-like value
+# (None, False, 0, empty), else the request is refused naming it.
+GENERATE_FIELDS = ('input_ids', 'image_data', 'sampling_params', 'return_logprob', 'return_text_in_logprobs',
+                   'logprob_start_len', 'top_logprobs_num', 'stream', 'rid', 'log_metrics', 'modalities')
+# sampling_params keys read here, and those accepted only at their default (value -> allowed values).
+SAMPLING_FIELDS = ('max_new_tokens', 'temperature', 'top_p', 'stop', 'stop_token_ids', 'skip_special_tokens',
+                   'no_stop_trim', 'sampling_seed', 'spaces_between_special_tokens', 'stream_interval')
+SAMPLING_DEFAULT_ONLY = {'top_k': (None, -1, 0, 1 << 30), 'min_p': (None, 0, 0.0), 'n': (None, 1),
+                         'frequency_penalty': (None, 0, 0.0), 'presence_penalty': (None, 0, 0.0),
+                         'repetition_penalty': (None, 1, 1.0), 'min_new_tokens': (None, 0), 'ignore_eos': (None, False),
+                         'json_schema': (None,), 'regex': (None,), 'ebnf': (None,), 'logit_bias': (None, {}),
+                         'custom_params': (None, {}), 'structural_tag': (None,), 'stop_regex': (None, [], ())}
+
+
+class RequestError(ValueError):
+  """A request this server refuses (HTTP 400), with the reason."""
+
+
+@dataclasses.dataclass
+class Row:
+  """One sequence to generate: context + its own sampling parameters."""
+  context: engine_lib.Context
+  max_new_tokens: int
+  temperature: float
+  top_p: float
+  stop: tuple[str, ...]
+  stop_token_ids: frozenset
+  skip_special_tokens: bool = True
+  no_stop_trim: bool = False
+  return_logprob: bool = False
+  return_text_in_logprobs: bool = False
+
+
+@dataclasses.dataclass
+class _Job:
+  kind: str                      # 'generate' | 'update'
+  payload: Any                   # list[Row] | dict (update request)
+  future: Future
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading weights.
+# ---------------------------------------------------------------------------------------------------------------
+
+def load_policy(path: str | pathlib.Path, workdir: str | None = None, step: int | None = None,
+                hf_config: str | None = None):
+  """Loads a policy from an orbax checkpoint of the project or from an HF folder.
+
+  Args:
+    path: an HF folder (`config.json` + `*.safetensors`), or what `export_hf.resolve_checkpoint` takes:
+      'latest' | 'sft' | 'grpo' (with `workdir`), a checkpoint folder (`W/sft_ckpt`) or one step of it.
+    workdir: the job folder for the named choices.
+    step: checkpoint step (None: the latest).
+    hf_config: architecture override (`export_hf.read_config`).
+  Returns:
+    (model `Qwen3VLModel`, meta dict: the checkpoint's meta with 'step' and 'path', or {'path'} for an HF folder).
+  Raises:
+    FileNotFoundError: no such checkpoint / folder.
+    ValueError: the checkpoint does not fit the architecture.
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
+  from osvl_jax.models.qwen3_vl import weights  # pylint: disable=g-import-not-at-top
+  from osvl_jax.models.qwen3_vl.model import Qwen3VLModel  # pylint: disable=g-import-not-at-top
+  from osvl_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  p = pathlib.Path(str(path))
+  if p.is_dir() and (p / 'config.json').is_file():
+    model, _ = weights.load_hf_folder(p)
+    return model, {'path': str(p)}
+  folder, step = export_hf.resolve_checkpoint(workdir, str(path), step)
+  mngr = ckpt_lib.manager(folder.parent, folder.name)
+  saved = ckpt_lib.read_meta(mngr, step)
+  config = export_hf.read_config(hf_config, saved)
+  model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=bool(saved.get('scan_layers', False)))
+  try:
+    meta = ckpt_lib.restore(mngr, model, step=step)
+  except ValueError as e:
+    raise ValueError(f'checkpoint {folder} does not fit this architecture: {e}') from e
+  return model, {**meta, 'path': f'{folder}/{step}'}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request parsing.
+# ---------------------------------------------------------------------------------------------------------------
+
+def decode_image(item: Any) -> np.ndarray:
+  """An `image_data` item (base64 string or `data:image/...;base64,` URL) -> uint8 [H, W, 3]."""
+  from tools import image_io  # pylint: disable=g-import-not-at-top
+  if not isinstance(item, str):
+    raise RequestError(f'image_data items must be base64 strings or data URLs, got {type(item).__name__}')
+  data = item
+  if data.startswith('data:'):
+    head, _, data = data.partition(',')
+    if ';base64' not in head:
+      raise RequestError('image_data data URLs must be base64-encoded')
+  elif data.startswith(('http://', 'https://', 'file://', '/')):
+    raise RequestError('osvl_jax.serve does not fetch image URLs or files: send base64 / data URLs')
+  try:
+    raw = base64.b64decode(data, validate=False)
+    return image_io.load_image(raw)
+  except (binascii.Error, ValueError) as e:
+    raise RequestError(f'cannot decode image_data item: {e}') from e
+
+
+def expand_image_pads(ids: Sequence[int], refs: Sequence[Any]) -> np.ndarray:
+  """input_ids with one pad per image -> one pad per image feature (already-expanded ids pass unchanged).
+
+  Raises:
+    RequestError: the pad count matches neither form.
+  """
+  ids = [int(i) for i in ids]
+  n_pads = sum(1 for i in ids if i == IMAGE_PAD_ID)
+  need = sum(r.num_tokens for r in refs)
+  if n_pads == need:
+    return np.asarray(ids, np.int32)
+  if n_pads != len(refs):
+    raise RequestError(f'input_ids hold {n_pads} <|image_pad|> but {len(refs)} image(s) were given (one '
+                       f'placeholder per image, or {need} pads in all)')
+  out, k = [], 0
+  for i in ids:
+    if i == IMAGE_PAD_ID:
+      out.extend([IMAGE_PAD_ID] * refs[k].num_tokens)
+      k += 1
+    else:
+      out.append(i)
+  return np.asarray(out, np.int32)
+
+
+def _default_like(value: Any) -> bool:
+  return value is None or value is False or (isinstance(value, (int, float)) and value == 0) or value in ([], {})
+
+
+def _number(sp: dict, key: str, default: float, ok: Callable[[float], bool], what: str) -> float:
+  value = sp.get(key)
+  if value is None:
+    return default
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
+    raise RequestError(f'sampling_params.{key} must be {what}, got {value!r}')
+  return float(value)
+
+
+def parse_sampling(sp: Any, default_max_new: int) -> dict:
+  """SGLang `sampling_params` -> the subset this server runs (RequestError for anything it cannot honour)."""
+  sp = {} if sp is None else sp
+  if not isinstance(sp, dict):
+    raise RequestError('sampling_params must be an object')
+  for key, value in sp.items():
+    if key in SAMPLING_FIELDS:
+      continue
+    if key in SAMPLING_DEFAULT_ONLY:
+      if value not in SAMPLING_DEFAULT_ONLY[key]:
+        raise RequestError(f'sampling_params.{key}={value!r} is not supported by osvl_jax.serve')
+      continue
+    raise RequestError(f'unknown sampling_params field {key!r}')
+  max_new = sp.get('max_new_tokens')
+  max_new = default_max_new if max_new is None else max_new
+  if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+    raise RequestError(f'sampling_params.max_new_tokens must be an integer >= 1, got {max_new!r}')
+  temperature = _number(sp, 'temperature', 1.0, lambda t: np.isfinite(t) and t >= 0, 'a finite number >= 0')
+  top_p = _number(sp, 'top_p', 1.0, lambda p: 0 < p <= 1, 'in (0, 1]')
+  stop = sp.get('stop') or ()
+  stop = (stop,) if isinstance(stop, str) else tuple(stop)
+  if not all(isinstance(s, str) and s for s in stop):
+    raise RequestError(f'sampling_params.stop must be non-empty strings, got {stop!r}')
+  stop_ids = sp.get('stop_token_ids') or ()
+  if not all(isinstance(i, int) and not isinstance(i, bool) for i in stop_ids):
+    raise RequestError(f'sampling_params.stop_token_ids must be integers, got {stop_ids!r}')
+  return {'max_new_tokens': int(max_new), 'temperature': temperature, 'top_p': top_p, 'stop': stop,
+          'stop_token_ids': frozenset(int(i) for i in stop_ids),
+          'skip_special_tokens': bool(sp.get('skip_special_tokens', True)),
+          'no_stop_trim': bool(sp.get('no_stop_trim', False))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpenAI chat messages -> ids (the trajectory builder's rendering).
+# ---------------------------------------------------------------------------------------------------------------
+
+def _message_parts(message: dict) -> tuple[str, list[np.ndarray]]:
+  content = message.get('content')
+  if content is None or isinstance(content, str):
+    return content or '', []
+  if not isinstance(content, list):
+    raise RequestError('message content must be a string or a list of parts')
+  texts, images = [], []
+  for part in content:
+    kind = part.get('type') if isinstance(part, dict) else None
+    if kind == 'text':
+      texts.append(str(part.get('text', '')))
+    elif kind == 'image_url':
+      url = part.get('image_url')
+      url = url.get('url') if isinstance(url, dict) else url
+      images.append(decode_image(url))
+    else:
+      raise RequestError(f'unsupported content part {part!r}')
+  return '\n'.join(texts), images
+
+
+def render_messages(tokenizer, image_processor, messages: Sequence[dict]) -> tuple[np.ndarray, list]:
+  """OpenAI chat messages -> (context ids int32 [T] ending '<|im_start|>assistant\\n', ImageRefs).
+
+  The first system (optional) + user message are rendered by `TrajectoryBuilder.start` (system turn = the system
+  message's text, without tool schemas; the user's text, then each image on its own line as `img_k: <span>`); later
+  turns use the same markup: `<|im_start|>{role}\\n{content}<|im_end|>\\n` (assistant text trusted, so `<think>`
+  and `<tool_call>` are their added tokens; user text untrusted), images named on from `img_k`.
+
+  Raises:
+    RequestError: no user message first, an unknown role, an image in a system / assistant message.
+  """
+  from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
+  msgs = list(messages)
+  system = ''
+  if msgs and msgs[0].get('role') == 'system':
+    system, images = _message_parts(msgs[0])
+    if images:
+      raise RequestError('images are only accepted in user messages')
+    msgs = msgs[1:]
+  if not msgs or msgs[0].get('role') != 'user':
+    raise RequestError('messages must start with a user message (after an optional system message)')
+  question, first_images = _message_parts(msgs[0])
+  builder = tj.TrajectoryBuilder(tokenizer, image_processor, [], system_prompt=system)
+  try:
+    builder.start(question, first_images or None)
+  except ValueError as e:
+    raise RequestError(f'cannot render the first user message: {e}') from e
+  refs = builder.images
+  header = [tokens_lib.IM_START_ID] + tokens_lib._encode(tokenizer, 'assistant\n')  # pylint: disable=protected-access
+  ids = [int(i) for i in builder.prompt_ids()]
+  ids = ids[:len(ids) - len(header)]
+  enc = lambda text, untrusted=False: tokens_lib._encode(tokenizer, text, untrusted)  # pylint: disable=protected-access
+  for message in msgs[1:]:
+    role = message.get('role')
+    if role not in ('user', 'assistant'):
+      raise RequestError(f'unsupported role {role!r} (system must come first; tool turns are user turns here)')
+    text, images = _message_parts(message)
+    if images and role != 'user':
+      raise RequestError('images are only accepted in user messages')
+    ids += [tokens_lib.IM_START_ID] + enc(f'{role}\n') + enc(text, untrusted=(role == 'user'))
+    for image in images:
+      try:
+        ref = image_processor.process(image, name=f'img_{len(refs) + 1}')
+      except ValueError as e:
+        raise RequestError(str(e)) from e
+      ids += (enc('\n') + enc(f'img_{len(refs) + 1}: ') + [tokens_lib.VISION_START_ID]
+              + [IMAGE_PAD_ID] * ref.num_tokens + [tokens_lib.VISION_END_ID])
+      refs.append(ref)
+    ids += [tokens_lib.IM_END_ID] + enc('\n')
+  return np.asarray(ids + header, np.int32), refs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The worker.
+# ---------------------------------------------------------------------------------------------------------------
+
+class SamplerService:
+  """Owns a `JaxSampler` and the one worker thread that batches every request's rows into it.
+
+  Thread-safe: `submit_*` may be called from any thread; results come back as `concurrent.futures.Future`s.
+  """
+
+  def __init__(self, sampler, tokenizer, image_processor, model_path: str = '', weight_version: str = 'default',
+               served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.002,
+               default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None):
+    """Args:
+      sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
+      tokenizer: the Qwen tokenizer.
+      image_processor: the `ImageProcessor` of the served policy (its training pixel budget).
+      model_path: reported by /model_info.
+      weight_version: the initial version string.
+      served_model_name: the model name of /v1/models and /model_info.
+      max_batch: most rows per `generate` call.
+      batch_window_s: how long the worker waits after the first waiting job for more jobs to batch.
+      default_max_new_tokens: max_new_tokens of a request that gives none.
+      loader: `path -> model` for /update_weights_from_disk (default `load_policy(path)[0]`).
+    """
+    self.sampler, self.tokenizer, self.image_processor = sampler, tokenizer, image_processor
+    self.model_path, self.weight_version, self.served_model_name = model_path, str(weight_version), served_model_name
+    self.max_batch, self.batch_window_s = int(max_batch), float(batch_window_s)
+    self.default_max_new_tokens = int(default_max_new_tokens)
+    self.loader = loader or (lambda path: load_policy(path)[0])
+    self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0}
+    self.started = time.time()
+    self._queue: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._run, name='osvl-sampler', daemon=True)
+    self._thread.start()
+
+  def close(self) -> None:
+    self._queue.put(None)
+    self._thread.join(timeout=30)
+
+  # -- submission ----------------------------------------------------------------------------------------------
+  def submit_rows(self, rows: list[Row]) -> Future:
+    """Queues rows; the future's result is one dict per row (`_row_output`)."""
+    fut: Future = Future()
+    self._queue.put(_Job('generate', rows, fut))
+    return fut
+
+  def submit_update(self, request: dict) -> Future:
+    """Queues a weight update; the future's result is (success, message)."""
+    fut: Future = Future()
+    self._queue.put(_Job('update', request, fut))
+    return fut
+
+  def parse_generate(self, body: dict) -> tuple[list[Row], bool]:
+    """A `/generate` body -> (rows, is_batch).
+
+    Raises:
+      RequestError: a field this server cannot honour, malformed ids or images, pad counts that do not match.
+    """
+    if not isinstance(body, dict):
+      raise RequestError('the body must be a JSON object')
+    for key, value in body.items():
+      if key not in GENERATE_FIELDS and not _default_like(value):
+        raise RequestError(f'field {key!r} is not supported by osvl_jax.serve (token ids in, no text prompts)')
+    if body.get('stream'):
+      raise RequestError('stream=true is not supported by osvl_jax.serve')
+    if body.get('top_logprobs_num'):
+      raise RequestError('top_logprobs_num is not supported by osvl_jax.serve')
+    if body.get('logprob_start_len') not in (None, -1):
+      raise RequestError('logprob_start_len (prompt log-probs) is not supported by osvl_jax.serve')
+    input_ids = body.get('input_ids')
+    if not isinstance(input_ids, list) or not input_ids:
+      raise RequestError('input_ids must be a non-empty list of token ids (or a list of such lists)')
+    is_batch = isinstance(input_ids[0], list)
+    batch = input_ids if is_batch else [input_ids]
+    n = len(batch)
+
+    def per_row(value, name):
+      if is_batch and isinstance(value, list):
+        if len(value) != n:
+          raise RequestError(f'{name} has {len(value)} entries for {n} rows')
+        return value
+      return [value] * n
+
+    images = body.get('image_data')
+    if images is None:
+      images = [[] for _ in range(n)]
+    elif is_batch:
+      if not isinstance(images, list) or len(images) != n:
+        raise RequestError(f'image_data must hold one entry per row ({n})')
+      images = [[] if im is None else im if isinstance(im, list) else [im] for im in images]
+    else:
+      images = [images if isinstance(images, list) else [images]]
+    sps = per_row(body.get('sampling_params'), 'sampling_params')
+    lps = per_row(body.get('return_logprob'), 'return_logprob')
+    vocab = getattr(getattr(self.sampler._model, 'config', None), 'vocab_size', tokens_lib.VOCAB_SIZE)  # pylint: disable=protected-access
+    rows = []
+    for ids, row_images, sp, lp in zip(batch, images, sps, lps):
+      if not isinstance(ids, list) or not ids or not all(
+          isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+        raise RequestError(f'input_ids must be non-empty lists of integers in [0, {vocab})')
+      refs = []
+      for k, item in enumerate(row_images):
+        try:
+          refs.append(self.image_processor.process(decode_image(item), name=f'image_data[{k}]'))
+        except ValueError as e:
+          raise RequestError(str(e)) from e
+      context = engine_lib.Context(expand_image_pads(ids, refs), refs)
+      rows.append(Row(context=context, return_logprob=bool(lp),
+                      return_text_in_logprobs=bool(body.get('return_text_in_logprobs')),
+                      **parse_sampling(sp, self.default_max_new_tokens)))
+    return rows, is_batch
+
+  # -- worker --------------------------------------------------------------------------------------------------
+  def _run(self) -> None:
+    while True:
+      job = self._queue.get()
+      if job is None:
+        return
+      jobs = [job]
+      if job.kind == 'generate' and self.batch_window_s > 0:
+        time.sleep(self.batch_window_s)
+      rows = len(job.payload) if job.kind == 'generate' else 0
+      while rows < self.max_batch:
+        try:
+          nxt = self._queue.get_nowait()
+        except queue.Empty:
+          break
+        if nxt is None:
+          self._queue.put(None)
+          break
+        jobs.append(nxt)
+        rows += len(nxt.payload) if nxt.kind == 'generate' else 0
+      segment: list[_Job] = []
+      for j in jobs:
+        if j.kind == 'generate':
+          segment.append(j)
+          continue
+        self._generate_jobs(segment)
+        segment = []
+        self._update(j)
+      self._generate_jobs(segment)
+
+  def _update(self, job: _Job) -> None:
+    req = job.payload
+    try:
+      model = self.loader(req['model_path'])
+      self.sampler.set_model(model)
+    except Exception as e:  # pylint: disable=broad-except
+      job.future.set_result((False, f'failed to load {req.get("model_path")}: {type(e).__name__}: {e}'))
+      return
+    old = self.weight_version
+    version = req.get('weight_version')
+    if version is None:
+      version = str(int(old) + 1) if old.lstrip('-').isdigit() else old
+    self.weight_version, self.model_path = str(version), str(req['model_path'])
+    self.stats['updates'] += 1
+    job.future.set_result((True, f'Succeeded to update model weights (weight_version {old} -> {version}).'))
+
+  def _generate_jobs(self, jobs: list[_Job]) -> None:
+    if not jobs:
+      return
+    flat = [(j, k, row) for j in jobs for k, row in enumerate(j.payload)]
+    outputs: dict[int, list] = {id(j): [None] * len(j.payload) for j in jobs}
+    failed: dict[int, BaseException] = {}
+    groups: dict[tuple, list] = {}
+    for item in flat:
+      row = item[2]
+      groups.setdefault((row.temperature, row.top_p, row.stop), []).append(item)
+    version = self.weight_version
+    for (temperature, top_p, stop), items in groups.items():
+      for start in range(0, len(items), self.max_batch):
+        chunk = [it for it in items[start:start + self.max_batch] if id(it[0]) not in failed]
+        if not chunk:
+          continue
+        try:
+          self.sampler.temperature, self.sampler.top_p = temperature, top_p
+          gens = self.sampler.generate([it[2].context for it in chunk],
+                                       max_new_tokens=max(it[2].max_new_tokens for it in chunk), stop=stop)
+        except Exception as e:  # pylint: disable=broad-except
+          for it in chunk:
+            failed[id(it[0])] = e
+          continue
+        self.stats['batches'] += 1
+        self.stats['rows'] += len(chunk)
+        self.stats['max_rows_per_batch'] = max(self.stats['max_rows_per_batch'], len(chunk))
+        for (job, k, row), gen in zip(chunk, gens):
+          outputs[id(job)][k] = self._row_output(row, gen, version)
+    for j in jobs:
+      if id(j) in failed:
+        j.future.set_exception(failed[id(j)])
+      else:
+        j.future.set_result(outputs[id(j)])
+
+  def _row_output(self, row: Row, gen: engine_lib.Generation, version: str) -> dict:
+    """Cuts a generation to the row's cap and stop ids; -> (ids, logprobs, finish_reason dict, stop string)."""
+    ids = [int(i) for i in gen.ids]
+    lps = [float(x) for x in gen.logprobs]
+    reason, matched = gen.finish_reason, None
+    extra = [k for k, i in enumerate(ids) if i in row.stop_token_ids]
+    if extra and extra[0] < len(ids) - 1:  # an extra stop id of this row before the sampler stopped it
+      ids, lps, reason = ids[:extra[0] + 1], lps[:extra[0] + 1], engine_lib.FINISH_STOP
+    if len(ids) > row.max_new_tokens:
+      ids, lps, reason = ids[:row.max_new_tokens], lps[:row.max_new_tokens], engine_lib.FINISH_LENGTH
+    if ids and (ids[-1] in row.stop_token_ids or ids[-1] in engine_lib.EOS_IDS):
+      reason = engine_lib.FINISH_STOP
+    if reason == engine_lib.FINISH_STOP:
+      finish = {'type': 'stop', 'matched': ids[-1]}
+    elif reason == engine_lib.FINISH_STOP_STRING:
+      text = self.tokenizer.decode(ids)
+      matched = next((s for s in row.stop if s in text), row.stop[0] if row.stop else '')
+      finish = {'type': 'stop', 'matched': matched}
+    else:
+      finish = {'type': 'length', 'length': row.max_new_tokens}
+    return {'ids': ids, 'logprobs': lps, 'finish_reason': finish, 'matched_str': matched,
+            'weight_version': version, 'prompt_tokens': int(len(row.context.prompt_ids))}
+
+  # -- answers -------------------------------------------------------------------------------------------------
+  def text_of(self, ids: Sequence[int], skip_special_tokens: bool, stop_str: str | None = None,
+              no_stop_trim: bool = True) -> str:
+    """The answer text: stop ids dropped, special tokens skipped or not, a matched stop string trimmed."""
+    ids = list(ids)
+    if ids and ids[-1] in engine_lib.EOS_IDS:
+      ids = ids[:-1]
+    text = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    if stop_str and not no_stop_trim and stop_str in text:
+      text = text[:text.index(stop_str)]
+    return text
+
+  def generate_response(self, row: Row, out: dict, rid: str, started: float) -> dict:
+    """One row's `/generate` answer in SGLang's layout."""
+    n = len(out['ids'])
+    meta = {'id': rid, 'finish_reason': out['finish_reason'], 'prompt_tokens': out['prompt_tokens'],
+            'completion_tokens': n, 'cached_tokens': 0, 'weight_version': out['weight_version'],
+            'weight_versions': [{'version': out['weight_version'], 'start': 0, 'end': n}],
+            'e2e_latency': time.time() - started}
+    if row.return_logprob:
+      texts = ([self.tokenizer.decode([i]) for i in out['ids']] if row.return_text_in_logprobs
+               else [None] * n)
+      meta['input_token_logprobs'] = []
+      meta['output_token_logprobs'] = [[lp, i, t] for lp, i, t in zip(out['logprobs'], out['ids'], texts)]
+      meta['output_token_logprobs_length'] = n
+    return {'text': self.text_of(out['ids'], row.skip_special_tokens, out['matched_str'], row.no_stop_trim),
+            'output_ids': out['ids'], 'meta_info': meta}
+
+  def model_info(self) -> dict:
+    config = getattr(self.sampler._model, 'config', None)  # pylint: disable=protected-access
+    return {'model_path': self.model_path, 'served_model_name': self.served_model_name, 'tokenizer_path': None,
+            'is_generation': True, 'preferred_sampling_params': None, 'weight_version': self.weight_version,
+            'load_format': 'orbax|hf', 'has_image_understanding': True, 'has_audio_understanding': False,
+            'model_type': 'qwen3_vl_moe' if getattr(config, 'is_moe', False) else 'qwen3_vl',
+            'architectures': ['Qwen3VLForConditionalGeneration'], 'engine': 'osvl_jax.JaxSampler'}
+
+  def server_info(self, host: str = '', port: int = 0) -> dict:
+    import jax  # pylint: disable=g-import-not-at-top
+    s = self.sampler
+    return {'version': 'osvl_jax', 'frontend': 'osvl_jax', 'model_path': self.model_path, 'host': host,
+            'port': port, 'served_model_name': self.served_model_name, 'weight_version': self.weight_version,
+            'max_total_num_tokens': int(s.max_len * self.max_batch), 'max_batch': self.max_batch,
+            'batch_window_s': self.batch_window_s, 'context_length': int(s.max_len), 'dp_size': 1, 'tp_size': 1,
+            'devices': [str(d) for d in jax.devices()], 'startup_time': self.started,
+            'image_processor': {'min_pixels': self.image_processor.min_pixels,
+                                'max_pixels': self.image_processor.max_pixels},
+            'internal_states': [{'stats': dict(self.stats), 'last_batch': dict(s.stats)}]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The HTTP app.
+# ---------------------------------------------------------------------------------------------------------------
+
+def create_app(service: SamplerService, host: str = '', port: int = 0):
+  """The FastAPI app of `service` (endpoints in the module docstring)."""
+  import fastapi  # pylint: disable=g-import-not-at-top
+  from fastapi.responses import JSONResponse, PlainTextResponse  # pylint: disable=g-import-not-at-top
+  from starlette.concurrency import run_in_threadpool  # pylint: disable=g-import-not-at-top
+
+  app = fastapi.FastAPI(title='osvl_jax.serve')
+
+  def error(status: int, message: str):
+    return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',
+                                                               'code': status}})
+
+  async def body_of(request) -> Any:
+    try:
+      return await request.json()
+    except ValueError:
+      raise RequestError('the body is not JSON') from None
+
+  @app.api_route('/generate', methods=['POST', 'PUT'])
+  async def generate(request: fastapi.Request):
+    started = time.time()
+    try:
+      body = await body_of(request)
+      rows, is_batch = await run_in_threadpool(service.parse_generate, body)
+    except RequestError as e:
+      return error(400, str(e))
+    try:
+      outs = await asyncio.wrap_future(service.submit_rows(rows))
+    except ValueError as e:
+      return error(400, str(e))
+    except Exception as e:  # pylint: disable=broad-except
+      return error(500, f'{type(e).__name__}: {e}')
+    rid = body.get('rid') or uuid.uuid4().hex
+    answers = [service.generate_response(r, o, rid if not is_batch else f'{rid}_{k}', started)
+               for k, (r, o) in enumerate(zip(rows, outs))]
+    return JSONResponse(answers if is_batch else answers[0])
+
+  @app.post('/update_weights_from_disk')
+  async def update_weights_from_disk(request: fastapi.Request):
+    try:
+      body = await body_of(request)
+    except RequestError as e:
+      return error(400, str(e))
+    if not isinstance(body, dict) or not isinstance(body.get('model_path'), str):
+      return JSONResponse(status_code=400, content={'success': False, 'message': 'model_path (str) is required',
+                                                    'num_paused_requests': 0})
+    ok, message = await asyncio.wrap_future(service.submit_update(body))
+    return JSONResponse(status_code=200 if ok else 400,
+                        content={'success': ok, 'message': message, 'num_paused_requests': 0})
+
+  @app.api_route('/flush_cache', methods=['GET', 'POST'])
+  async def flush_cache():
+    return PlainTextResponse('Cache flushed.\n')
+
+  @app.get('/health')
+  @app.get('/health_generate')
+  @app.get('/ready')
+  async def health():
+    return fastapi.Response(status_code=200)
+
+  @app.get('/model_info')
+  @app.get('/get_model_info')
+  async def model_info():
+    return service.model_info()
+
+  @app.get('/server_info')
+  @app.get('/get_server_info')
+  async def server_info():
+    return service.server_info(host, port)
+
+  @app.get('/v1/models')
+  async def models():
+    return {'object': 'list', 'data': [{'id': service.served_model_name, 'object': 'model',
+                                        'created': int(service.started), 'owned_by': 'osvl_jax',
+                                        'root': service.model_path}]}
+
+  @app.post('/v1/chat/completions')
+  async def chat_completions(request: fastapi.Request):
+    try:
+      body = await body_of(request)
+      if not isinstance(body, dict) or not isinstance(body.get('messages'), list):
+        raise RequestError('messages (a list) is required')
+      if body.get('stream'):
+        raise RequestError('stream=true is not supported by osvl_jax.serve')
+      if body.get('n') not in (None, 1):
+        raise RequestError('only n=1 is supported')
+      ids, refs = await run_in_threadpool(render_messages, service.tokenizer, service.image_processor,
+                                          body['messages'])
+      max_new = body.get('max_completion_tokens') or body.get('max_tokens')
+      sp = {'max_new_tokens': max_new, 'temperature': body.get('temperature'), 'top_p': body.get('top_p'),
+            'stop': body.get('stop')}
+      row = Row(context=engine_lib.Context(ids, refs), **parse_sampling(sp, service.default_max_new_tokens))
+    except RequestError as e:
+      return error(400, str(e))
+    try:
+      (out,) = await asyncio.wrap_future(service.submit_rows([row]))
+    except Exception as e:  # pylint: disable=broad-except
+      return error(500, f'{type(e).__name__}: {e}')
+    text = service.text_of(out['ids'], False, out['matched_str'], no_stop_trim=False)
+    n = len(out['ids'])
+    return {'id': f'chatcmpl-{uuid.uuid4().hex}', 'object': 'chat.completion', 'created': int(time.time()),
+            'model': service.served_model_name,
+            'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': text},
+                         'finish_reason': 'length' if out['finish_reason']['type'] == 'length' else 'stop',
+                         'logprobs': None}],
+            'usage': {'prompt_tokens': out['prompt_tokens'], 'completion_tokens': n,
+                      'total_tokens': out['prompt_tokens'] + n},
+            'metadata': {'weight_version': out['weight_version']}}
+
+  return app

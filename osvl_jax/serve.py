@@ -1,0 +1,99 @@
+"""Serves a policy over SGLang's native HTTP API with the embedded JAX sampler (DESIGN.md §6b).
+
+Commands:
+  python -m osvl_jax.serve --checkpoint=latest --workdir=W --port=30000     # W/grpo_ckpt, else W/sft_ckpt
+  python -m osvl_jax.serve --checkpoint=PATH [--step=N] --port=30000      # a checkpoint (step) folder / HF folder
+  python -m osvl_jax.serve --tiny --port=30000                            # the tiny random model (tests)
+
+Endpoints and batching: `osvl_jax/rollout/server.py`. Clients: `osvl_jax.rollout.sglang_client.SGLangEngine`
+(the agent loop), the `sglang-router` (`python -m sglang_router.launch_router --worker-urls URL ...`), any
+OpenAI client on `/v1/chat/completions`. The image processor uses the checkpoint's recorded pixel budget
+(`--min_pixels` / `--max_pixels` override it; the tiny model defaults to 32*32 .. 64*64). The last line printed
+before serving is `serving url=http://HOST:PORT model=... weight_version=...`.
+"""
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string('checkpoint', 'latest', "'latest' | 'sft' | 'grpo' (with --workdir), a checkpoint folder or "
+                      'one step of it, or an HF folder (config.json + safetensors).')
+  flags.DEFINE_string('workdir', None, 'job folder for --checkpoint=latest|sft|grpo.')
+  flags.DEFINE_integer('step', None, 'checkpoint step (default: the latest).')
+  flags.DEFINE_string('hf_config', None, 'architecture override (config.json or a folder holding one).')
+  flags.DEFINE_bool('tiny', False, 'serve the tiny random Qwen3-VL (Qwen3VLConfig.tiny(), nnx.Rngs(--seed)).')
+  flags.DEFINE_integer('seed', 0, 'init seed of --tiny; the sampler PRNG seed.')
+  flags.DEFINE_string('host', '127.0.0.1', 'bind address.')
+  flags.DEFINE_integer('port', 30000, 'port.')
+  flags.DEFINE_integer('max_new_tokens', 512, 'max_new_tokens of a request that gives none.')
+  flags.DEFINE_integer('max_len', 8192, 'cap on prompt + generated ids per row.')
+  flags.DEFINE_integer('bucket', 128, 'prompt / cache lengths rounded up to a multiple of this (recompiles).')
+  flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')
+  flags.DEFINE_float('batch_window_ms', 2.0, 'wait this long after the first waiting request for more.')
+  flags.DEFINE_integer('min_pixels', None, 'image processor min_pixels (default: the checkpoint records it).')
+  flags.DEFINE_integer('max_pixels', None, 'image processor max_pixels (default: the checkpoint records it).')
+  flags.DEFINE_string('served_model_name', 'osvl-jax', 'model name reported by /v1/models and /model_info.')
+  flags.DEFINE_string('weight_version', '0', 'initial weight_version (bumped by each update that gives none).')
+
+
+def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: int | None = None,
+                  hf_config: str | None = None, tiny: bool = False, seed: int = 0, max_new_tokens: int = 512,
+                  max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.002,
+                  min_pixels: int | None = None, max_pixels: int | None = None,
+                  served_model_name: str = 'osvl-jax', weight_version: str = '0'):
+  """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above).
+
+  Raises:
+    FileNotFoundError / ValueError: from `server.load_policy`, or no pixel budget for a checkpoint without one.
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
+  from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
+  from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout import jax_sampler, server  # pylint: disable=g-import-not-at-top
+  if tiny:
+    model, meta = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(seed)), {'path': f'tiny:seed={seed}'}
+    recorded = {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}
+  else:
+    model, meta = server.load_policy(checkpoint, workdir, step, hf_config)
+    recorded = meta.get('image_processor') or {}
+  lo = min_pixels if min_pixels is not None else recorded.get('min_pixels')
+  hi = max_pixels if max_pixels is not None else recorded.get('max_pixels')
+  if lo is None or hi is None:
+    if 'step' in meta:
+      raise ValueError('the checkpoint does not record its image processor budget: pass --min_pixels and '
+                       '--max_pixels')
+    processor = tj.ImageProcessor()   # an HF folder: the Qwen3-VL defaults
+  else:
+    processor = tj.ImageProcessor(min_pixels=int(lo), max_pixels=int(hi))
+  tokenizer = tj.load_tokenizer()
+  sampler = jax_sampler.JaxSampler(model, tokenizer, image_processor=processor, max_new_tokens=max_new_tokens,
+                                   temperature=1.0, seed=seed, max_len=max_len, bucket=bucket)
+  return server.SamplerService(sampler, tokenizer, processor, model_path=meta['path'],
+                               weight_version=weight_version, served_model_name=served_model_name,
+                               max_batch=max_batch, batch_window_s=batch_window_s,
+                               default_max_new_tokens=max_new_tokens)
+
+
+def main(argv) -> None:
+  del argv
+  import uvicorn  # pylint: disable=g-import-not-at-top
+
+  from osvl_jax.rollout import server  # pylint: disable=g-import-not-at-top
+  service = build_service(FLAGS.checkpoint, FLAGS.workdir, FLAGS.step, FLAGS.hf_config, FLAGS.tiny, FLAGS.seed,
+                          FLAGS.max_new_tokens, FLAGS.max_len, FLAGS.bucket, FLAGS.max_batch,
+                          FLAGS.batch_window_ms / 1000.0, FLAGS.min_pixels, FLAGS.max_pixels,
+                          FLAGS.served_model_name, FLAGS.weight_version)
+  fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port)
+  logging.info('model %s', service.model_path)
+  print(f'serving url=http://{FLAGS.host}:{FLAGS.port} model={service.model_path} '
+        f'weight_version={service.weight_version}', flush=True)
+  uvicorn.run(fastapi_app, host=FLAGS.host, port=FLAGS.port, log_level='warning', access_log=False)
+
+
+if __name__ == '__main__':
+  _define_flags()
+  app.run(main)

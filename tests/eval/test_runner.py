@@ -1,0 +1,157 @@
+"""The eval runner: resume after a kill (no item judged twice), judge errors, report fields, every mode end to end."""
+
+import json
+
+import numpy as np
+import pytest
+
+from osvl_jax import trajectory as tj
+from osvl_jax.eval import degrade, runner
+from osvl_jax.judges import base as judges_base
+from osvl_jax.rollout import engine as engine_lib
+from tools import env as tools_env
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location('eval_config', pathlib.Path(__file__).parents[2] / 'configs/eval.py')
+eval_config = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(eval_config)
+
+
+@pytest.fixture(scope='module')
+def tokenizer():
+  return tj.load_tokenizer()
+
+
+@pytest.fixture(scope='module')
+def env():
+  return tools_env.ToolEnv({'enabled': ('text_search', 'crop', 'sharpen', 'perspective_correct')})
+
+
+def small_config(**kw):
+  c = eval_config.get_config()
+  c.benchmarks = ('fvqa', 'mmsearch')
+  c.max_items_per_benchmark = 3
+  c.batch_size = 2
+  c.progress = False
+  c.max_tool_calls = 2
+  c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64
+  c.update(kw)
+  return c
+
+
+SCRIPT = ['<think>look closer</think>\n<tool_call>{"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, '
+          '"width": 0.5, "height": 0.5}}</tool_call>',
+          '<think>done</think>\n<response>Tagus River</response>']
+
+
+class CountingJudge(judges_base.Judge):
+  """Records every accuracy call; raises KeyboardInterrupt (a kill) at call number `kill_at`."""
+  name = 'counting'
+
+  def __init__(self, kill_at=None, error=False):
+    super().__init__()
+    self.judged, self.kill_at, self.error = [], kill_at, error
+
+  def accuracy(self, question, response, answers):
+    if self.kill_at is not None and len(self.judged) + 1 == self.kill_at:
+      raise KeyboardInterrupt('killed')
+    self.judged.append(question)
+    if self.error:
+      return judges_base.Verdict(0.0, 'JudgeParseError: no Correct/Incorrect verdict', 'Maybe.')
+    return judges_base.Verdict(float('Tagus' in response and 'Tagus River' in answers))
+
+  def query_quality(self, question, tool_calls, results):
+    return judges_base.Verdict(0.0)
+
+
+def test_resume_after_a_kill_judges_no_item_twice(tmp_path, tokenizer, env):
+  config = small_config()
+  engine = engine_lib.ScriptedEngine(SCRIPT, tokenizer)
+  first = CountingJudge(kill_at=4)
+  with pytest.raises(KeyboardInterrupt):
+    runner.evaluate(config, tmp_path, engine=engine, judge=first, env=env, tokenizer=tokenizer)
+  stored = [json.loads(l) for l in (tmp_path / 'results.jsonl').read_text().splitlines()]
+  assert len(stored) == 3
+  with (tmp_path / 'results.jsonl').open('a') as f:
+    f.write('{"run": "agentic", "benchm')  # a line torn by the kill
+  second = CountingJudge()
+  rep = runner.evaluate(config, tmp_path, engine=engine, judge=second, env=env, tokenizer=tokenizer)
+  assert len(second.judged) == 3  # only the three items not stored
+  assert not set(first.judged) & set(second.judged)
+  keys = [runner.ResultStore.key(json.loads(l)) for l in (tmp_path / 'results.jsonl').read_text().splitlines()
+          if l.startswith('{"run"') and l.endswith('}')]
+  assert len(keys) == len(set(keys)) == 6
+  assert rep['meta']['torn_result_lines'] == 1 and rep['items'] == 6
+  third = CountingJudge()
+  runner.evaluate(config, tmp_path, engine=engine, judge=third, env=env, tokenizer=tokenizer)
+  assert third.judged == []  # everything stored: nothing rolled out or judged again
+
+  run = rep['runs']['agentic']
+  fv = run['benchmarks']['fvqa']
+  assert fv['items'] == 3 and fv['judged'] == 3 and 0 < fv['pass_at_1'] < 1  # one of the three is the Tagus item
+  assert run['benchmarks']['mmsearch']['image_problem_rate'] == 1.0  # URL images: reported, items kept
+  assert run['all']['tool_usage'] == {'crop': 6} and run['all']['tool_calls']['mean'] == 1.0
+  assert set(run['all']['turns']) == {'mean', 'median', 'p90'} and run['all']['gen_tokens']['mean'] > 0
+  assert 0 < run['average_pass_at_1'] < 1
+  md = (tmp_path / 'report.md').read_text()
+  assert '| fvqa | 3 | 3 |' in md and 'infoseek' not in md
+
+
+def test_judge_errors_are_neither_right_nor_wrong(tmp_path, tokenizer, env):
+  config = small_config(benchmarks=('fvqa',), max_items_per_benchmark=2)
+  engine = engine_lib.ScriptedEngine(SCRIPT, tokenizer)
+  rep = runner.evaluate(config, tmp_path, engine=engine, judge=CountingJudge(error=True), env=env,
+                        tokenizer=tokenizer)
+  s = rep['runs']['agentic']['benchmarks']['fvqa']
+  assert s['judged'] == 0 and s['judge_error_rate'] == 1.0 and s['pass_at_1'] == 0.0
+  records = [json.loads(l) for l in (tmp_path / 'results.jsonl').read_text().splitlines()]
+  assert all(r['correct'] is None and r['judge_error'].startswith('JudgeParseError') for r in records)
+
+
+def test_abstention_and_no_answer(tmp_path, tokenizer, env):
+  config = small_config(benchmarks=('fvqa',), max_items_per_benchmark=2, modes=('direct',))
+  engine = engine_lib.ScriptedEngine(['<think>unclear</think>\n<response>I cannot determine this.</response>'],
+                                     tokenizer)
+  rep = runner.evaluate(config, tmp_path, engine=engine, env=env, tokenizer=tokenizer)
+  s = rep['runs']['direct']['benchmarks']['fvqa']
+  assert s['abstention_rate'] == 1.0 and s['pass_at_1'] == 0.0 and s['no_answer_rate'] == 0.0
+  assert runner.is_abstention('Unable to tell from the image') and not runner.is_abstention('Lisbon')
+
+
+def test_degradations_keep_shape_and_change_pixels():
+  image = (np.random.default_rng(0).random((48, 64, 3)) * 255).astype(np.uint8)
+  for kind in degrade.KINDS:
+    out = degrade.degrade(image, kind)
+    assert out.shape == image.shape and out.dtype == np.uint8 and not np.array_equal(out, image)
+  assert degrade.kind_for('fvqa_train_1') == degrade.kind_for('fvqa_train_1')
+  with pytest.raises(ValueError):
+    degrade.degrade(image, 'rotate')
+
+
+def test_plan_runs_and_bad_modes():
+  runs = runner.plan_runs(small_config(modes=('agentic', 'direct'), budgets=(2, 4)))
+  assert [(r.key, r.mode, r.max_tool_calls) for r in runs] == [
+      ('agentic', 'agentic', 2), ('direct', 'direct', 0), ('budget_2', 'agentic', 2), ('budget_4', 'agentic', 4)]
+  with pytest.raises(ValueError, match='eval mode'):
+    runner.plan_runs(small_config(modes=('sideways',)))
+
+
+def test_tiny_policy_every_mode_and_budget_sweep(tmp_path, env):
+  """The tiny random model through the embedded JaxSampler: a complete report in every mode, and the plot."""
+  config = small_config(benchmarks=('fvqa', 'infoseek'), max_items_per_benchmark=1, max_tool_calls=1,
+                        modes=('agentic', 'direct', 'rag', 'degrade'), budgets=(1,))
+  config.rollout.max_new_tokens = 4
+  config.rollout.max_total_tokens = 1024
+  config.model.text.num_hidden_layers = 1
+  rep = runner.evaluate(config, tmp_path, env=env)
+  assert list(rep['runs']) == ['agentic', 'direct', 'rag', 'degrade', 'budget_1']
+  for run in rep['runs'].values():
+    assert run['benchmarks']['fvqa']['items'] == 1 and 'average_pass_at_1' in run
+  assert 'infoseek' in rep['benchmarks_not_run']
+  assert (tmp_path / 'budget_sweep.png').stat().st_size > 0 and len(rep['budget_sweep']) == 1
+  assert (tmp_path / 'report.md').is_file() and json.loads((tmp_path / 'report.json').read_text())['items'] == 1
+  records = [json.loads(l) for l in (tmp_path / 'results.jsonl').read_text().splitlines()]
+  assert next(r for r in records if r['run'] == 'degrade')['degrade'] in degrade.KINDS
+  assert next(r for r in records if r['run'] == 'rag')['rag_status'] == 'ok'

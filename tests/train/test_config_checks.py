@@ -1,0 +1,156 @@
+"""Every stage checks its whole config before it reads or writes anything (data, sft, grpo, the demo's eval), and
+the step counts the configs allow (steps = 1, warmup_steps = 0) run."""
+
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from data_pipeline import build
+from osvl_jax import demo
+from osvl_jax.models.qwen3_vl import config as config_lib
+from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.train import grpo, metrics, policy, sft
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
+import demo as demo_config  # noqa: E402
+
+
+def _set(config, path, value):
+  section, field = path.rsplit('.', 1)
+  node = config
+  for key in section.split('.'):
+    node = node[key]
+  node[field] = value
+
+
+@pytest.mark.parametrize('path, value, match', [
+    ('sft.steps', 0, 'sft.steps=0'), ('sft.steps', -3, 'sft.steps=-3'), ('sft.batch_size', 0, 'sft.batch_size=0'),
+    ('sft.lr', 0.0, 'sft.lr=0.0'), ('sft.lr', float('nan'), 'sft.lr'),
+    ('sft.warmup_steps', 450, 'sft.warmup_steps=450 must be < sft.steps=450'),
+    ('sft.warmup_steps', -1, 'sft.warmup_steps=-1'), ('sft.grad_clip', 0.0, 'sft.grad_clip'),
+    ('sft.weight_decay', -0.1, 'sft.weight_decay'), ('sft.log_every', 0, 'sft.log_every'),
+    ('sft.ckpt_every', 0, 'sft.ckpt_every'), ('image.min_pixels', 0, 'image.min_pixels=0'),
+    ('image.max_pixels', 1024, 'image.min_pixels=4096 > image.max_pixels=1024'),
+    ('model.name', 'huge', 'model.name'),
+])
+def test_sft_check_config_names_the_field(path, value, match):
+  c = demo_config.get_config()
+  sft.check_config(c)  # the neighbour: the demo config passes
+  _set(c, path, value)
+  with pytest.raises(ValueError, match=match):
+    sft.check_config(c)
+
+
+def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():
+  c = demo_config.get_config()
+  c.data = build.default_config()   # no longer references image.min_pixels / max_pixels
+  sft.check_config(c)                # the same values: fine
+  c.data.max_pixels = 256 * 256
+  with pytest.raises(ValueError, match='data.min_pixels/max_pixels'):
+    sft.check_config(c)
+
+
+@pytest.mark.parametrize('path, value, match', [
+    ('grpo.steps', 0, 'grpo.steps=0'), ('grpo.num_generations', 1, 'grpo.num_generations=1: must be >= 2'),
+    ('grpo.prompts_per_step', 0, 'grpo.prompts_per_step'), ('grpo.lr', -1e-4, 'grpo.lr'),
+    ('grpo.eps_low', 1.0, 'grpo.eps_low'), ('grpo.eps_high', -0.1, 'grpo.eps_high'), ('grpo.beta', -1.0, 'grpo.beta'),
+    ('grpo.alpha', 1.5, 'grpo.alpha'), ('grpo.delta', 0.0, 'grpo.delta'), ('grpo.std_ddof', 2, 'grpo.std_ddof'),
+    ('grpo.clip_ratio_c', 0.5, 'grpo.clip_ratio_c'), ('grpo.temperature', 0.0, 'grpo.temperature'),
+    ('grpo.top_p', 1.5, 'grpo.top_p'), ('grpo.ckpt_every', 0, 'grpo.ckpt_every'),
+    ('grpo.micro_batch_size', -2, 'grpo.micro_batch_size'), ('grpo.data_parallel', 99, 'grpo.data_parallel=99'),
+    ('grpo.fatal_mode', 'bogus', 'bogus'), ('rollout.max_turns', 0, 'rollout.max_turns'),
+    ('rollout.max_new_tokens', 0, 'rollout.max_new_tokens'), ('rollout.fatal_k', 0, 'rollout.fatal_k'),
+    ('rollout.max_total_tokens', 64, 'rollout.max_total_tokens=64 < rollout.max_new_tokens=128'),
+])
+def test_grpo_check_config_names_the_field(path, value, match):
+  c = demo_config.get_config()
+  grpo.check_config(c)
+  _set(c, path, value)
+  with pytest.raises(ValueError, match=match):
+    grpo.check_config(c)
+
+
+@pytest.mark.parametrize('path, value, match', [
+    ('num_items', 0, 'data.num_items=0'), ('num_items', -5, 'data.num_items=-5'), ('top_k', 0, 'data.top_k'),
+    ('max_retries', -1, 'data.max_retries'), ('hop_choices', (), 'data.hop_choices'),
+    ('hop_probs', (0.5, 0.5), 'data.hop_probs'), ('hop_probs', (0.5, 0.6, -0.1), 'data.hop_probs'),
+    ('min_pixels', 0, 'data.min_pixels'),
+])
+def test_data_check_config_names_the_field(path, value, match):
+  c = build.default_config()
+  build.check_config(c)
+  c[path] = value
+  with pytest.raises(ValueError, match=match):
+    build.check_config(c)
+
+
+@pytest.mark.parametrize('path, value, match', [
+    ('grpo.fatal_mode', 'bogus', 'bogus'), ('eval.num_prompts', 0, 'eval.num_prompts'),
+    ('data.num_items', 0, 'data.num_items'), ('sft.batch_size', 0, 'sft.batch_size'),
+])
+def test_demo_checks_every_stage_before_the_first_and_writes_nothing(tmp_path, path, value, match, monkeypatch):
+  """`--config.grpo.fatal_mode=bogus` fails before the data stage (which would take minutes), and nothing is
+  written: no workdir, no data, checkpoints, metrics.jsonl or tb/."""
+  monkeypatch.setattr(build, 'build_dataset', lambda *a, **k: pytest.fail('the data stage ran'))
+  c = demo_config.get_config()
+  demo.check_config(c)
+  _set(c, path, value)
+  with pytest.raises(ValueError, match=match):
+    demo.run(c, tmp_path / 'demo')
+  assert not (tmp_path / 'demo').exists()
+
+
+def test_sft_with_batch_size_zero_names_the_field_and_writes_nothing(tmp_path):
+  c = demo_config.get_config()
+  c.sft.batch_size = 0
+  with pytest.raises(ValueError, match='sft.batch_size=0'):
+    sft.train(c, tmp_path)
+  assert list(tmp_path.iterdir()) == []
+  c = demo_config.get_config()
+  c.grpo.num_generations = 1
+  with pytest.raises(ValueError, match='grpo.num_generations=1'):
+    grpo.train(c, tmp_path)
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize('steps, warmup', [(1, 0), (2, 0), (2, 1), (450, 20)])
+def test_schedule_runs_for_every_step_count_the_configs_allow(steps, warmup):
+  schedule = policy.make_schedule(1e-3, steps, warmup)
+  lrs = [float(schedule(i)) for i in range(steps)]
+  assert lrs[warmup] == pytest.approx(1e-3)           # peak right after the warmup (at once without one)
+  assert all(lr >= 1e-4 - 1e-12 for lr in lrs[warmup:])
+  if warmup:
+    assert lrs[0] == 0.0
+
+
+@pytest.mark.parametrize('steps, warmup', [(0, 0), (1, 1), (3, 5), (2, -1)])
+def test_schedule_refuses_step_counts_optax_cannot_decay(steps, warmup):
+  with pytest.raises(ValueError, match='steps'):
+    policy.make_schedule(1e-3, steps, warmup)
+
+
+def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
+  """`--config.grpo.steps=1` crashed in optax's cosine schedule (decay_steps=0); now its one update moves the
+  parameters (and without warmup the first update is not at lr = 0)."""
+  cfg = config_lib.Qwen3VLConfig.tiny()
+  small = lambda config, seed=0: model_lib.Qwen3VLModel(
+      type(cfg)(**{**cfg.__dict__, 'text': type(cfg.text)(**{**cfg.text.__dict__, 'vocab_size': 512})}),
+      rngs=nnx.Rngs(seed))
+  monkeypatch.setattr(policy, 'build_model', small)
+  c = demo_config.get_config()
+  c.grpo.steps = 1
+  c.model.hf_path = ''
+  from osvl_jax.train import checkpoint
+  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, {'stage': 'sft'})
+  model, optimizer, _, start = grpo.init_policy(c, tmp_path)
+  assert start == 0
+  before = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
+  grads = jax.tree.map(jax.numpy.ones_like, nnx.state(model, nnx.Param))
+  grpo.make_apply_fn()(model, optimizer, grads)
+  after = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
+  assert any(not np.array_equal(a, b) for a, b in zip(before, after))
