@@ -25,6 +25,11 @@ setuptools.setup(
         'opencv-contrib-python-headless==5.0.0.93',
         'bm25s==0.3.16',
         'httpx==0.28.1',
+        # Rollout serving (osvl_jax.serve, osvl_jax.rollout.server / sglang_client): the HTTP app and the real
+        # SGLang router (a Rust binary, runs on CPU) that the serving tests put in front of two workers.
+        'fastapi==0.163.2',
+        'uvicorn==0.54.0',
+        'sglang-router==0.3.2',
         'json-repair==0.64.6',  # tool-call JSON repair (trajectory.actions.loads_lenient)
         # Local OCR (PP-OCRv6 models ship in the wheel). It pulls opencv-python-headless, whose cv2 shadows the
         # contrib build: the Makefile reinstalls opencv-contrib-python-headless after this (SIFT, dnn_superres).

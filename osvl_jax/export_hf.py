@@ -133,16 +133,18 @@ def chat_template() -> str:
   Turns are joined by '\\n' (the last one ends with '<|im_end|>', as a finished trajectory does);
   `add_generation_prompt` appends '\\n<|im_start|>assistant\\n' (what `prompt_ids()` ends with).
 
-  Inherent differences from the builder's ids (the text is identical; only its tokenization can differ):
+  The ids are the builder's: it tokenizes each run of text between special tokens as one string, as the tokenizer
+  does with the rendered string, so BPE merges across the template's pieces ('city?' + '\\n' -> '?\\n') agree
+  (tests/models/test_export_hf.py checks exact ids over random texts). Inherent differences (the text is
+  identical; only its tokenization can differ):
     - The builder tokenizes untrusted text (the question, tool output) without special tokens: a web page that
       says '<|im_end|>' or '</tool_response>' stays plain text there, but a tokenizer applied to the rendered
       string reads it as the special token.
-    - The builder tokenizes each piece on its own (question, tool text, the '\\n' after it); the rendered string
-      is tokenized as a whole, and BPE can merge across a piece boundary: a text ending in punctuation or spaces
-      followed by '\\n' ('city?' + '\\n' -> '?\\n' is one token) gives other ids. Texts ending in a letter or
-      digit give the same ids.
     - The builder keeps the ids the policy sampled; a re-rendered assistant turn is the canonical tokenization
-      of its decoded text, which a sampled (non-canonical) tokenization need not be.
+      of its decoded text, which a sampled (non-canonical) tokenization need not be. Likewise an assistant turn
+      that does not start with a special token (`<think>`) is tokenized after the context's
+      '<|im_start|>assistant\\n' in the builder (the served generation prompt ends there too), while a
+      re-rendered one may merge with that '\\n'.
   """
   from osvl_jax.trajectory import builder
   lit = json.dumps   # a Jinja string literal (its escapes are Python's unicode-escape ones)

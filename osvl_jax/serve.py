@@ -31,7 +31,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_len', 8192, 'cap on prompt + generated ids per row.')
   flags.DEFINE_integer('bucket', 128, 'prompt / cache lengths rounded up to a multiple of this (recompiles).')
   flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')
-  flags.DEFINE_float('batch_window_ms', 2.0, 'wait this long after the first waiting request for more.')
+  flags.DEFINE_float('batch_window_ms', 20.0, 'a batch keeps collecting requests while they arrive less than '
+                     'this apart (at most 20 windows).')
   flags.DEFINE_integer('min_pixels', None, 'image processor min_pixels (default: the checkpoint records it).')
   flags.DEFINE_integer('max_pixels', None, 'image processor max_pixels (default: the checkpoint records it).')
   flags.DEFINE_string('served_model_name', 'osvl-jax', 'model name reported by /v1/models and /model_info.')
@@ -40,7 +41,7 @@ def _define_flags() -> None:
 
 def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: int | None = None,
                   hf_config: str | None = None, tiny: bool = False, seed: int = 0, max_new_tokens: int = 512,
-                  max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.002,
+                  max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.02,
                   min_pixels: int | None = None, max_pixels: int | None = None,
                   served_model_name: str = 'osvl-jax', weight_version: str = '0'):
   """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above).
@@ -91,7 +92,8 @@ def main(argv) -> None:
   logging.info('model %s', service.model_path)
   print(f'serving url=http://{FLAGS.host}:{FLAGS.port} model={service.model_path} '
         f'weight_version={service.weight_version}', flush=True)
-  uvicorn.run(fastapi_app, host=FLAGS.host, port=FLAGS.port, log_level='warning', access_log=False)
+  uvicorn.run(fastapi_app, host=FLAGS.host, port=FLAGS.port, log_level='warning', access_log=False,
+              timeout_keep_alive=600)   # idle keep-alive connections of pooled clients stay usable
 
 
 if __name__ == '__main__':

@@ -17,21 +17,29 @@ Episodes end on a response, after `max_turns` steps, at fatality (n_err consecut
 `max_total_tokens` would be exceeded (the trajectory then ends at the last whole step that fits). The reason is
 recorded in `Trajectory.stop_reason`. Bad model output never raises.
 
-Nothing a tool, the image processor or the builder raises during an episode leaves `run_episodes` (DESIGN §4):
-  - a tool that raises -> a `backend_error` result;
+Nothing a tool, the image processor or the builder raises leaves `run_episodes` (DESIGN §4); each failure stays
+with its own trajectory, and the other items and samples of the batch are untouched:
+  - a prompt that cannot be rendered (an input image the processor refuses: not uint8 RGB, empty, aspect ratio
+    over 200; a prompt over `max_prompt_tokens` or with no room under `max_total_tokens`; a question the
+    tokenizer refuses) -> its samples are prompt-only trajectories with no steps, stop_reason 'error' and
+    `Trajectory.error` naming the prompt_id and the reason (logged, with a count). Their ids are the prompt
+    rendered without what failed: without its images, and also without the question when that still fails or
+    is over the budget; so they pass `check_trajectory`, `train.batching.collate` accepts them, and they carry
+    no gradient (no generated token; r_fmt = 0 with no steps, so the group's advantages are 0);
   - an observation the builder cannot append (an image the processor refuses, e.g. a 300x1 crop whose aspect
     ratio is over 200; text the tokenizer refuses) -> that step gets a `bad_arguments` error result instead,
     naming the reason, and the episode goes on;
   - anything else (an id outside the vocabulary, an error observation that cannot be appended either) -> that
-    trajectory ends at its last whole step with stop_reason 'error'.
+    trajectory ends at its last whole step with stop_reason 'error' and `Trajectory.error` saying why.
 The builder's appends are transactional, so a failed append leaves no partial observation or step, and the other
 episodes of the batch are untouched. A turn with vision ids (from an engine other than the embedded sampler,
 which never samples them) is a malformed step whose ids are kept but read as text by the model.
 
 Token budgets (all counted in tokens of the one trajectory sequence; an image costs num_tokens + 2):
   - `max_prompt_tokens` (per prompt): system + user turn + image spans + '<|im_start|>assistant\n'. A longer
-    prompt raises `trajectory.PromptTooLongError` naming the prompt; prompts are never cut (a cut could split an
-    image span). A prompt that leaves no room under `max_total_tokens` raises the same error.
+    prompt is never cut (a cut could split an image span): its samples end at once, stop_reason 'error', with
+    the `trajectory.PromptTooLongError` message in `Trajectory.error` (above). So does a prompt that leaves no
+    room under `max_total_tokens`.
   - `max_new_tokens` (per assistant turn): ids the engine may emit in one turn, the closing <|im_end|> included.
     A turn cut there (finish_reason 'length') is kept as emitted (gen_mask 1, the policy is accountable for it;
     its <|im_end|> is added with gen_mask 0) but never executed: it is a malformed step answered with a
@@ -50,6 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.rl import fatal as fatal_lib
@@ -95,6 +104,41 @@ class _Episode:
     self.fatal_step: int | None = None
     self.done = False
     self.end_reason: str | None = None
+    self.error: str | None = None  # why, for end_reason 'error'
+
+
+def _why(e: BaseException, limit: int = 500) -> str:
+  """'Type: message' of an exception, valid UTF-8, at most `limit` characters."""
+  return f'{type(e).__name__}: {e}'.encode('utf-8', 'backslashreplace').decode('utf-8')[:limit]
+
+
+def _start(item: Item, sample_index: int, make_builder: Callable[[], traj_lib.TrajectoryBuilder],
+           prompt_limit: int | None, budgets: str) -> _Episode:
+  """An episode with its prompt rendered; one whose prompt cannot be rendered is over at once.
+
+  That one is a prompt-only episode (stop_reason 'error', `error` naming the prompt_id and the reason) whose ids
+  are the prompt without what failed: without its images, else also without the question (the builder's
+  `start` is transactional, so the refused attempt left it empty).
+  """
+  builder = make_builder()
+  try:
+    builder.start(item.question, item.image, max_tokens=prompt_limit)
+    return _Episode(item, sample_index, builder)
+  except Exception as e:  # pylint: disable=broad-except  # a refused image, a prompt over budget, bad text
+    why = _why(e) + (f' ({budgets})' if isinstance(e, traj_lib.PromptTooLongError) else '')
+  episode = _Episode(item, sample_index, builder)
+  episode.done, episode.end_reason = True, 'error'
+  episode.error = f'prompt_id={item.prompt_id!r}: the prompt cannot be rendered: {why}'
+  for question in (item.question, ''):
+    try:
+      builder.start(question, None, max_tokens=prompt_limit)
+      break
+    except Exception:  # pylint: disable=broad-except
+      continue
+  else:  # the system prompt alone is over the budget: every prompt fails; keep the record anyway
+    builder.start('', None)
+  builder.question = item.question
+  return episode
 
 
 def malformed_result(action: traj_lib.ParsedAction) -> tools_base.ToolResult:
@@ -143,26 +187,24 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
   Returns:
     N * G Trajectories, item-major (item i, samples 0..G-1), with steps, final_response, fatal_step,
     rollout_logprobs from the engine, `policy_version` and `stop_reason`.
-  Raises:
-    trajectory.PromptTooLongError: for a prompt over `max_prompt_tokens`, or with no room under
-      `max_total_tokens` (message names the prompt_id).
+    A prompt that cannot be rendered (refused input image, over `max_prompt_tokens`, no room under
+    `max_total_tokens`) gives G prompt-only trajectories with no steps, stop_reason 'error' and
+    `Trajectory.error` saying why; nothing a tool, the image processor or the builder raises leaves this
+    function.
   """
   if fatal_index not in fatal_lib.FATAL_INDEX:
     raise ValueError(f'fatal_index {fatal_index!r} is not one of {sorted(fatal_lib.FATAL_INDEX)}')
   prompt_limit = [b for b in (max_prompt_tokens, None if max_total_tokens is None else max_total_tokens - 1)
                   if b is not None]
   prompt_limit = min(prompt_limit) if prompt_limit else None
-  episodes = []
-  for item in map(as_item, items):
-    for g in range(num_generations):
-      builder = make_builder()
-      try:
-        builder.start(item.question, item.image, max_tokens=prompt_limit)
-      except traj_lib.PromptTooLongError as e:
-        raise traj_lib.PromptTooLongError(
-            f'prompt_id={item.prompt_id!r}: {e} (max_prompt_tokens={max_prompt_tokens}, '
-            f'max_total_tokens={max_total_tokens})') from e
-      episodes.append(_Episode(item, g, builder))
+  budgets = f'max_prompt_tokens={max_prompt_tokens}, max_total_tokens={max_total_tokens}'
+  episodes = [_start(item, g, make_builder, prompt_limit, budgets)
+              for item in map(as_item, items) for g in range(num_generations)]
+  failed = [e for e in episodes if e.done]
+  if failed:
+    logging.warning('run_episodes: %d of %d prompts could not be rendered; their %d trajectories are prompt-only '
+                    "(stop_reason 'error'). First: %s", len({id(e.item) for e in failed}),
+                    len({id(e.item) for e in episodes}), len(failed), failed[0].error)
 
   pool = concurrent.futures.ThreadPoolExecutor(tool_workers) if tool_workers > 1 else None
   try:
@@ -198,8 +240,8 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
         try:
           action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds,
                                               cut=gen.finish_reason == engine_lib.FINISH_LENGTH)
-        except Exception:  # pylint: disable=broad-except  # e.g. ids outside the vocabulary; builder unchanged
-          e.done, e.end_reason = True, 'error'
+        except Exception as err:  # pylint: disable=broad-except  # e.g. ids outside the vocabulary; unchanged
+          e.done, e.end_reason, e.error = True, 'error', f'the assistant turn cannot be appended: {_why(err)}'
           continue
         if action.kind == 'response':
           e.done, e.end_reason = True, 'response'
@@ -244,7 +286,8 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
     if not e.done:
       e.end_reason = 'max_turns'
     traj = e.builder.finish(prompt_id=e.item.prompt_id, sample_index=e.sample_index, answers=e.item.answers,
-                            fatal_step=e.fatal_step, policy_version=policy_version, stop_reason=e.end_reason)
+                            fatal_step=e.fatal_step, policy_version=policy_version, stop_reason=e.end_reason,
+                            error=e.error if e.end_reason == 'error' else None)
     if traj.steps and traj.steps[-1].action.kind != 'response':
       traj.steps[-1].format_ok = False  # r_fmt^(L) needs a response at l = L (DESIGN §6)
     out.append(traj)
@@ -254,8 +297,8 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
 def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:
   """Appends `result` as the observation; one the builder refuses becomes a `bad_arguments` error result.
 
-  When even that cannot be appended, the step is left awaiting its observation (the builder is transactional)
-  and the loop ends the episode with stop_reason 'error'.
+  When even that cannot be appended, the step is left awaiting its observation (the builder is transactional),
+  `episode.error` says why, and the loop ends the episode with stop_reason 'error'.
   """
   builder = episode.builder
   try:
@@ -263,12 +306,13 @@ def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:
     return
   except Exception as e:  # pylint: disable=broad-except  # an image the processor refuses, untokenizable text
     name = builder.steps[-1].action.name or 'the tool'
-    why = f'{type(e).__name__}: {e}'.encode('utf-8', 'backslashreplace').decode('utf-8')[:500]
+    why = _why(e)
     fallback = tools_base.error(
         'bad_arguments', f'{name} returned a result that cannot be shown to the model ({why}). Try other '
         f'arguments.', seconds=float(getattr(result, 'seconds', 0.0) or 0.0))
   try:
     builder.append_observation(fallback)
-  except Exception:  # pylint: disable=broad-except  # the loop ends the episode ('error')
-    pass
+  except Exception as e:  # pylint: disable=broad-except  # the loop ends the episode ('error')
+    episode.error = (f'the observation of step {builder.steps[-1].index} cannot be appended ({why}), nor an '
+                     f'error about it ({_why(e)})')
 

@@ -26,9 +26,10 @@ expanded here to the image's feature count after the image is decoded and proces
 images' features) are accepted as they are. `image_data` items are base64 strings or `data:image/...;base64,`
 URLs (no URLs or file paths are fetched).
 
-Batching: one worker thread owns the sampler. It takes the first waiting job, waits `batch_window_s` for more,
-then takes every job waiting (up to `max_batch` rows) and runs them in as few `JaxSampler.generate` calls as
-their sampling parameters allow (one per distinct (temperature, top_p, stop strings)); per-row
+Batching: one worker thread owns the sampler. It takes the first waiting job, then keeps taking jobs while they
+arrive less than `batch_window_s` apart (at most 20 windows in all, up to `max_batch` rows), and runs them in as
+few `JaxSampler.generate` calls as their sampling parameters allow (one per distinct (temperature, top_p, stop
+strings)); per-row
 `max_new_tokens` and extra `stop_token_ids` are applied by cutting the row's output (the batch decodes to the
 largest cap). A weight update is a job too: the rows before it finish on the old weights, the rows after it
 start on the new ones, so no generation straddles an update (each answer has one version span).
@@ -318,7 +319,7 @@ class SamplerService:
   """
 
   def __init__(self, sampler, tokenizer, image_processor, model_path: str = '', weight_version: str = 'default',
-               served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.002,
+               served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.02,
                default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None):
     """Args:
       sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
@@ -328,7 +329,8 @@ class SamplerService:
       weight_version: the initial version string.
       served_model_name: the model name of /v1/models and /model_info.
       max_batch: most rows per `generate` call.
-      batch_window_s: how long the worker waits after the first waiting job for more jobs to batch.
+      batch_window_s: the worker keeps collecting jobs for a batch while they arrive less than this apart
+        (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
       loader: `path -> model` for /update_weights_from_disk (default `load_policy(path)[0]`).
     """
@@ -402,7 +404,8 @@ class SamplerService:
       images = [images if isinstance(images, list) else [images]]
     sps = per_row(body.get('sampling_params'), 'sampling_params')
     lps = per_row(body.get('return_logprob'), 'return_logprob')
-    vocab = getattr(getattr(self.sampler._model, 'config', None), 'vocab_size', tokens_lib.VOCAB_SIZE)  # pylint: disable=protected-access
+    config = getattr(self.sampler._model, 'config', None)  # pylint: disable=protected-access
+    vocab = getattr(config, 'vocab_size', tokens_lib.VOCAB_SIZE)
     rows = []
     for ids, row_images, sp, lp in zip(batch, images, sps, lps):
       if not isinstance(ids, list) or not ids or not all(
@@ -427,12 +430,13 @@ class SamplerService:
       if job is None:
         return
       jobs = [job]
-      if job.kind == 'generate' and self.batch_window_s > 0:
-        time.sleep(self.batch_window_s)
       rows = len(job.payload) if job.kind == 'generate' else 0
+      linger = self.batch_window_s if job.kind == 'generate' else 0.0
+      give_up = time.monotonic() + 20 * linger   # never linger longer than this in all
       while rows < self.max_batch:
-        try:
-          nxt = self._queue.get_nowait()
+        try:   # keep collecting while requests arrive less than `batch_window_s` apart
+          wait = min(linger, give_up - time.monotonic())
+          nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
         except queue.Empty:
           break
         if nxt is None:

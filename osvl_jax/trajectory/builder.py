@@ -25,7 +25,7 @@ from osvl_jax.trajectory.images import ImageProcessor, ImageRef
 from osvl_jax.trajectory.record import STOP_REASONS, PromptTooLongError, Step, Trajectory
 from osvl_jax.trajectory.tokens import (
     ADDED_TOKENS, EOS_IDS, IM_END_ID, IM_START_ID, IMAGE_PAD_ID, TOOL_RESPONSE_END_ID, TOOL_RESPONSE_ID,
-    VISION_END_ID, VISION_IDS, VISION_START_ID, VOCAB_SIZE, Untrusted, _encode, _encode_parts, model_input_ids)
+    VISION_END_ID, VISION_IDS, VISION_START_ID, VOCAB_SIZE, _Untrusted, _encode, _encode_parts, model_input_ids)
 from tools.base import ToolResult
 
 DEFAULT_INSTRUCTIONS = (
@@ -148,7 +148,7 @@ class TrajectoryBuilder:
     system = render_system_text(self.tool_schemas, self.system_prompt)
     images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
     refs = [self.image_processor.process(im, name=f'img_{k + 1}') for k, im in enumerate(images)]
-    parts = [IM_START_ID, 'system\n' + system, IM_END_ID, '\n', IM_START_ID, 'user\n', Untrusted(question or '')]
+    parts = [IM_START_ID, 'system\n' + system, IM_END_ID, '\n', IM_START_ID, 'user\n', _Untrusted(question or '')]
     for k, ref in enumerate(refs):
       parts += self._image_span_parts(f'img_{k + 1}', ref)
     parts += [IM_END_ID, '\n', IM_START_ID, 'assistant\n']
@@ -299,7 +299,7 @@ class TrajectoryBuilder:
     step = self._steps[-1]
     l = step.index
     text = result.text if (result.text or result.error_kind is None) else f'Error: {result.error_kind}'
-    parts = ['\n', IM_START_ID, 'user\n', TOOL_RESPONSE_ID, '\n', Untrusted(str(text))]
+    parts = ['\n', IM_START_ID, 'user\n', TOOL_RESPONSE_ID, '\n', _Untrusted(str(text))]
     refs, names = [], []
     for image in result.images:
       name = f'img_{len(self._images) + len(refs) + 1}'
@@ -317,8 +317,8 @@ class TrajectoryBuilder:
     return names
 
   def finish(self, prompt_id: str = '', sample_index: int = 0, answers: Sequence[str] = (),
-             fatal_step: int | None = None, policy_version: int = 0, stop_reason: str | None = None
-             ) -> Trajectory:
+             fatal_step: int | None = None, policy_version: int = 0, stop_reason: str | None = None,
+             error: str | None = None) -> Trajectory:
     """The Trajectory so far (the builder may keep being used; the arrays are copies).
 
     final_response is the last step's response when it is one. A trailing observation's
@@ -330,6 +330,7 @@ class TrajectoryBuilder:
       fatal_step: f_i from `rl.fatal.fatal_step` over `Trajectory.execution_errors`, or None.
       policy_version: weights version that produced the episode.
       stop_reason: one of `STOP_REASONS` or None (see `Trajectory.stop_reason`).
+      error: why the episode ended with stop_reason 'error' (`Trajectory.error`).
     """
     if stop_reason is not None and stop_reason not in STOP_REASONS:
       raise ValueError(f'stop_reason={stop_reason!r} is not one of {STOP_REASONS}')
@@ -346,5 +347,5 @@ class TrajectoryBuilder:
         rollout_logprobs=(np.asarray(self._logprobs, np.float32) if (self._steps and all(self._step_logprobs))
                           else None),
         policy_version=int(policy_version), question=self.question or '', answers=list(answers),
-        stop_reason=stop_reason)
+        stop_reason=stop_reason, error=error)
 

@@ -25,7 +25,8 @@ class PromptTooLongError(TrajectoryError):
 # Why an episode stopped (`Trajectory.stop_reason`). 'token_budget' and 'context_full' mean the token budget cut
 # the episode short; 'error' means an append failed in a way no tool error can report (e.g. the policy emitted an
 # id outside the vocabulary, or even the error observation could not be rendered): the trajectory ends at the last
-# whole step and the other episodes of the batch go on.
+# whole step and the other episodes of the batch go on; or that the prompt could not be rendered (a refused input
+# image, a prompt over its budget): a prompt-only trajectory with no steps. `Trajectory.error` says why.
 STOP_REASONS = ('response', 'max_turns', 'fatal', 'token_budget', 'context_full', 'error')
 TRUNCATION_REASONS = ('token_budget', 'context_full')
 
@@ -78,6 +79,9 @@ class Trajectory:
       step; 'context_full': the engine's context is full; 'error': an append failed and could not be reported as
       a tool error, the trajectory ends at the last whole step), or None when not produced by the agent loop (SFT
       data, hand-built). `truncated` is True for the budget reasons.
+    error: why, for stop_reason 'error' (else None). A prompt that could not be rendered (an input image the
+      processor refuses, a prompt over its budget) gives a prompt-only trajectory with no steps: its ids are the
+      prompt without what failed (see `rollout.agent_loop.run_episodes`).
   """
   prompt_id: str
   sample_index: int
@@ -93,6 +97,7 @@ class Trajectory:
   question: str = ''
   answers: list[str] = dataclasses.field(default_factory=list)
   stop_reason: str | None = None
+  error: str | None = None
 
   @property
   def num_tokens(self) -> int:
@@ -158,6 +163,7 @@ class Trajectory:
                              np.asarray(self.rollout_logprobs, np.float32).tolist()),
         'policy_version': int(self.policy_version),
         'stop_reason': self.stop_reason,
+        'error': self.error,
     }
 
   def to_json(self) -> str:
@@ -205,7 +211,8 @@ class Trajectory:
         fatal_step=None if fatal is None or int(fatal) < 0 else int(fatal),
         rollout_logprobs=None if logprobs is None else np.asarray(logprobs, np.float32),
         policy_version=int(record.get('policy_version', 0)), question=record.get('question', ''),
-        answers=list(record.get('answers') or []), stop_reason=record.get('stop_reason'))
+        answers=list(record.get('answers') or []), stop_reason=record.get('stop_reason'),
+        error=record.get('error'))
 
 
 def _step_to_record(s: Step) -> dict:
@@ -257,7 +264,7 @@ def record_features():
       'gen_mask': datasets.List(v('bool')), 'step_of_token': datasets.List(v('int32')),
       'images': datasets.List(image), 'steps': datasets.List(step), 'final_response': v('string'),
       'fatal_step': v('int32'), 'rollout_logprobs': datasets.List(v('float32')), 'policy_version': v('int64'),
-      'stop_reason': v('string'),
+      'stop_reason': v('string'), 'error': v('string'),
   })
 
 

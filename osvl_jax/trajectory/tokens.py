@@ -141,7 +141,7 @@ def _encode(tokenizer, text: str, untrusted: bool = False) -> list[int]:
   return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-class Untrusted(str):
+class _Untrusted(str):
   """Text from outside (a question, tool output) for `_encode_parts`: never read as added tokens."""
 
 
@@ -169,7 +169,7 @@ def _encode_parts(tokenizer, parts) -> list[int]:
   Args:
     tokenizer: the Qwen tokenizer (`load_tokenizer`).
     parts: a sequence of: int (an added token id, e.g. `IM_START_ID`), str (trusted template text: the added
-      tokens it spells, e.g. '<tool_call>' in the system text, become their ids), `Untrusted` (plain text only).
+      tokens it spells, e.g. '<tool_call>' in the system text, become their ids), `_Untrusted` (plain text only).
   Returns:
     the ids.
   """
@@ -179,7 +179,7 @@ def _encode_parts(tokenizer, parts) -> list[int]:
       out.extend(_encode(tokenizer, ''.join(run), untrusted=True))
       run.clear()
   for part in parts:
-    if isinstance(part, Untrusted):
+    if isinstance(part, _Untrusted):
       pieces = [str(part)]
     elif isinstance(part, str):
       pieces = _split_added(part)

@@ -126,16 +126,17 @@ def exported(tmp_path_factory):
 CALL = {'name': 'crop', 'arguments': {'image': 'img_1', 'box': [0, 0, 40, 30]}}
 
 
-def _conversation(question, tool_text, response=None):
-  """The same episode twice: (TrajectoryBuilder, messages, images, tool schemas) — a user turn with an image, an
-  assistant tool call, an observation with an image, then (optionally) a final response."""
+def _conversation(question, tool_text, response=None, system=None):
+  """The same episode twice: (TrajectoryBuilder, messages, images, tool schemas) — (optionally) a system prompt, a
+  user turn with an image, an assistant tool call, an observation with an image, then (optionally) a final
+  response."""
   from tools import base
   from tools import env as tools_env
   rng = np.random.default_rng(0)
   photo, crop = rng.integers(0, 256, (50, 70, 3), np.uint8), rng.integers(0, 256, (30, 40, 3), np.uint8)
   schemas = tools_env.ToolEnv({'enabled': ('text_search', 'crop')}).schemas()
   builder = tj.TrajectoryBuilder(tj.load_tokenizer(), tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64),
-                                 schemas)
+                                 schemas, system_prompt=system)
   builder.start(question, photo)
   builder.append_assistant_text(tj.render_assistant_text('Look closer.', tool_call=CALL))
   builder.append_observation(base.ToolResult(ok=True, text=tool_text, images=[crop]))
@@ -148,6 +149,8 @@ def _conversation(question, tool_text, response=None):
     text = tj.render_assistant_text('It is Agra.', response=response)
     builder.append_assistant_text(text)
     messages.append({'role': 'assistant', 'content': text})
+  if system is not None:
+    messages.insert(0, {'role': 'system', 'content': system})
   return builder, messages, [photo, crop], schemas
 
 
@@ -178,11 +181,11 @@ def test_exported_folder_is_complete_for_transformers_sglang_and_vllm(exported, 
 @pytest.mark.parametrize('finished', [False, True])
 def test_autoprocessor_and_chat_template_give_the_builders_ids_pixels_and_logits(exported, monkeypatch, finished):
   """System text with tools, user turn with an image, a tool call, an observation with an image; then either the
-  generation prompt (`prompt_ids`) or a final response (`finish().token_ids`). Texts end in letters or digits
-  (see `export_hf.chat_template` for the boundary merges that differ inherently)."""
+  generation prompt (`prompt_ids`) or a final response (`finish().token_ids`). The texts end in punctuation, whose
+  BPE merge with the template's '\n' ('?\n') the builder renders as a tokenizer reading the whole string does."""
   folder, model = exported
   processor = _auto_processor(folder, monkeypatch)
-  builder, messages, images, schemas = _conversation('Which city is this landmark in', 'Cropped region of img_1',
+  builder, messages, images, schemas = _conversation('Which city is this landmark in?', '[1] Agra: a city.',
                                                      'Agra' if finished else None)
   _, ids, pixel_values, grid = _processor_inputs(processor, messages, images, schemas, not finished)
   want = builder.finish().token_ids if finished else builder.prompt_ids()
@@ -206,18 +209,54 @@ def _last_logits(model, ids, pixel_values, grid, last=4):
   return np.asarray(model.logits(hidden[:, -last:]))
 
 
-def test_chat_template_text_is_the_builders_text_for_any_text(exported, monkeypatch):
-  """Texts ending in punctuation: the rendered string is exactly the builder's decoded ids (only the BPE merge
-  across the piece boundary, e.g. '?' + '\\n' -> '?\\n', differs: `export_hf.chat_template`)."""
+# Pieces of random text: punctuation, spaces and newlines at a piece boundary are where BPE merges ('?\n').
+TEXT_PIECES = ('city', 'Agra', ' is', 'A', '7', '42', '?', '!', '.', ':', ',', '"', ' ', '  ', '\n', '\n\n',
+               '\r\n', '\t', '🙂', '日本語', '。', '？', '-', "'s", '(', ')')
+
+
+def _random_text(rng, max_pieces=8):
+  """No '<': a text that spells no special token (there the builder differs inherently: `chat_template`)."""
+  return ''.join(rng.choice(TEXT_PIECES) for _ in range(int(rng.integers(0, max_pieces + 1))))
+
+
+def _assert_same_ids(processor, question, tool_text, response=None, system=None):
+  builder, messages, images, schemas = _conversation(question, tool_text, response, system)
+  finished = response is not None
+  text, ids, _, _ = _processor_inputs(processor, messages, images, schemas, not finished)
+  want = builder.finish().token_ids if finished else builder.prompt_ids()
+  assert ids[0].tolist() == want.tolist(), (question, tool_text, response, system, text)
+  return text, builder
+
+
+@pytest.mark.parametrize('question, tool_text', [
+    ('Which city is this?', '[1] Agra: a city.'), ('Wow!', 'Note:'), ('trailing  ', 'line\n'),
+    ('year 1632', '12'), ('日本語。', 'smile 🙂'), ('', ''), ('\n', ' \n '), ('end.\r\n', '?\n\n')])
+def test_chat_template_ids_are_the_builders_ids_for_texts_ending_in_anything(exported, monkeypatch, question,
+                                                                             tool_text):
+  """Texts ending in punctuation / spaces / newlines / digits: exactly the builder's ids (the '?' + '\n' merge
+  included), with the generation prompt and with a final response."""
   folder, _ = exported
   processor = _auto_processor(folder, monkeypatch)
-  builder, messages, images, schemas = _conversation('Which city is this?', '[1] Agra: a city.')
-  text, _, _, _ = _processor_inputs(processor, messages, images, schemas, True)
+  text, builder = _assert_same_ids(processor, question, tool_text)
   decoded = processor.tokenizer.decode(builder.prompt_ids(), skip_special_tokens=False)
   for ref in builder.images:
     decoded = decoded.replace('<|image_pad|>' * ref.num_tokens, '<|image_pad|>', 1)
   assert text == decoded
+  _assert_same_ids(processor, question, tool_text, response=tool_text, system=question or 'Be brief.')
+
+
+def test_chat_template_ids_are_the_builders_ids_for_random_texts(exported, monkeypatch):
+  """Property over random texts (punctuation, spaces, newlines, digits, emoji, CJK) in the system prompt, the
+  question, the tool output and the response: the served template gives exactly the builder's ids."""
+  folder, _ = exported
+  processor = _auto_processor(folder, monkeypatch)
+  rng = np.random.default_rng(7)
+  for _ in range(40):
+    _assert_same_ids(processor, _random_text(rng), _random_text(rng),
+                     response=_random_text(rng) if rng.random() < 0.5 else None,
+                     system=_random_text(rng) if rng.random() < 0.5 else None)
   system = {'role': 'system', 'content': 'Be brief.'}
+  _, messages, _, _ = _conversation('Which city?', 'x')
   with_system = processor.apply_chat_template([system] + messages[:1], tokenize=False)
   assert with_system.startswith('<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhich city')
 

@@ -132,6 +132,7 @@ def test_ids_outside_the_vocabulary_end_only_that_trajectory(tokenizer, env, mak
   engine = _RawEngine(tokenizer, {'bad': [9707, tj.VOCAB_SIZE + 5, tj.IM_END_ID]})
   bad, ok = agent_loop.run_episodes(engine, env, make_builder, _items('bad', 'ok'), max_turns=3)
   assert (bad.stop_reason, bad.steps, bad.final_response) == ('error', [], None)
+  assert 'outside the vocabulary' in bad.error and ok.error is None
   assert bad.gen_mask.sum() == 0 and tj.check_trajectory(bad) == []
   assert (ok.stop_reason, ok.final_response) == ('response', 'Agra')
   batch = batching.collate([bad, ok], length_multiple=64, loss_multiple=16)
@@ -148,8 +149,44 @@ def test_an_observation_that_cannot_be_appended_at_all_ends_the_trajectory(token
   engine = engine_lib.ScriptedEngine(_by_question(tokenizer, scripts), tokenizer)
   refused, ok = agent_loop.run_episodes(engine, env, lambda: next(builders), _items('a', 'b'), max_turns=3)
   assert (refused.stop_reason, refused.steps) == ('error', [])  # the step that could not be answered is dropped
+  assert 'observation of step 0 cannot be appended' in refused.error and 'refused' in refused.error
   assert refused.token_ids.tolist() == engine.calls[0][0].prompt_ids.tolist()
   assert tj.check_trajectory(refused) == [] and ok.final_response == 'Agra'
+
+
+@pytest.mark.parametrize('bad_image, why', [
+    (np.zeros((1, 300, 3), np.uint8), 'aspect ratio'),     # aspect > 200
+    (np.zeros((64, 64), np.uint8), 'img_1'),               # not RGB
+    (np.zeros((64, 64, 4), np.uint8), 'img_1'),            # RGBA
+    (np.zeros((64, 64, 3), np.float32), 'img_1'),          # not uint8
+])
+def test_a_refused_prompt_image_ends_only_its_own_trajectories(tokenizer, env, make_builder, bad_image, why):
+  """The processor refuses one item's input image: its G samples are prompt-only trajectories (stop_reason
+  'error', the reason stored, no steps), the other item's samples are exactly what they are alone, and the whole
+  batch goes through GRPO's `prepare_batch` (the failed group has zero advantages and no loss tokens)."""
+  scripts = {'bad': [ANSWER], 'ok': [_crop(0, 0, 150, 100), ANSWER]}
+  items = [{**_items('bad')[0], 'image': bad_image}, _items('ok')[0]]
+  trajs, engine = _run(tokenizer, env, make_builder, scripts, items, num_generations=2)
+  assert [(t.prompt_id, t.sample_index) for t in trajs] == [('bad', 0), ('bad', 1), ('ok', 0), ('ok', 1)]
+  for bad in trajs[:2]:
+    assert (bad.stop_reason, bad.steps, bad.images, bad.final_response) == ('error', [], [], None)
+    assert bad.error.startswith("prompt_id='bad': the prompt cannot be rendered: ValueError") and why in bad.error
+    assert not bad.gen_mask.any() and bad.question == items[0]['question'] and tj.check_trajectory(bad) == []
+    assert 'Question bad: where is this?' in tokenizer.decode(bad.token_ids.tolist())  # the text-only prompt
+    assert tj.Trajectory.from_json(bad.to_json()).error == bad.error
+  assert all('Question bad:' not in tokenizer.decode(c.prompt_ids.tolist()) for c, *_ in engine.calls)
+  alone = _solo(tokenizer, env, make_builder, 'ok', scripts['ok'])
+  for ok in trajs[2:]:
+    assert (ok.stop_reason, ok.final_response, ok.error) == ('response', 'Agra', None)
+    assert ok.token_ids.tolist() == alone.token_ids.tolist() and len(ok.images) == 2
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from osvl_jax.train import grpo  # pylint: disable=g-import-not-at-top
+  cfg = ml_collections.ConfigDict(dict(alpha=0.8, delta=1e-6, fatal_mode='mask_clamp', estimator='grpo',
+                                       std_ddof=1, num_generations=2, length_multiple=64, loss_multiple=16))
+  batch, _, scores, _ = grpo.prepare_batch(trajs, cfg)
+  assert [s['r_fmt'] for s in scores[:2]] == [0.0, 0.0]
+  np.testing.assert_array_equal(batch['advantages'][:2], [0, 0])
+  assert not batch['loss_mask'][:2].any() and batch['loss_mask'][2:].any()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """Small inputs taken from failures reported against public multimodal agent-RL code, each with the right value.
 
 1. A tool returns an image in the last turn and the budget is hit right after: the image is fully in or out.
-2. A prompt with an image over the prompt budget: a clear error, never a silently cut placeholder run.
+2. A prompt with an image over the prompt budget: a clear error recorded in its trajectory (prompt-only, no
+   image, no steps), never a silently cut placeholder run.
 3. Three images (64x64, 96x160, 200x120) across three turns: positions equal HF `get_rope_index`.
 4. Tool-call JSON with trailing commas / single quotes is accepted (as json5 is by the official code); two calls in
    one turn are a format violation (r_fmt^(l) = 0) and only the first is executed.
 """
+
+import re
 
 import numpy as np
 import pytest
@@ -75,18 +78,32 @@ def test_an_image_returned_just_before_the_budget_is_fully_in_or_fully_out(token
 
 # 2 ------------------------------------------------------------------------------------------------------------
 
+def _assert_prompt_only_error(traj, match, budget):
+  """A prompt that could not be rendered: stop_reason 'error' with the reason, no steps, no image, within the
+  budget, and still a valid trajectory the trainer batches (it carries no gradient)."""
+  assert (traj.stop_reason, traj.steps, traj.images, traj.final_response) == ('error', [], [], None)
+  assert re.search(match, traj.error), traj.error
+  assert traj.num_tokens <= budget and not traj.gen_mask.any() and (traj.step_of_token == -1).all()
+  assert not np.isin(traj.token_ids, tj.VISION_IDS).any() and traj.question == _item()['question']
+  assert tj.check_trajectory(traj) == []
+  batch = batching.collate([traj], length_multiple=64, loss_multiple=16)
+  assert batch['pixel_values'] is None and not np.asarray(batch['completion_mask']).any()
+
+
 def test_a_prompt_with_an_image_over_the_prompt_budget_is_a_clear_error(tokenizer, env, make_builder):
   builder = make_builder()
   builder.start(_item()['question'], _item()['image'])
   length = builder.num_tokens
   image_start = int(np.flatnonzero(builder.prompt_ids() == tj.VISION_START_ID)[0])
   for budget in (length - 1, image_start + 3):  # just short; inside the image's pad run
-    with pytest.raises(tj.PromptTooLongError, match=r"prompt_id='q0'.*image span.*never cut"):
-      _run(tokenizer, env, make_builder, [ANSWER], max_prompt_tokens=budget)
+    traj = _run(tokenizer, env, make_builder, [ANSWER], max_prompt_tokens=budget)
+    _assert_prompt_only_error(traj, r"prompt_id='q0'.*PromptTooLongError.*image span.*never cut", budget)
+    refused = make_builder()
     with pytest.raises(tj.PromptTooLongError, match=f'over the prompt budget of {budget}'):
-      make_builder().start(_item()['question'], _item()['image'], max_tokens=budget)
-  with pytest.raises(tj.PromptTooLongError, match='max_total_tokens'):  # no room left to generate anything
-    _run(tokenizer, env, make_builder, [ANSWER], max_total_tokens=length)
+      refused.start(_item()['question'], _item()['image'], max_tokens=budget)
+    assert refused.num_tokens == 0 and refused.images == []  # transactional: nothing of the prompt is kept
+  traj = _run(tokenizer, env, make_builder, [ANSWER], max_total_tokens=length)  # no room left to generate
+  _assert_prompt_only_error(traj, 'max_total_tokens', length)
   traj = _run(tokenizer, env, make_builder, [ANSWER], max_prompt_tokens=length)  # exactly at the budget: fine
   assert traj.final_response == 'Agra'
 

@@ -1,0 +1,135 @@
+"""Shared pieces of the serving tests: the tiny policy, contexts, and helpers that start servers on 127.0.0.1."""
+
+import contextlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from flax import nnx
+
+from osvl_jax import trajectory as tj
+from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+from osvl_jax.rollout import jax_sampler
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+NEW = 6            # decode length: small, the CPUs are shared.
+MAX_LEN = 256
+BUCKET = 16
+# The server flags that make `osvl_jax.serve --tiny` compute what `reference_sampler` computes.
+TINY_FLAGS = (f'--bucket={BUCKET}', f'--max_len={MAX_LEN}', f'--max_new_tokens={NEW}', '--batch_window_ms=20')
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None, log=None) -> None:
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if proc is not None and proc.poll() is not None:
+      raise RuntimeError(f'{what}: process exited {proc.returncode}\n{_tail(log)}')
+    try:
+      if check():
+        return
+    except httpx.HTTPError:
+      pass
+    time.sleep(0.25)
+  raise TimeoutError(f'{what} not ready after {timeout}s\n{_tail(log)}')
+
+
+def _tail(log) -> str:
+  if log is None or not pathlib.Path(log).exists():
+    return ''
+  return pathlib.Path(log).read_text()[-3000:]
+
+
+def healthy(url: str) -> bool:
+  return httpx.get(url + '/health', timeout=2).status_code == 200
+
+
+@contextlib.contextmanager
+def serve_process(log_path, *flags, timeout: float = 120.0):
+  """`python -m osvl_jax.serve --tiny ...` on a free port; yields its URL once /health answers, then stops it."""
+  port = free_port()
+  with open(log_path, 'w') as log:
+    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', *TINY_FLAGS,
+                             *flags], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+  url = f'http://127.0.0.1:{port}'
+  try:
+    yield url, proc
+  finally:
+    proc.terminate()
+    try:
+      proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+
+
+@contextlib.contextmanager
+def serve_in_thread(service):
+  """The FastAPI app of `service` under uvicorn in a thread of this process (shares the jit caches)."""
+  import uvicorn
+  from osvl_jax.rollout import server
+  port = free_port()
+  config = uvicorn.Config(server.create_app(service, '127.0.0.1', port), host='127.0.0.1', port=port,
+                          log_level='warning', access_log=False)
+  srv = uvicorn.Server(config)
+  thread = threading.Thread(target=srv.run, daemon=True)
+  thread.start()
+  url = f'http://127.0.0.1:{port}'
+  try:
+    wait_until(lambda: healthy(url), 30, 'in-thread server')
+    yield url
+  finally:
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope='session')
+def tokenizer():
+  return tj.load_tokenizer()
+
+
+@pytest.fixture(scope='session')
+def processor():
+  """The tiny server's image processor (`osvl_jax.serve --tiny` defaults)."""
+  return tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
+
+
+@pytest.fixture(scope='session')
+def tiny_model():
+  return model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
+
+
+def reference_sampler(model, tokenizer, processor=None):
+  """The in-process engine the servers must reproduce (greedy)."""
+  return jax_sampler.JaxSampler(model, tokenizer, image_processor=processor, max_new_tokens=NEW, temperature=0.0,
+                                max_len=MAX_LEN, bucket=BUCKET)
+
+
+@pytest.fixture(scope='session')
+def reference(tiny_model, tokenizer):
+  """One in-process greedy engine over the tiny model for the whole session (its compiled programs are kept)."""
+  return reference_sampler(tiny_model, tokenizer)
+
+
+@pytest.fixture(scope='session')
+def contexts(processor):
+  """Three contexts: two text-only of different lengths, one with a 64x64 image (4 pads) between text; all in one
+  length bucket, so the servers compile few programs."""
+  rng = np.random.default_rng(0)
+  text = lambda n: list(rng.integers(100, 150000, size=n))
+  ref = processor.process(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+  image_ids = text(5) + [tj.VISION_START_ID] + [tj.IMAGE_PAD_ID] * ref.num_tokens + [tj.VISION_END_ID] + text(4)
+  return [(np.asarray(text(11), np.int32), []), (np.asarray(text(7), np.int32), []),
+          (np.asarray(image_ids, np.int32), [ref])]
