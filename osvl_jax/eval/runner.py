@@ -48,6 +48,14 @@ _ABSTAIN_RE = re.compile(
     r'|\bnot enough (information|evidence)\b|\binsufficient (information|evidence)\b', re.IGNORECASE)
 
 
+def _tool_label(step) -> str:
+  """The tool-usage key of a call step: its tool name, or `unknown_tool` for a name no tool has (the policy's own
+  text, which may hold anything, stays out of the report's tables)."""
+  if step.result is not None and step.result.error_kind == 'unknown_tool':
+    return 'unknown_tool'
+  return str(step.action.name)
+
+
 def is_abstention(response: str | None) -> bool:
   """True for a final answer that declines to answer ('cannot determine', 'unable to tell', "I don't know")."""
   return bool(response) and _ABSTAIN_RE.search(response) is not None
@@ -342,7 +350,7 @@ class Evaluator:
     record.update(
         response=response if response is None else response[:1000], correct=correct, judge_error=judge_error,
         judge_score=score, abstained=is_abstention(response), turns=len(traj.steps), tool_calls=len(calls),
-        tools=dict(collections.Counter(str(s.action.name) for s in calls)),
+        tools=dict(collections.Counter(_tool_label(s) for s in calls)),
         tool_errors=sum(s.is_execution_error for s in calls),
         malformed_steps=sum(s.action.kind not in ('tool_call', 'response') for s in traj.steps),
         gen_tokens=int(np.asarray(traj.gen_mask).sum()),

@@ -155,3 +155,20 @@ def test_tiny_policy_every_mode_and_budget_sweep(tmp_path, env):
   records = [json.loads(l) for l in (tmp_path / 'results.jsonl').read_text().splitlines()]
   assert next(r for r in records if r['run'] == 'degrade')['degrade'] in degrade.KINDS
   assert next(r for r in records if r['run'] == 'rag')['rag_status'] == 'ok'
+
+
+def test_tool_usage_keys_are_tool_names_or_unknown_tool():
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.eval import runner
+  from tools import base as tools_base
+
+  def step(name, result):
+    action = traj_lib.ParsedAction(think='', kind='tool_call', name=name, arguments={}, response=None, error=None,
+                                   format_ok=True, problems=[])
+    return traj_lib.Step(index=0, text='', action=action, result=result, format_ok=True, seconds=0.0)
+
+  garbage = 'arguments": "img_197 | "Toronto'
+  assert runner._tool_label(step(garbage, tools_base.error('unknown_tool', 'no such tool'))) == 'unknown_tool'
+  assert runner._tool_label(step('crop', tools_base.error('bad_arguments', 'box'))) == 'crop'
+  assert runner._tool_label(step('text_search', tools_base.ToolResult(ok=True, error_kind=None, text='x', images=[],
+                                                                      seconds=0.0))) == 'text_search'
