@@ -29,13 +29,9 @@ Relative paths are resolved against `image_root` (default: the data file's folde
 trailing components (so `browsecomp-vl/images/level1/x.jpg` is found under an `images/level1` root too).
 """
 
-import base64
-import binascii
 import dataclasses
-import json
 import os
 import pathlib
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +39,9 @@ import numpy as np
 
 from osvl_jax import paths
 from osvl_jax import registry as registry_lib
+from osvl_jax.data.records import (  # noqa: F401  (read_records, resolve_image: re-exported)
+    ALIAS_KEYS, ANSWER_KEYS, ID_KEYS, IMAGE_KEYS, QUESTION_KEYS, as_strings, dedupe, first_field,
+    image_entries, image_roots, is_url, read_records, resolve_image)
 from tools import image_io
 
 
@@ -104,130 +103,9 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 # read when their files are placed under <data_dir>/benchmarks or given in the eval config).
 PAPER_BENCHMARKS = ('simplevqa', 'vdr_bench', 'mmsearch', 'livevqa', 'browsecomp_vl', 'fvqa', 'infoseek')
 
-QUESTION_KEYS = ('question', 'prompt', 'Q', 'query')
-ANSWER_KEYS = ('answers', 'answer', 'gt_answer', 'ground_truth', 'A', 'Ground_Truth_List')
-ALIAS_KEYS = ('alternative_gt_answers', 'candidate_answers', 'aliases', 'answer_aliases')
-IMAGE_KEYS = ('image_path', 'images', 'image', 'img_path', 'file_path', 'query_image', 'image_url', 'img_url')
-ID_KEYS = ('id', 'data_id', 'question_id', 'sample_id', 'Guid', 'uid')
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Reading
-# ----------------------------------------------------------------------------------------------------------------
-
-def read_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
-  """(1-based line number, or 0-based list index for .json, record) of a .jsonl file or a .json list.
-
-  Raises:
-    FileNotFoundError: no such file.
-    ValueError: a line (or the .json file) that is not JSON, naming the file and line.
-  """
-  path = pathlib.Path(path)
-  text = path.read_text(encoding='utf-8')
-  if path.suffix == '.json':
-    try:
-      data = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'{path}: not JSON: {e}') from e
-    return list(enumerate(data if isinstance(data, list) else [data]))
-  out = []
-  for line_no, line in enumerate(text.splitlines(), 1):
-    if line.strip():
-      try:
-        out.append((line_no, json.loads(line)))
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{line_no}: not JSON: {e}') from e
-  return out
-
-
-def _first(record: dict, keys: Sequence[str]) -> Any:
-  for k in keys:
-    if record.get(k) not in (None, '', []):
-      return record[k]
-  return None
-
-
-def _strings(value: Any) -> list[str]:
-  """Answer strings of a field: a string, a number, a list (of lists, HLE), or dicts with `wikidata`/`answer`."""
-  if value is None:
-    return []
-  if isinstance(value, (list, tuple)):
-    return [s for v in value for s in _strings(v)]
-  if isinstance(value, dict):
-    return _strings(_first(value, ('wikidata', 'answer', 'text', 'value')))
-  if isinstance(value, float) and value.is_integer():
-    value = int(value)
-  text = str(value).strip()
-  return [text] if text else []
-
-
-def _dedupe(values: Sequence[str]) -> list[str]:
-  seen, out = set(), []
-  for v in values:
-    key = ' '.join(v.lower().split())
-    if key not in seen:
-      seen.add(key)
-      out.append(v)
-  return out
-
-
-def _is_url(source: str) -> bool:
-  return source.startswith(('http://', 'https://'))
-
-
-def resolve_image(entry: Any, roots: Sequence[pathlib.Path]) -> tuple[str | bytes | None, str | None]:
-  """(source, problem) of one image field value.
-
-  source: absolute path of an existing file, a URL, or bytes (HF `{"bytes": ...}` or a base64 string);
-  problem: None, or why the image cannot be used (a missing file names every place looked at).
-  """
-  if isinstance(entry, dict):
-    if entry.get('bytes'):
-      data = entry['bytes']
-      return (bytes(data) if isinstance(data, (bytes, bytearray)) else _b64(str(data))), None
-    entry = entry.get('path') or entry.get('url')
-  if isinstance(entry, (bytes, bytearray)):
-    return bytes(entry), None
-  if not isinstance(entry, str) or not entry.strip():
-    return None, f'no image in field value {str(entry)[:80]!r}'
-  entry = entry.strip()
-  if _is_url(entry):
-    return entry, None
-  if entry.startswith('data:image') or (len(entry) > 256 and _BASE64_RE.fullmatch(entry)):
-    data = _b64(entry.split(',', 1)[-1])
-    return (data, None) if data else (None, 'image field holds an undecodable base64 string')
-  path = pathlib.Path(entry)
-  if path.is_absolute():
-    return (str(path), None) if path.is_file() else (None, f'image file missing: {path}')
-  tried = []
-  for root in roots:
-    parts = path.parts
-    for k in range(len(parts)):
-      candidate = root.joinpath(*parts[k:])
-      tried.append(str(candidate))
-      if candidate.is_file():
-        return str(candidate.resolve()), None
-  return None, f'image file missing: {entry} (looked in {", ".join(str(r) for r in roots)})'
-
-
-_BASE64_RE = re.compile(r'[A-Za-z0-9+/=\s]+')
-
-
-def _b64(text: str) -> bytes | None:
-  try:
-    return base64.b64decode(text, validate=False)
-  except (binascii.Error, ValueError):
-    return None
-
-
-def _roots(path: pathlib.Path, image_root: str | os.PathLike | None) -> list[pathlib.Path]:
-  roots = [pathlib.Path(image_root)] if image_root else []
-  return roots + [path.parent]
-
-
 def _make_item(benchmark: str, item_id: str, question: str, answers: Sequence[str], image_entries: Sequence[Any],
                roots: Sequence[pathlib.Path], metadata: dict, problems: Sequence[str] = ()) -> EvalItem:
-  item = EvalItem(id=str(item_id), benchmark=benchmark, question=question.strip(), answers=_dedupe(answers),
+  item = EvalItem(id=str(item_id), benchmark=benchmark, question=question.strip(), answers=dedupe(answers),
                   metadata=metadata, problems=list(problems))
   for entry in image_entries:
     source, problem = resolve_image(entry, roots)
@@ -238,12 +116,6 @@ def _make_item(benchmark: str, item_id: str, question: str, answers: Sequence[st
   if not item.answers:
     item.problems.append('no reference answer in the record')
   return item
-
-
-def _image_entries(value: Any) -> list[Any]:
-  if value in (None, '', []):
-    return []
-  return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -264,17 +136,17 @@ def generic(path: str | os.PathLike, benchmark: str, image_root: str | os.PathLi
     FileNotFoundError / ValueError: from `read_records`.
   """
   path = pathlib.Path(path)
-  roots = _roots(path, image_root)
+  roots = image_roots(path, image_root)
   items = []
   used = set(QUESTION_KEYS + ANSWER_KEYS + ALIAS_KEYS + IMAGE_KEYS + ID_KEYS)
   for n, record in read_records(path):
-    question = _first(record, QUESTION_KEYS) or ''
-    answers = _strings(_first(record, ANSWER_KEYS)) + [s for k in ALIAS_KEYS for s in _strings(record.get(k))]
-    item_id = _first(record, ID_KEYS)
+    question = first_field(record, QUESTION_KEYS) or ''
+    answers = as_strings(first_field(record, ANSWER_KEYS)) + [s for k in ALIAS_KEYS for s in as_strings(record.get(k))]
+    item_id = first_field(record, ID_KEYS)
     metadata = {k: v for k, v in record.items()
                 if k not in used and isinstance(v, (str, int, float, bool)) and len(str(v)) <= 500}
     items.append(_make_item(benchmark, item_id if item_id is not None else f'{path.stem}-{n}', str(question),
-                            answers, _image_entries(_first(record, IMAGE_KEYS)), roots, metadata))
+                            answers, image_entries(first_field(record, IMAGE_KEYS)), roots, metadata))
   return items
 
 
@@ -282,10 +154,10 @@ def generic(path: str | os.PathLike, benchmark: str, image_root: str | os.PathLi
 def browsecomp_vl(path, benchmark: str = 'browsecomp_vl', image_root=None) -> list[EvalItem]:
   """BrowseComp-VL (WebWatcher): {question, image_path, answers, domain}; id '<file stem>-<line>'."""
   path = pathlib.Path(path)
-  roots = _roots(path, image_root)
+  roots = image_roots(path, image_root)
   level = path.stem.rsplit('_', 1)[-1]
-  return [_make_item(benchmark, f'{path.stem}-{n}', r.get('question', ''), _strings(r.get('answers')),
-                     _image_entries(r.get('image_path')), roots, {'domain': r.get('domain'), 'level': level})
+  return [_make_item(benchmark, f'{path.stem}-{n}', r.get('question', ''), as_strings(r.get('answers')),
+                     image_entries(r.get('image_path')), roots, {'domain': r.get('domain'), 'level': level})
           for n, r in read_records(path)]
 
 
@@ -297,14 +169,14 @@ def webwatcher(path, benchmark: str, image_root=None) -> list[EvalItem]:
   by `load_images`) or a path. The misleading `source` field ("HLE" in every file) is kept as `orig_source`.
   """
   path = pathlib.Path(path)
-  roots = _roots(path, image_root)
+  roots = image_roots(path, image_root)
   items = []
   for n, r in read_records(path):
     item_id = r.get('question_id', f'{path.stem}-{n}')
     metadata = {k: r[k] for k in ('task', 'tags', 'lang', 'rationale') if k in r}
     metadata['orig_source'] = r.get('source')
-    items.append(_make_item(benchmark, item_id, _first(r, QUESTION_KEYS) or '', _strings(r.get('answers')),
-                            _image_entries(_first(r, ('file_path', 'image_path', 'image'))), roots, metadata))
+    items.append(_make_item(benchmark, item_id, first_field(r, QUESTION_KEYS) or '', as_strings(r.get('answers')),
+                            image_entries(first_field(r, ('file_path', 'image_path', 'image'))), roots, metadata))
   return items
 
 
@@ -317,7 +189,7 @@ def livevqa_official(path, benchmark: str = 'livevqa_official', image_root=None)
   entry's), else its `img_url`.
   """
   path = pathlib.Path(path)
-  roots = _roots(path, image_root)
+  roots = image_roots(path, image_root)
   items = []
   for _, r in read_records(path):
     for level in ('level1_qa', 'level2_qa'):
@@ -330,8 +202,8 @@ def livevqa_official(path, benchmark: str = 'livevqa_official', image_root=None)
       gold = [o.split('.', 1)[1].strip() for o in options if o.split('.', 1)[0].strip() == letter and '.' in o]
       image = qa.get('img_path') or r.get('img_path') or qa.get('img_url')
       items.append(_make_item(
-          benchmark, f'{r.get("id")}-l{level[5]}', question, gold + _strings(qa.get('Ground_Truth_List')),
-          _image_entries(image), roots,
+          benchmark, f'{r.get("id")}-l{level[5]}', question, gold + as_strings(qa.get('Ground_Truth_List')),
+          image_entries(image), roots,
           {'level': int(level[5]), 'question_type': qa.get('question_type'), 'gold_letter': letter,
            'source': r.get('source'), 'time': r.get('time'), 'file': path.stem}))
   return items
@@ -341,10 +213,10 @@ def livevqa_official(path, benchmark: str = 'livevqa_official', image_root=None)
 def fvqa(path, benchmark: str = 'fvqa', image_root=None) -> list[EvalItem]:
   """FVQA (MMSearch-R1): {data_id, question, ground_truth, candidate_answers, image, category, ...}."""
   path = pathlib.Path(path)
-  roots = _roots(path, image_root)
+  roots = image_roots(path, image_root)
   return [_make_item(benchmark, r.get('data_id', f'{path.stem}-{n}'), r.get('question', ''),
-                     _strings(r.get('ground_truth')) + _strings(r.get('candidate_answers')),
-                     _image_entries(r.get('image')), roots,
+                     as_strings(r.get('ground_truth')) + as_strings(r.get('candidate_answers')),
+                     image_entries(r.get('image')), roots,
                      {'category': r.get('category'), 'source_split': r.get('source_split')})
           for n, r in read_records(path)]
 
@@ -360,10 +232,10 @@ def webqa(path, benchmark: str, image_root=None) -> list[EvalItem]:
   image_query = 'img' in path.stem
   items = []
   for n, r in read_records(path):
-    keywords = [] if str(r.get('Keywords_A', '')).strip() in ('', 'TBD') else _strings(r.get('Keywords_A'))
+    keywords = [] if str(r.get('Keywords_A', '')).strip() in ('', 'TBD') else as_strings(r.get('Keywords_A'))
     problems = ['image not in this release (WebQA image ids are in the full release)'] if image_query else []
-    items.append(_make_item(benchmark, r.get('Guid', f'{path.stem}-{n}'), _first(r, QUESTION_KEYS) or '',
-                            _strings(r.get('A')) + keywords, (), [], {'qcate': r.get('Qcate')}, problems))
+    items.append(_make_item(benchmark, r.get('Guid', f'{path.stem}-{n}'), first_field(r, QUESTION_KEYS) or '',
+                            as_strings(r.get('A')) + keywords, (), [], {'qcate': r.get('Qcate')}, problems))
   return items
 
 
@@ -376,7 +248,7 @@ def infoseek(path, benchmark: str = 'infoseek', image_root=None) -> list[EvalIte
   it is correct, InfoSeek's own rule; other numbers match within ±10%, `metadata['numeric_tolerance']`). The image is `<image_root>/<image_id>.{jpg,JPEG,jpeg,png}` (OVEN images).
   """
   path = pathlib.Path(path)
-  roots = _roots(path, image_root)
+  roots = image_roots(path, image_root)
   items = []
   for n, r in read_records(path):
     ranges = [list(map(float, e['range'])) for e in r.get('answer_eval') or []
@@ -390,7 +262,7 @@ def infoseek(path, benchmark: str = 'infoseek', image_root=None) -> list[EvalIte
     if ranges:
       metadata['numeric_ranges'] = ranges
     items.append(_make_item(benchmark, r.get('data_id', f'{path.stem}-{n}'), r.get('question', ''),
-                            _strings(r.get('answer')) + _strings(r.get('answer_eval')), entries, roots, metadata))
+                            as_strings(r.get('answer')) + as_strings(r.get('answer_eval')), entries, roots, metadata))
   return items
 
 
@@ -459,7 +331,7 @@ def load_images(item: EvalItem, max_pixels: int = image_io.DEFAULT_MAX_DECODE_PI
   """
   out, problems = [], []
   for source in item.images:
-    if isinstance(source, str) and _is_url(source):
+    if isinstance(source, str) and is_url(source):
       problems.append(f'remote image not fetched (offline): {source}')
       continue
     try:
