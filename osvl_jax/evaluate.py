@@ -23,7 +23,7 @@ def main(argv) -> None:
 
 if __name__ == '__main__':
   # Flags are defined only when run as a program, so the module imports into others (and tests) freely.
-  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Eval config file (configs/eval.py).', lock_config=True)
+  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/eval.py', 'Eval config file.', lock_config=True)
   _WORKDIR = flags.DEFINE_string('workdir', None, 'Output folder (results.jsonl, report.*); resumable.',
                                  required=True)
   app.run(main)
