@@ -192,8 +192,7 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
     `Trajectory.error` saying why; nothing a tool, the image processor or the builder raises leaves this
     function.
   """
-  if fatal_index not in fatal_lib.FATAL_INDEX:
-    raise ValueError(f'fatal_index {fatal_index!r} is not one of {sorted(fatal_lib.FATAL_INDEX)}')
+  fatal_lib.FATAL_INDEX.get(fatal_index)  # fail before any rollout (ValueError naming the known indexes)
   prompt_limit = [b for b in (max_prompt_tokens, None if max_total_tokens is None else max_total_tokens - 1)
                   if b is not None]
   prompt_limit = min(prompt_limit) if prompt_limit else None
