@@ -15,12 +15,19 @@ setuptools.setup(
         'optax==0.2.8',
         'orbax-checkpoint==0.12.8',
         'tensorstore==0.1.86',
+        # gs:// workdirs: orbax's directory operations go through etils.epath -> fsspec -> gcsfs (tensorstore
+        # writes the arrays itself). 2026.10.1 is the gcsfs release that accepts datasets' fsspec 2026.9.0.
+        'gcsfs==2026.10.1',
+        'fsspec==2026.9.0',
         'absl-py==2.5.1',
         'ml-collections==1.1.0',
         'numpy>=2.0,<3',
         'transformers==5.24.0',
         'tokenizers==0.23.3',
         'datasets==5.2.0',
+        # Data pipeline `wiki` stage: pages-articles XML streaming and wikitext parsing (data_pipeline/wiki_xml.py).
+        'mwparserfromhell==0.7.2',
+        'mwxml==0.3.8',
         'openai==3.57.0',
         'opencv-contrib-python-headless==5.0.0.93',
         'bm25s==0.3.16',
@@ -44,6 +51,7 @@ setuptools.setup(
         'torch==2.13.0',
     ],
     extras_require={
-        'dev': ['pytest==9.0.3', 'pytest-timeout==2.4.0'],
+        # gcp-storage-emulator: a local fake GCS server for the gs:// checkpoint test (tests/distributed).
+        'dev': ['pytest==9.0.3', 'pytest-timeout==2.4.0', 'gcp-storage-emulator==2026.7.19'],
     },
 )

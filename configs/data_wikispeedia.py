@@ -3,8 +3,9 @@ oracle expert SFT trajectories, offline.
 
 Run:
   .venv/bin/python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=workdir/data_wikispeedia
-  (override any field, e.g. `--config.data.num_items=200 --config.data.seed=1`; the dataset goes to
-  `<workdir>/data` unless `--config.data.dir=DIR`; rerunning with the same workdir resumes)
+  (override any field, e.g. `--config.data.num_items=200 --config.data.seed=1`, or
+  `--config.data.source=/path/enwiki-latest-pages-articles.xml.bz2` for the `wiki` stage's link graph; the
+  dataset goes to `<workdir>/data` unless `--config.data.dir=DIR`; rerunning with the same workdir resumes)
 
 The trainers read the same `data` section (`osvl_jax.data.pipeline.dataset_dir`); `configs/demo.py` has one too,
 so `--config=configs/demo.py --workdir=workdir/demo` builds exactly the demo's dataset.

@@ -8,6 +8,10 @@ demo's dataset). Stages, each saved with `datasets.Dataset.save_to_disk` under `
 `counts.json`, skipped when that output already exists (rerunning continues an interrupted build; delete a stage
 folder to redo it and everything after it is recomputed only if missing too):
 
+  wiki     `data.source` (Wikispeedia TSVs or a pages-articles .xml.bz2) -> articles, redirects, links
+           (`wiki.py`, parquet tables under `wiki/`) + the resolved link graph as CSR arrays (`graph.py`,
+           `wiki/graph/{indptr,indices,in_degree}.npy`, open with `graph.load_csr`); its counts: reader, link
+           resolution (missing targets dropped), CSR (self-loops, duplicates), hubs, excluded pages, domains
   paths    constrained random walks from the landmark articles (`paths.py`)
   qa       answer from the answer node's infobox + canonical question (`qa.py`)
   rewrite  farthest-to-nearest fuzzy rewrite + non-leakage check (`rewrite.py`)
@@ -40,7 +44,7 @@ from osvl_jax import config_checks as checks
 from osvl_jax.data import pipeline as pipeline_data
 
 ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
-STAGES = ('paths', 'qa', 'rewrite', 'ground', 'items', 'sft')
+STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'items', 'sft')
 BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
 # Fields that do not change what is built: where it goes / where the shared data sits, and whether the oracle runs
 # (a later build with it only adds the `sft` split).
@@ -51,6 +55,7 @@ def default_config() -> ml_collections.ConfigDict:
   """Pipeline settings.
 
   Fields:
+    source: the `wiki` stage's input: 'wikispeedia' (the shared TSVs) or the path of a pages-articles .xml.bz2.
     num_items: walks attempted (one per item; landmarks round-robin).
     seed: every random choice derives from it and the item index.
     hop_choices, hop_probs: h ~ Cat(hop_choices; hop_probs).
@@ -64,6 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
     dir: the dataset folder; '' = `<workdir>/data` (read by `main` and the trainers, not by `build_dataset`).
   """
   c = ml_collections.ConfigDict()
+  c.source = 'wikispeedia'
   c.num_items = 60
   c.seed = 0
   c.hop_choices = (2, 3, 4)
@@ -90,8 +96,10 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   Raises:
     ValueError: naming the field: num_items / top_k / hub_in_degree not ints >= 1, a non-int seed, max_retries
       < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
-      limits not ints >= 1 with min <= max.
+      limits not ints >= 1 with min <= max, source neither 'wikispeedia' nor an existing .bz2 file.
   """
+  from data_pipeline import wiki
+  wiki.check_source(config.get('source', 'wikispeedia'), f'{prefix}.source')
   root = {prefix: config}
   for field in ('num_items', 'top_k', 'hub_in_degree'):
     checks.positive_int(root, f'{prefix}.{field}')
@@ -116,13 +124,18 @@ def build_settings(config: ml_collections.ConfigDict) -> dict:
 def _check_resume(out: pathlib.Path, settings: dict) -> None:
   """Records `settings` in a new dataset folder; refuses a folder built with other settings.
 
+  A field missing from an older build_config.json (added to `default_config()` since) counts as built with its
+  default value.
+
   Raises:
     ValueError: the folder's build_config.json differs (naming each field, recorded vs asked), or the folder holds
       stage outputs but no build_config.json (a build whose settings are unknown).
   """
   path = out / BUILD_CONFIG_FILE
   if path.is_file():
+    defaults = build_settings(default_config())
     recorded = json.loads(path.read_text())
+    recorded = {**{k: v for k, v in defaults.items() if k not in recorded}, **recorded}
     diff = {k: (recorded.get(k), settings.get(k)) for k in sorted(set(recorded) | set(settings))
             if recorded.get(k) != settings.get(k)}
     if diff:
@@ -151,6 +164,41 @@ def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None
   (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1, default=str))
   shutil.rmtree(folder, ignore_errors=True)
   os.replace(tmp, folder)
+
+
+def _wiki_stage(config: ml_collections.ConfigDict, folder: pathlib.Path, data_dir: pathlib.Path) -> dict:
+  """Stage `wiki`: reads `config.source`, resolves the links, builds the CSR graph, writes both under `folder`
+  (a temp folder renamed into place, `counts.json` last); skipped when `folder` already holds it.
+
+  Returns:
+    counts: {'read', 'links', 'graph' (build_csr counts), 'hubs' (in-degree > hub_in_degree), 'excluded',
+    'domains' (articles per domain, 'none' = no domain), 'seconds', 'resumed'}.
+  """
+  import shutil
+  import numpy as np
+  from data_pipeline import graph as graph_lib
+  from data_pipeline import wiki
+  if pipeline_data.has_split(folder):
+    return dict(json.loads((folder / pipeline_data.COUNTS_FILE).read_text()), resumed=True)
+  t0 = time.perf_counter()
+  data = wiki.read_source(config.source, data_dir)
+  src, dst, _, link_counts = wiki.resolve_links(data)
+  csr, csr_counts = graph_lib.build_csr(src, dst, len(data.articles))
+  domains = wiki.node_domains(data)
+  counts = {'read': data.counts, 'links': link_counts, 'graph': csr_counts,
+            'hubs': int((np.asarray(csr.in_degree) > config.hub_in_degree).sum()),
+            'excluded': int(wiki.exclusion_mask(data).sum()),
+            'domains': {name: int((domains == k).sum()) for k, name in enumerate(wiki.DOMAINS)}
+            | {'none': int((domains < 0).sum())}}
+  tmp = folder.with_name(folder.name + '.tmp')
+  shutil.rmtree(tmp, ignore_errors=True)
+  wiki.save(data, tmp)
+  graph_lib.save_csr(csr, tmp / 'graph')
+  counts = dict(counts, seconds=round(time.perf_counter() - t0, 2), resumed=False)
+  (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1))
+  shutil.rmtree(folder, ignore_errors=True)
+  os.replace(tmp, folder)
+  return counts
 
 
 def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike) -> dict:
@@ -195,7 +243,10 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
     print(f'[data_pipeline] {name}: {json.dumps(counts, default=str)}', file=sys.stderr)
     return records
 
-  stages = tqdm.tqdm(total=6, desc='data_pipeline', unit='stage')
+  stages = tqdm.tqdm(total=len(STAGES), desc='data_pipeline', unit='stage')
+  stats['wiki'] = _wiki_stage(config, out / 'wiki', data_dir)
+  print(f'[data_pipeline] wiki: {json.dumps(stats["wiki"])}', file=sys.stderr)
+  stages.update()
   recs = stage('paths', lambda: paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, config))
   stages.update()
   recs = stage('qa', lambda: qa.add_qa(recs, graph, config.seed))

@@ -7,7 +7,7 @@ import pathlib
 import datasets
 import pytest
 
-from data_pipeline import build
+from data_pipeline import build, graph, wiki
 from osvl_jax.data import pipeline as pipeline_data
 
 
@@ -26,8 +26,15 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   assert len(trajectories) == len(sft) and trajectories[0].prompt_id == sft[0]['prompt_id']
   prompts = pipeline_data.load_prompts(tmp_path)
   assert len(prompts) == stats['items']['accepted'] and prompts[0]['image'].ndim == 3
+  # Stage `wiki`: Wikispeedia's 4,598 articles, 119,879 links (110 self-links), all targets present.
+  assert stats['wiki']['graph'] == {'nodes': 4598, 'edges_in': 119879, 'self_loops': 110, 'duplicates': 0,
+                                    'edges': 119769}
+  assert stats['wiki']['links']['missing'] == 0
+  assert graph.load_csr(tmp_path / 'wiki' / 'graph').num_edges == 119769
+  assert len(wiki.load(tmp_path / 'wiki').articles) == 4598
   again = build.build_dataset(config, tmp_path)
-  assert all(again[s]['resumed'] for s in ('paths', 'qa', 'rewrite', 'ground', 'items', 'sft'))
+  assert all(again[s]['resumed'] for s in ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'items', 'sft'))
+  assert again['wiki']['graph'] == stats['wiki']['graph']
   assert again['summary'] == stats['summary']
   assert json.loads((tmp_path / build.BUILD_CONFIG_FILE).read_text()) == build.build_settings(config)
   config.num_items = 4   # another build: refused, not answered with the 3 old items
@@ -83,3 +90,22 @@ def test_data_config_and_dataset_dir():
   assert pipeline_data.dataset_dir(config, '/w') == pathlib.Path('/w/data')
   config.data.dir = '/elsewhere'
   assert str(pipeline_data.dataset_dir(config, '/w')) == '/elsewhere'
+
+
+def test_an_older_recorded_config_without_a_new_field_resumes_at_its_default(tmp_path):
+  config = build.default_config()
+  old = build.build_settings(config)
+  del old['source']  # a folder built before `data.source` existed
+  (tmp_path / build.BUILD_CONFIG_FILE).write_text(json.dumps(old))
+  build._check_resume(tmp_path, build.build_settings(config))  # 'wikispeedia' = the default: no difference
+  config.source = str(pathlib.Path(__file__))  # another source is a difference
+  with pytest.raises(ValueError, match="source: built with 'wikispeedia'"):
+    build._check_resume(tmp_path, build.build_settings(config))
+
+
+def test_a_bad_source_is_refused_naming_the_field(tmp_path):
+  config = build.default_config()
+  config.source = str(tmp_path / 'missing.xml.bz2')
+  with pytest.raises(ValueError, match='data.source=.*missing.xml.bz2'):
+    build.build_dataset(config, tmp_path / 'out')
+  assert not (tmp_path / 'out').exists()
