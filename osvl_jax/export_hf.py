@@ -7,7 +7,8 @@ Command (absl flags):
 Which checkpoint: `--checkpoint=latest` (default) is the latest step of `W/grpo_ckpt`, else of `W/sft_ckpt`;
 `sft` / `grpo` pick that folder of the workdir (so the SFT policy stays exportable once GRPO ran); a PATH is a
 checkpoint folder (`.../sft_ckpt`) or one step of it (`.../sft_ckpt/150`, `--workdir` not needed). `--step`
-picks a step (default: the latest).
+picks a step (default: the latest). The workdir / checkpoint may be a cloud URL (`--workdir=gs://bucket/run`):
+it reaches orbax unchanged (`osvl_jax.train.storage`); `--out` is a local folder (what SGLang / vLLM load).
 
 No `--config`: the architecture and parameter layout come from the checkpoint's meta (the trainers record
 `model_config` and `scan_layers`; `--hf_config`, a config.json or an HF folder holding one, overrides; checkpoints
@@ -38,6 +39,9 @@ import pathlib
 import shutil
 
 from absl import app, flags
+from etils import epath
+
+from osvl_jax.train import storage
 
 CHECKPOINT_DIRS = ('grpo_ckpt', 'sft_ckpt')   # in order of preference for --checkpoint=latest
 CHECKPOINT_CHOICES = {'latest': CHECKPOINT_DIRS, 'grpo': ('grpo_ckpt',), 'sft': ('sft_ckpt',)}
@@ -62,14 +66,15 @@ def read_config(hf_config: str | pathlib.Path | None, meta: dict | None = None):
   return Qwen3VLConfig.from_hf_dict(json.loads(path.read_text()))
 
 
-def resolve_checkpoint(workdir: str | pathlib.Path | None, checkpoint: str = 'latest',
-                       step: int | None = None) -> tuple[pathlib.Path, int]:
+def resolve_checkpoint(workdir: str | os.PathLike | None, checkpoint: str = 'latest',
+                       step: int | None = None) -> tuple[epath.Path, int]:
   """(checkpoint folder, step) to export.
 
   Args:
-    workdir: the job folder (needed unless `checkpoint` is a path).
-    checkpoint: 'latest' (grpo_ckpt, else sft_ckpt), 'sft', 'grpo', or a path to a checkpoint folder or to one
-      step folder of it (`.../sft_ckpt/150`, whose name gives the step).
+    workdir: the job folder (needed unless `checkpoint` is a path); a local path or a cloud URL (`gs://b/run`,
+      kept a URL by `storage.path`).
+    checkpoint: 'latest' (grpo_ckpt, else sft_ckpt), 'sft', 'grpo', or a path / URL of a checkpoint folder or of
+      one step folder of it (`.../sft_ckpt/150`, whose name gives the step).
     step: the step; None = the latest of the folder (or the step folder's).
   Returns:
     (folder holding the step folders, step).
@@ -81,9 +86,9 @@ def resolve_checkpoint(workdir: str | pathlib.Path | None, checkpoint: str = 'la
   if checkpoint in CHECKPOINT_CHOICES:
     if not workdir:
       raise ValueError(f'--checkpoint={checkpoint} needs --workdir')
-    candidates = [pathlib.Path(workdir) / name for name in CHECKPOINT_CHOICES[checkpoint]]
+    candidates = [storage.path(workdir) / name for name in CHECKPOINT_CHOICES[checkpoint]]
   else:
-    path = pathlib.Path(checkpoint)
+    path = storage.path(checkpoint)
     if not path.is_dir():
       raise FileNotFoundError(f'--checkpoint={checkpoint}: no such checkpoint folder')
     if path.name.isdigit():   # one step folder of a checkpoint folder
@@ -105,7 +110,7 @@ def resolve_checkpoint(workdir: str | pathlib.Path | None, checkpoint: str = 'la
   raise FileNotFoundError(f'no checkpoint in {", ".join(str(c) for c in candidates)}')
 
 
-def latest_checkpoint(workdir: str | pathlib.Path) -> tuple[str, int]:
+def latest_checkpoint(workdir: str | os.PathLike) -> tuple[str, int]:
   """(checkpoint dir name, step) of `--checkpoint=latest`: latest step of `grpo_ckpt`, else of `sft_ckpt`.
 
   Raises:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a TPU VM worker installs (run by launch.sh on every worker, from the copied project folder):
 # a Python venv in .venv with the project (`pip install -e .`), jax with its TPU runtime at the project's pinned
-# version, gcsfs (gs:// workdirs: orbax lists and renames through etils.epath -> fsspec), and the CPU build of
+# version (gcsfs for gs:// workdirs comes pinned with the project), and the CPU build of
 # torch (the image processor and HF reference need it; the default wheel would pull CUDA). Idempotent: a rerun
 # only checks the pins.
 #
@@ -20,7 +20,7 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 "${PIP[@]}" --upgrade pip
 "${PIP[@]}" "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
-"${PIP[@]}" -e . "jax[tpu]==${JAX_VERSION}" gcsfs
+"${PIP[@]}" -e . "jax[tpu]==${JAX_VERSION}"
 # rapidocr pulls opencv-python-headless, whose cv2 would shadow the contrib build (SIFT, dnn_superres).
 "${PIP[@]}" --force-reinstall --no-deps "opencv-contrib-python-headless==${OPENCV_VERSION}"
 .venv/bin/python -c 'import jax, jaxlib; print(f"setup.sh: jax {jax.__version__}, jaxlib {jaxlib.__version__}")'

@@ -1,8 +1,9 @@
 """Workdir paths that may be cloud URLs: `gs://bucket/run` stays a URL from the command line to orbax/tensorstore.
 
 `pathlib.Path('gs://bucket/run')` is the local folder `gs:/bucket/run`; `etils.epath.Path` (orbax's own path
-type) keeps the scheme, and its file operations go to GCS through fsspec (`gcsfs`, installed on TPU workers by
-`tpu_scripts/setup.sh`). Local paths are made absolute, as orbax wants them.
+type) keeps the scheme, and its file operations go to GCS through fsspec (`gcsfs`, a pinned dependency;
+tested against a local fake GCS server in `tests/distributed/test_gcs_checkpoint.py`). Local paths are made
+absolute, as orbax wants them.
 """
 
 from __future__ import annotations
