@@ -1,0 +1,119 @@
+"""Publishing the trainer's policy to the rollout engines, versioned (DESIGN.md §6b).
+
+SGLang servers (and `python -m osvl_jax.serve`) load new weights from disk: `publish` exports the policy as an HF
+folder `<root>/v<version>` (written to a temporary folder and renamed, so a server never reads a half-written
+one), then calls `/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the
+version, and deletes the oldest folders beyond `keep` (a server may still be reading the previous one). The
+embedded JAX sampler swaps weights in process (`JaxSampler.set_model`, no export) and takes the same version.
+
+  sync = WeightSync(engine, root=workdir / 'weights', min_pixels=..., max_pixels=...)
+  sync.publish(model, version=step)   # after the optimizer step that produced `version`
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import time
+
+from osvl_jax import export_hf
+
+DTYPES = ('float32', 'bfloat16')
+
+
+def folder_name(version: int) -> str:
+  """`v<version>` zero-padded to 8 digits, so folder names sort by version."""
+  return f'v{int(version):08d}'
+
+
+def export_version(model, root: str | os.PathLike, version: int, min_pixels: int, max_pixels: int,
+                   dtype: str = 'bfloat16', keep: int = 2) -> pathlib.Path:
+  """Writes the HF folder of `model` as `<root>/v<version>` and prunes older versions.
+
+  Args:
+    model: the policy (`Qwen3VLModel`), possibly sharded: arrays are gathered to host one at a time by
+      `weights.save_hf_folder`.
+    root: local folder holding the versions (a GPU host must be able to read it: a shared filesystem or the
+      same machine).
+    version: the weight version (int >= 0).
+    min_pixels, max_pixels: the image processor budget of the policy (its preprocessor_config.json).
+    dtype: 'bfloat16' (what SGLang serves) or 'float32' (bit-exact log-probs against the trainer).
+    keep: versions kept on disk, the new one included (>= 1).
+  Returns:
+    The new folder.
+  Raises:
+    ValueError: a bad version, dtype or keep.
+  """
+  if int(version) < 0:
+    raise ValueError(f'version={version}: weight versions are integers >= 0')
+  if dtype not in DTYPES:
+    raise ValueError(f'dtype={dtype!r}: expected one of {DTYPES}')
+  if int(keep) < 1:
+    raise ValueError(f'keep={keep}: at least the new version must stay on disk')
+  root = pathlib.Path(root).absolute()
+  root.mkdir(parents=True, exist_ok=True)
+  out = root / folder_name(version)
+  tmp = root / f'.{out.name}.tmp-{os.getpid()}'
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir()
+  try:
+    export_hf.write_folder(model, tmp, dtype, int(min_pixels), int(max_pixels))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith('v') and p.name[1:].isdigit())
+  for old in versions[:-int(keep)]:
+    shutil.rmtree(old, ignore_errors=True)
+  return out
+
+
+class WeightSync:
+  """Hands each new policy version to the rollout engine.
+
+  Args:
+    engine: an `SGLangEngine` (anything with `update_weights_from_disk(path, weight_version=)`: SGLang servers,
+      `osvl_jax.serve`, a router with `admin_urls` naming its workers) or the embedded `JaxSampler` (anything
+      with `set_model`).
+    root: where HF folders are exported (HTTP engines only).
+    min_pixels, max_pixels: the policy's image processor budget (written into each exported folder).
+    dtype: exported weight dtype ('bfloat16' or 'float32').
+    keep: exported versions kept on disk.
+  Attributes:
+    version: the last published version (None before the first `publish`).
+  """
+
+  def __init__(self, engine, root: str | os.PathLike | None = None, min_pixels: int = 0, max_pixels: int = 0,
+               dtype: str = 'bfloat16', keep: int = 2):
+    self.engine, self.dtype, self.keep = engine, dtype, int(keep)
+    self.remote = hasattr(engine, 'update_weights_from_disk')
+    if self.remote and root is None:
+      raise ValueError('WeightSync: an HTTP engine needs `root`, the folder the servers load exported weights from')
+    if self.remote and not 1 <= int(min_pixels) <= int(max_pixels):
+      raise ValueError(f'WeightSync: min_pixels={min_pixels}, max_pixels={max_pixels}: need 1 <= min <= max '
+                       '(the exported preprocessor_config.json)')
+    if not self.remote and not hasattr(engine, 'set_model'):
+      raise TypeError(f'WeightSync: {type(engine).__name__} has neither update_weights_from_disk nor set_model')
+    self.root = None if root is None else pathlib.Path(root)
+    self.min_pixels, self.max_pixels = int(min_pixels), int(max_pixels)
+    self.version: int | None = None
+
+  def publish(self, model, version: int) -> dict:
+    """Makes `model` the weights every later generation uses, as version `version`.
+
+    Returns:
+      {'version': int, 'path': exported folder or '' (embedded), 'seconds': wall time, 'servers': answers}.
+    Raises:
+      sglang_client.EngineError: a server refused the update (it keeps its old weights and version).
+    """
+    t0 = time.time()
+    path, answers = '', []
+    if self.remote:
+      path = str(export_version(model, self.root, version, self.min_pixels, self.max_pixels, self.dtype, self.keep))
+      answers = self.engine.update_weights_from_disk(path, weight_version=str(int(version)))
+    else:
+      self.engine.set_model(model)
+      self.engine.weight_version = str(int(version))
+    self.version = int(version)
+    return {'version': int(version), 'path': path, 'seconds': time.time() - t0, 'servers': answers}
