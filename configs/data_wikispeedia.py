@@ -7,6 +7,10 @@ Run:
   `--config.data.source=/path/enwiki-latest-pages-articles.xml.bz2` for the `wiki` stage's link graph; the
   dataset goes to `<workdir>/data` unless `--config.data.dir=DIR`; rerunning with the same workdir resumes)
 
+Filters A/B run against a policy endpoint when one is given (`--config.data.filter.base_url=http://HOST:PORT/v1
+--config.data.filter.model=NAME`; offline they are skipped and counted). The Table 3a ablations:
+`--config.data.filter.enabled=False` (no filtering), `--config.data.degrade=False` (no degradation subset).
+
 The trainers read the same `data` section (`osvl_jax.data.pipeline.dataset_dir`); `configs/demo.py` has one too,
 so `--config=configs/demo.py --workdir=workdir/demo` builds exactly the demo's dataset.
 """

@@ -16,9 +16,14 @@ folder to redo it and everything after it is recomputed only if missing too):
   qa       answer from the answer node's infobox + canonical question (`qa.py`)
   rewrite  farthest-to-nearest fuzzy rewrite + non-leakage check (`rewrite.py`)
   ground   landmark photo as the source anchor, v0 -> referring expression, leak check again (`ground.py`)
+  filter   Filter A (solved without tools) / Filter B (solved with one image_search hit) against a policy
+           model behind an OpenAI-compatible endpoint (`filter.py`, `data.filter`); solved items kept with the
+           reason; no endpoint (the offline default) = counted as skipped, nothing rejected
+  degrade  a seeded `data.degrade_fraction` of the accepted items gets a blurred / downsampled / skewed anchor
+           image (PNG under `<dataset>/degraded/`), its parameters and the repair tool recorded (`degrade.py`)
   items    the item table (`osvl_jax.data.pipeline.ITEM_COLUMNS`): prompt_id, question, canonical_question,
            answers, image_path, path, hops, rejected (None when accepted, else the reason), plus the descriptors,
-           trace and evidence
+           trace, evidence, degradation and original_image_path
   sft      oracle-expert trajectories (`synthesize.py`, run by `osvl_jax.rollout.agent_loop`), rows of
            `Trajectory.to_record()`
 
@@ -26,7 +31,7 @@ folder to redo it and everything after it is recomputed only if missing too):
 `synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields
 named, never resumed from the old items. `<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
 `load_prompts`) are in `osvl_jax/data/pipeline.py`. Not run here (they need an LLM endpoint or a policy model):
-the LLM judges of §7.4 (ii), Filters A/B (§7.6); `degrade` (§7.7) is left to a later stage.
+the LLM judges of §7.4 (ii); Filters A/B (§7.6) run only when `data.filter.base_url` names an endpoint.
 """
 
 import json
@@ -40,11 +45,13 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
+from data_pipeline import filter as filter_lib
 from osvl_jax import config_checks as checks
 from osvl_jax.data import pipeline as pipeline_data
 
 ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
-STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'items', 'sft')
+STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'filter', 'degrade', 'items', 'sft')
+DEGRADED_DIR = 'degraded'  # the degraded anchor images, `<dataset>/degraded/<prompt_id>.png`
 BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
 # Fields that do not change what is built: where it goes / where the shared data sits, and whether the oracle runs
 # (a later build with it only adds the `sft` split).
@@ -66,6 +73,10 @@ def default_config() -> ml_collections.ConfigDict:
     top_k: text_search hits per oracle call.
     min_pixels, max_pixels: the image processor budget (pixels) for the trajectories' images.
     tools: partial `tools.env.default_config()` overrides.
+    degrade: degrade a subset of the anchor images (False = the Table 3a "no degradation" ablation).
+    degrade_fraction: share of the accepted items degraded (paper: 10%).
+    filter: the policy endpoint and limits of Filters A/B (`data_pipeline.filter.default_config()`;
+      `filter.enabled=False` = the Table 3a "no filtering" ablation; `filter.base_url=''` = offline, skipped).
     dir: the dataset folder; '' = `<workdir>/data` (read by `main` and the trainers, not by `build_dataset`).
   """
   c = ml_collections.ConfigDict()
@@ -83,6 +94,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.min_pixels = 64 * 64
   c.max_pixels = 128 * 128
   c.tools = ml_collections.ConfigDict()
+  c.degrade = True
+  c.degrade_fraction = 0.1
+  c.filter = filter_lib.default_config()
   c.dir = ''
   return c
 
@@ -96,7 +110,8 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   Raises:
     ValueError: naming the field: num_items / top_k / hub_in_degree not ints >= 1, a non-int seed, max_retries
       < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
-      limits not ints >= 1 with min <= max, source neither 'wikispeedia' nor an existing .bz2 file.
+      limits not ints >= 1 with min <= max, source neither 'wikispeedia' nor an existing .bz2 file,
+      degrade_fraction outside [0, 1], a bad `filter` section (`filter.check_config`).
   """
   from data_pipeline import wiki
   wiki.check_source(config.get('source', 'wikispeedia'), f'{prefix}.source')
@@ -113,6 +128,10 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
     raise ValueError(f'{prefix}.hop_probs={probs}: expected {len(choices)} probabilities >= 0 (one per '
                      f'{prefix}.hop_choices={choices}) summing to 1')
   checks.pixel_limits(root, prefix)
+  fraction = config.get('degrade_fraction', 0.1)
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+    raise ValueError(f'{prefix}.degrade_fraction={fraction!r}: expected a fraction in [0, 1]')
+  filter_lib.check_config(config.get('filter', filter_lib.default_config()), f'{prefix}.filter')
 
 
 def build_settings(config: ml_collections.ConfigDict) -> dict:
@@ -166,6 +185,15 @@ def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None
   os.replace(tmp, folder)
 
 
+def _reasons(reasons) -> dict[str, int]:
+  """Rejection reason -> count, the reason cut at its first ' (' / ': ' detail (`answer_type:capital (...)`)."""
+  out = {}
+  for r in reasons:
+    key = ': '.join(r.split(' (')[0].split(': ')[:2])
+    out[key] = out.get(key, 0) + 1
+  return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def _wiki_stage(config: ml_collections.ConfigDict, folder: pathlib.Path, data_dir: pathlib.Path) -> dict:
   """Stage `wiki`: reads `config.source`, resolves the links, builds the CSR graph, writes both under `folder`
   (a temp folder renamed into place, `counts.json` last); skipped when `folder` already holds it.
@@ -216,7 +244,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
     ValueError: from `check_config` (before anything is written), or a folder built with other settings.
   """
   check_config(config)
-  from data_pipeline import ground, paths, qa, rewrite
+  from data_pipeline import degrade, ground, paths, qa, rewrite
   from osvl_jax import paths as osvl_paths
   from tools import corpus as corpus_lib
   from tools import landmarks
@@ -255,6 +283,11 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   stages.update()
   recs = stage('ground', lambda: ground.ground(recs, graph.all_titles))
   stages.update()
+  recs = stage('filter', lambda: filter_lib.run_filters(recs, config.filter, data_dir, config.tools.to_dict()))
+  stages.update()
+  recs = stage('degrade', lambda: degrade.degrade(recs, data_dir, out / DEGRADED_DIR, config.seed,
+                                                  config.degrade_fraction, config.degrade))
+  stages.update()
 
   def make_items():
     rows = [{k: r.get(k) for k in ITEM_COLUMNS} for r in recs]
@@ -264,7 +297,9 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
               'hops': {str(h): sum(r['hops'] == h for r in ok) for h in config.hop_choices},
               'attributes': {a: sum(r['answer_attribute'] == a for r in ok)
                              for a in sorted({r['answer_attribute'] for r in ok})},
-              'distinct_questions': len({r['question'] for r in ok})}
+              'distinct_questions': len({r['question'] for r in ok}),
+              'degraded': sum(bool(r['degradation']) for r in ok),
+              'rejected_reasons': _reasons(r['rejected'] for r in rows if r['rejected'])}
     return rows, counts
 
   items = stage('items', make_items, pipeline_data.items_features())

@@ -136,6 +136,8 @@ class AttributeSpec:
     pattern: for kind `regex`, the value pattern.
     category: when set, only articles with a category path starting with it have this attribute (the key
       `Country` also appears in film and book infoboxes, where the question would read oddly).
+    answer_type: the type an accepted answer must be a well-formed value of (`qa.ANSWER_VALIDATORS`): `place`,
+      `person`, `currency`, `name`, `year`, `calling_code`, `tld`.
   """
   name: str
   key: str
@@ -143,23 +145,24 @@ class AttributeSpec:
   question: str
   pattern: str = ''
   category: str = ''
+  answer_type: str = 'name'
 
 
 ATTRIBUTES: tuple[AttributeSpec, ...] = (
-    AttributeSpec('capital', r'Capital', 'name', 'what is the capital of {}?'),
-    AttributeSpec('currency', r'Currency', 'name', 'what is the currency of {}?'),
-    AttributeSpec('author', r'Author', 'name', 'who is the author of {}?'),
-    AttributeSpec('largest_city', r'Largest city', 'name', 'what is the largest city of {}?'),
+    AttributeSpec('capital', r'Capital', 'name', 'what is the capital of {}?', answer_type='place'),
+    AttributeSpec('currency', r'Currency', 'name', 'what is the currency of {}?', answer_type='currency'),
+    AttributeSpec('author', r'Author', 'name', 'who is the author of {}?', answer_type='person'),
+    AttributeSpec('largest_city', r'Largest city', 'name', 'what is the largest city of {}?', answer_type='place'),
     AttributeSpec('constellation', r'Constellation', 'name', 'which constellation contains {}?'),
     AttributeSpec('country', r'Country', 'name', 'which country contains {}?',
-                  category='subject.Geography'),
-    AttributeSpec('born', r'Born', 'year', 'what is the birth year of {}?'),
-    AttributeSpec('died', r'Died', 'year', 'what is the year of death of {}?'),
-    AttributeSpec('founded', r'Founded', 'year', 'what is the founding year of {}?'),
+                  category='subject.Geography', answer_type='place'),
+    AttributeSpec('born', r'Born', 'year', 'what is the birth year of {}?', answer_type='year'),
+    AttributeSpec('died', r'Died', 'year', 'what is the year of death of {}?', answer_type='year'),
+    AttributeSpec('founded', r'Founded', 'year', 'what is the founding year of {}?', answer_type='year'),
     AttributeSpec('calling_code', r'Calling code', 'regex', 'what is the international calling code of {}?',
-                  r'\+\s?\d{1,4}'),
+                  r'\+\s?\d{1,4}', answer_type='calling_code'),
     AttributeSpec('tld', r'Internet TLD', 'regex', 'what is the internet country-code domain of {}?',
-                  r'\.[a-z]{2,3}\b'),
+                  r'\.[a-z]{2,3}\b', answer_type='tld'),
 )
 ATTRIBUTE_BY_NAME = {a.name: a for a in ATTRIBUTES}
 
@@ -238,6 +241,9 @@ def _clean_value(value: str) -> str:
     value = ' '.join(words[half:]) if len(words) % 2 == 0 and words[:half] == words[half:] else ''
   value = re.sub(r'\[[^\]]*\]', '', value)
   value = re.sub(r'\s+', ' ', value).strip(' ,;:')
+  words = value.split()
+  if len(words) % 2 == 0 and words[:len(words) // 2] == words[len(words) // 2:]:
+    value = ' '.join(words[:len(words) // 2])  # `Italy Italy` (a flag icon's caption + the name).
   return value
 
 

@@ -8,7 +8,25 @@ the paper): one clause per hop, then the attribute question about vh, e.g.
 
   "The Wikipedia article on Taj Mahal mentions Luftwaffe, and Adolf Hitler is mentioned in the article on
    Luftwaffe. What is the birth year of Adolf Hitler?"
+
+Typed answers: every answered item's answer must be a well-formed value of its attribute's type
+(`AttributeSpec.answer_type`, checked by `answer_type_error`), else the item is kept with
+`rejected='answer_type:<attribute> (<why>)'`:
+  place / person / name  capitalised name-like text: <= 6 tokens, no digits, no markup, the first word upper-case
+                         and not a function word (`of the Nation` from Mexico City's "Capital of the Nation",
+                         `district Libreville`, `budgeting` are fragments), inner lower-case words only
+                         connectives (`Dar es Salaam`, `Vasco da Gama`), no vague word (`Many`), no doubled
+                         name (`Italy Italy`, a flag caption);
+  currency               the same, but lower-case allowed (`rouble`), or an ISO 4217 code (`USD`);
+  year                   3-4 digits (+ ` BC`), AD <= `MAX_YEAR`, BC <= `MAX_BC_YEAR`, stated exactly: an infobox
+                         value qualified as approximate or uncertain (`c. 1451`, `circa 1810 BC`, `before 1020`,
+                         `1030x1038`, `1336 BC or 1334 BC`, `1483?`, a decade `c. 1450s`) is rejected, since no
+                         single year is the answer and a judge could not tell a right reply from a wrong one;
+  calling_code / tld     `+<1-4 digits>` / `.<2-3 lower-case letters>`.
+Each descriptor must also be one of its own node's category descriptors (else `descriptor:<title>`).
 """
+
+import re
 
 import numpy as np
 
@@ -21,6 +39,90 @@ HOP_TEMPLATES = (
     '{b} is mentioned in the article on {a}',
     'the article about {a} links to {b}',
 )
+
+
+MAX_YEAR = 2026      # latest plausible AD year
+MAX_BC_YEAR = 3500   # earliest plausible BC year (Wikispeedia's oldest dated people are ~2500 BC)
+# Lower-case words allowed inside a name; a name never starts (capitalised or not) with the first group.
+_LEADING_BAD = frozenset('of and or in on at to for by from with as a an'.split())
+_CONNECTIVES = _LEADING_BAD | frozenset('the de la le du des del da di do dos das von van der den y e es al el '
+                                        'upon sur'.split())
+_VAGUE = frozenset(('many', 'none', 'n/a', 'unknown', 'various', 'several', 'see below', 'disputed', 'de facto',
+                    'other', 'others', 'multiple', 'tbd', 'na'))
+_MARKUP = re.compile(r'[\[\]{}|=<>*#^_~@\\/"]|&\w+;|https?:')
+_UNCERTAIN = re.compile(r'(?<![.\w])ca?\.|(?i:\b(?:circa|about|around|approx|approximately|before|after|'
+                        r'probably|possibly|between|early|late|mid|or)\b)|~|\?|\d\s*(?:x|–|—|/)\s*\d|\d0s\b')
+
+
+def _name_error(answer: str, lower_ok: bool = False) -> str | None:
+  tokens = answer.split()
+  if not tokens or len(tokens) > entities.MAX_ANSWER_TOKENS:
+    return f'{len(tokens)} tokens, expected 1 to {entities.MAX_ANSWER_TOKENS}'
+  if _MARKUP.search(answer):
+    return 'markup'
+  if re.search(r'\d', answer):
+    return 'digits in a name'
+  if tokens[0].lower() in _LEADING_BAD or tokens[-1].lower() in _CONNECTIVES:
+    return 'a fragment (starts or ends with a function word)'
+  if not lower_ok and not tokens[0][:1].isupper():
+    return 'not capitalised'
+  for t in tokens[1:]:
+    if not (t[:1].isupper() or t.lower() in _CONNECTIVES or re.fullmatch(r"[a-z]{1,3}['’-]\w+", t) or lower_ok):
+      return f'lower-case word {t!r} inside a name'
+  if answer.lower() in _VAGUE:
+    return 'vague'
+  half = len(tokens) // 2
+  if len(tokens) % 2 == 0 and tokens[:half] == tokens[half:]:
+    return 'doubled name'
+  return None
+
+
+def _year_error(answer: str, raw: str) -> str | None:
+  m = re.fullmatch(r'(\d{3,4})( BC)?', answer)
+  if not m:
+    return 'not a 3-4 digit year'
+  year, bc = int(m.group(1)), bool(m.group(2))
+  if year > (MAX_BC_YEAR if bc else MAX_YEAR):
+    return f'implausible year {answer}'
+  at = re.search(r'\b' + m.group(1) + r'(?!\d)', raw)
+  if at is None:  # Not from a raw value (a test, a hand-made item): the answer alone decides.
+    return None
+  window = raw[:at.end()] + re.split(r'[,(;]|\bin\b', raw[at.end():])[0]  # up to the place / note after it
+  if _UNCERTAIN.search(window):
+    return f'approximate or uncertain ({window.strip()!r})'
+  return None
+
+
+ANSWER_VALIDATORS = {
+    'place': lambda answer, raw: _name_error(answer),
+    'person': lambda answer, raw: _name_error(answer),
+    'name': lambda answer, raw: _name_error(answer),
+    'currency': lambda answer, raw: None if re.fullmatch(r'[A-Z]{3}', answer) else _name_error(answer, True),
+    'year': _year_error,
+    'calling_code': lambda answer, raw: None if re.fullmatch(r'\+\d{1,4}', answer) else 'not +<1-4 digits>',
+    'tld': lambda answer, raw: None if re.fullmatch(r'\.[a-z]{2,3}', answer) else 'not .<2-3 letters>',
+}
+
+
+def answer_type_error(attribute: str, answer: str, raw: str = '') -> str | None:
+  """Why `answer` is not a well-formed value of `attribute`'s type (see the module docstring), or None.
+
+  Args:
+    attribute: an `entities.ATTRIBUTES` name, e.g. 'capital', 'born'.
+    answer: the extracted answer, e.g. 'Tokyo', '1879'.
+    raw: the infobox value it came from (e.g. 'c. 1451'), read for the year's qualifiers; '' = none.
+  Raises:
+    KeyError: naming an unknown attribute.
+  """
+  if attribute not in entities.ATTRIBUTE_BY_NAME:
+    raise KeyError(f'unknown attribute {attribute!r}; known: {sorted(entities.ATTRIBUTE_BY_NAME)}')
+  return ANSWER_VALIDATORS[entities.ATTRIBUTE_BY_NAME[attribute].answer_type](answer, raw)
+
+
+def _raw_value(attribute: str, line: str) -> str:
+  """The infobox value of `line` (`Born c. 1451` -> `c. 1451`)."""
+  spec = entities.ATTRIBUTE_BY_NAME[attribute]
+  return re.sub(r'^(?:- )?' + spec.key + r'(?:\s*\(\d{4}\))?', '', line).strip()
 
 
 def capitalize(text: str) -> str:
@@ -47,10 +149,14 @@ def add_qa(records: list[dict], graph: paths_lib.Graph, seed: int) -> tuple[list
     graph: the `paths.Graph` the walks came from.
     seed: template choices are drawn from `default_rng([seed, 1, item index])`.
   Returns:
-    (records with QA, counts {'in', 'answered', 'no_answer'}); a walk whose answer node lost its attribute is
-    kept with `rejected='qa: no answerable attribute'`.
+    (records with QA, counts {'in', 'answered', 'no_answer', 'accepted', 'rejected_answer_type' (attribute ->
+    n), 'rejected_descriptor'}); a walk whose answer node lost its attribute is kept with
+    `rejected='qa: no answerable attribute'`, one whose answer is not a value of its type with
+    `'answer_type:<attribute> (<why>)'`, one with a descriptor not of its node with `'descriptor:<title>'`.
   """
-  out, counts = [], {'in': len(records), 'answered': 0, 'no_answer': 0}
+  out = []
+  counts = {'in': len(records), 'answered': 0, 'no_answer': 0, 'accepted': 0, 'rejected_answer_type': {},
+            'rejected_descriptor': 0}
   for i, rec in enumerate(records):
     rec = dict(rec)
     got = paths_lib.answer_attribute(graph, rec['path'])
@@ -66,5 +172,15 @@ def add_qa(records: list[dict], graph: paths_lib.Graph, seed: int) -> tuple[list
                answer_evidence=f"{rec['path'][-1]}: {val['line']}",
                canonical_question=canonical_question(rec['path'], name, rng), rejected=None)
     counts['answered'] += 1
+    why = answer_type_error(name, val['answer'], _raw_value(name, val['line'].split(' / ')[-1]))
+    wrong = [t for t, d in zip(rec['path'][1:], rec.get('descriptors') or ()) if d not in graph.descriptors(t)]
+    if why is not None:
+      rec['rejected'] = f'answer_type:{name} ({why})'
+      counts['rejected_answer_type'][name] = counts['rejected_answer_type'].get(name, 0) + 1
+    elif wrong:
+      rec['rejected'] = f'descriptor:{wrong[0]}'
+      counts['rejected_descriptor'] += 1
+    else:
+      counts['accepted'] += 1
     out.append(rec)
   return out, counts

@@ -7,7 +7,9 @@ stage (`Dataset.save_to_disk`) with its `counts.json` beside the data files:
   D/paths, D/qa, D/rewrite, D/ground   intermediate stage records (the pipeline's own, for resuming)
   D/items    the item table, `ITEM_FEATURES`: prompt_id, question, canonical_question, answers, image_path
              (relative to the shared data folder), path, hops, rejected (None when accepted, else the reason),
-             landmark, descriptors, answer_attribute, answer_evidence, anchor_expression, rewrite_trace
+             landmark, descriptors, answer_attribute, answer_evidence, anchor_expression, rewrite_trace,
+             degradation (None, or {kind, params (JSON text), repair_tool} of a degraded anchor image, whose
+             `image_path` is then the absolute path of the degraded PNG), original_image_path
   D/sft      oracle expert trajectories, rows of `Trajectory.to_record()` (`trajectory.record_features()`)
   D/stats.json   every stage's counts and seconds
 
@@ -30,7 +32,7 @@ BUILD_COMMAND = 'python -m data_pipeline.build --config=configs/data_wikispeedia
 
 ITEM_COLUMNS = ('prompt_id', 'question', 'canonical_question', 'answers', 'image_path', 'path', 'hops',
                 'rejected', 'landmark', 'descriptors', 'answer_attribute', 'answer_evidence', 'anchor_expression',
-                'rewrite_trace')
+                'rewrite_trace', 'degradation', 'original_image_path')
 
 
 def items_features():
@@ -43,6 +45,8 @@ def items_features():
       'rejected': v('string'), 'landmark': v('string'), 'descriptors': seq('string'),
       'answer_attribute': v('string'), 'answer_evidence': v('string'), 'anchor_expression': v('string'),
       'rewrite_trace': seq('string'),
+      'degradation': {'kind': v('string'), 'params': v('string'), 'repair_tool': v('string')},
+      'original_image_path': v('string'),
   })
 
 
@@ -74,7 +78,8 @@ def _require(out_dir: str | os.PathLike, split: str, what: str) -> pathlib.Path:
 
 
 def load_image(data_dir: str | os.PathLike, rel_path: str) -> np.ndarray:
-  """uint8 [H, W, 3] RGB of `data_dir / rel_path` (an item's `image_path`)."""
+  """uint8 [H, W, 3] RGB of `data_dir / rel_path` (an item's `image_path`; an absolute path, a degraded image,
+  is read as is)."""
   return image_io.load_image(pathlib.Path(data_dir) / rel_path)
 
 

@@ -32,8 +32,13 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   assert stats['wiki']['links']['missing'] == 0
   assert graph.load_csr(tmp_path / 'wiki' / 'graph').num_edges == 119769
   assert len(wiki.load(tmp_path / 'wiki').articles) == 4598
+  # New stages: filter offline (no endpoint: all skipped, none rejected), degrade round(0.1 * accepted).
+  assert stats['filter']['skipped'] == {'no endpoint': stats['ground']['grounded']}
+  assert stats['filter']['rejected'] == {}
+  assert stats['degrade']['degraded'] == round(0.1 * stats['degrade']['accepted'])
+  assert stats['qa']['accepted'] + sum(stats['qa']['rejected_answer_type'].values()) == stats['qa']['answered']
   again = build.build_dataset(config, tmp_path)
-  assert all(again[s]['resumed'] for s in ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'items', 'sft'))
+  assert all(again[s]['resumed'] for s in build.STAGES)
   assert again['wiki']['graph'] == stats['wiki']['graph']
   assert again['summary'] == stats['summary']
   assert json.loads((tmp_path / build.BUILD_CONFIG_FILE).read_text()) == build.build_settings(config)
@@ -101,6 +106,26 @@ def test_an_older_recorded_config_without_a_new_field_resumes_at_its_default(tmp
   config.source = str(pathlib.Path(__file__))  # another source is a difference
   with pytest.raises(ValueError, match="source: built with 'wikispeedia'"):
     build._check_resume(tmp_path, build.build_settings(config))
+
+
+def test_degrade_and_filter_switches_and_their_counts(tmp_path):
+  config = build.default_config()
+  config.num_items, config.synthesize, config.degrade_fraction = 12, False, 0.5
+  stats = build.build_dataset(config, tmp_path / 'on')
+  items = datasets.load_from_disk(str(tmp_path / 'on' / 'items')).to_list()
+  degraded = [r for r in items if r['degradation']]
+  assert len(degraded) == stats['items']['degraded'] == round(0.5 * stats['items']['accepted']) >= 2
+  for r in degraded:
+    assert pathlib.Path(r['image_path']).parent == tmp_path / 'on' / build.DEGRADED_DIR
+    assert r['original_image_path'].startswith('images/landmarks/')
+  prompts = pipeline_data.load_prompts(tmp_path / 'on')   # the degraded PNGs load through the readers
+  assert len(prompts) == stats['items']['accepted']
+  config.degrade, config.filter.enabled = False, False   # the Table 3a ablations
+  stats = build.build_dataset(config, tmp_path / 'off')
+  assert stats['degrade']['degraded'] == 0 and stats['filter']['skipped'] == {'disabled': stats['ground']['grounded']}
+  with pytest.raises(ValueError, match='data.degrade_fraction=2'):
+    config.degrade_fraction = 2
+    build.build_dataset(config, tmp_path / 'bad')
 
 
 def test_a_bad_source_is_refused_naming_the_field(tmp_path):

@@ -45,3 +45,53 @@ def test_canonical_question_names_every_entity():
   for name in ('Taj Mahal', 'Luftwaffe', 'Adolf Hitler'):
     assert name in q
   assert q.endswith('What is the birth year of Adolf Hitler?')
+
+
+def _record(graph, path):
+  return {'prompt_id': 'x', 'path': path, 'descriptors': [graph.descriptors(t)[0] for t in path[1:]]}
+
+
+def test_a_fragment_of_infobox_text_as_capital_is_rejected_with_its_attribute(corpus, graph):
+  # Mexico_City.txt: "Capital of the Nation" -> the extractor reads 'of the Nation' (the bad item).
+  assert _attrs(corpus, 'Mexico_City')['capital']['answer'] == 'of the Nation'
+  recs, counts = qa.add_qa([_record(graph, ['Toronto', 'Mexico_City'])], graph, seed=0)
+  assert recs[0]['rejected'].startswith('answer_type:capital (')
+  assert counts['rejected_answer_type'] == {'capital': 1} and counts['accepted'] == 0
+  for bad in ('district Libreville', 'budgeting', 'No official capital', 'nao sei', 'Capital of', 'Paris [1]'):
+    assert qa.answer_type_error('capital', bad) is not None, bad
+  for good in ('Tokyo', 'Dar es Salaam', 'The Hague', 'Saint-Pierre', "Côte d'Ivoire", 'Mata-Utu'):
+    assert qa.answer_type_error('capital', good) is None, good
+
+
+def test_an_exact_birth_year_is_accepted(corpus, graph):
+  recs, counts = qa.add_qa([_record(graph, ['Toronto', 'Albert_Einstein'])], graph, seed=0)
+  assert recs[0]['answers'][0] == '1879' and recs[0]['rejected'] is None and counts['accepted'] == 1
+  assert qa.answer_type_error('born', '1889', '20 April 1889') is None
+  assert qa.answer_type_error('died', '322 BC', '322 BC') is None
+  assert qa.answer_type_error('founded', '1882', '1882 as Hotspur F.C.') is None  # 'F.C.' is no 'c.'
+
+
+def test_approximate_or_implausible_years_are_rejected(corpus):
+  # Decision: a year the infobox qualifies as approximate is not an answer (no single year is right).
+  assert qa.answer_type_error('born', '1450', 'c. 1450s').startswith('approximate')
+  born = _attrs(corpus, 'Christopher_Columbus')['born']  # "Born c. 1451"
+  assert qa.answer_type_error('born', born['answer'], qa._raw_value('born', born['line'])).startswith('approximate')
+  for raw in ('1030x1038', '1336 BC or 1334 BC', '1483?', 'Before 879', 'circa 1810 BC', '~406'):
+    assert qa.answer_type_error('born', raw.split()[0].lstrip('~')[:4].rstrip('x?'), raw) is not None, raw
+  assert qa.answer_type_error('born', '2950') == 'implausible year 2950'
+  assert qa.answer_type_error('born', '18') == 'not a 3-4 digit year'
+
+
+def test_other_types_and_the_doubled_flag_caption(corpus):
+  assert _attrs(corpus, 'Bologna')['country']['answer'] == 'Italy'  # "Country Italy Italy" (flag + name)
+  assert qa.answer_type_error('currency', 'rouble') is None and qa.answer_type_error('currency', 'USD') is None
+  assert qa.answer_type_error('author', 'Many') == 'vague'
+  assert qa.answer_type_error('author', 'E. B. White') is None
+  assert qa.answer_type_error('calling_code', '+266') is None and qa.answer_type_error('calling_code', '266')
+  assert qa.answer_type_error('tld', '.ls') is None and qa.answer_type_error('tld', 'ls')
+
+
+def test_every_accepted_item_has_a_well_formed_answer(grounded_items):
+  for r in grounded_items:
+    if r['rejected'] is None:
+      assert qa.answer_type_error(r['answer_attribute'], r['answers'][0]) is None
