@@ -1,8 +1,11 @@
 """The multi-turn agent loop: policy engine + tool environment -> token-exact Trajectories (DESIGN.md §4-6).
 
 Every episode alternates an assistant turn (from an `engine.Engine`) and, for a tool call, an observation (from
-`tools.env.ToolEnv.call`), recorded by a `trajectory.TrajectoryBuilder`. All unfinished episodes of a call
-advance together: one `engine.generate` per turn for all of them.
+`tools.env.ToolEnv.call`), recorded by a `trajectory.TrajectoryBuilder`. The loop is asyncio
+(`run_episodes_async`; `run_episodes` is its synchronous wrapper): every episode is a task that runs at its own
+pace under a concurrency limit (`max_concurrency`), its tool calls in a thread pool (`tool_workers`), its turns
+asked through `turn_queue`: one batched `generate` for all waiting episodes of an in-process engine (the former
+turn-by-turn batches, hence the same trajectories), one request per turn to a server that batches itself.
 
 Per step l:
   - `<response>` -> the episode ends (final_response is set by the builder).
@@ -17,8 +20,8 @@ Episodes end on a response, after `max_turns` steps, at fatality (n_err consecut
 `max_total_tokens` would be exceeded (the trajectory then ends at the last whole step that fits). The reason is
 recorded in `Trajectory.stop_reason`. Bad model output never raises.
 
-Nothing a tool, the image processor or the builder raises leaves `run_episodes` (DESIGN §4); each failure stays
-with its own trajectory, and the other items and samples of the batch are untouched:
+Nothing a tool, the engine, the image processor or the builder raises leaves `run_episodes` (DESIGN §4, §6b); each
+failure stays with its own trajectory, and the other items and samples of the batch are untouched:
   - a prompt that cannot be rendered (an input image the processor refuses: not uint8 RGB, empty, aspect ratio
     over 200; a prompt over `max_prompt_tokens` or with no room under `max_total_tokens`; a question the
     tokenizer refuses) -> its samples are prompt-only trajectories with no steps, stop_reason 'error' and
@@ -29,6 +32,10 @@ with its own trajectory, and the other items and samples of the batch are untouc
   - an observation the builder cannot append (an image the processor refuses, e.g. a 300x1 crop whose aspect
     ratio is over 200; text the tokenizer refuses) -> that step gets a `bad_arguments` error result instead,
     naming the reason, and the episode goes on;
+  - an engine failure (`sglang_client.EngineError` after the client's retries: refused connection, 5xx,
+    timeout; any exception of `Engine.agenerate`) -> that trajectory ends at its last whole step with
+    stop_reason 'error' and `Trajectory.error` = 'engine <class> failed at step <l>: <type>: <cause>' (never a
+    tool error); a failed batch of an in-process engine is retried row by row, so only the failing rows end;
   - anything else (an id outside the vocabulary, an error observation that cannot be appended either) -> that
     trajectory ends at its last whole step with stop_reason 'error' and `Trajectory.error` saying why.
 The builder's appends are transactional, so a failed append leaves no partial observation or step, and the other
@@ -49,8 +56,11 @@ Token budgets (all counted in tokens of the one trajectory sequence; an image co
     trajectory ends at the last whole step: never inside a tool call or an image span. T <= max_total_tokens.
   - the engine's own context limit (`JaxSampler.max_len`): a context with no room left gets an empty turn; the
     episode ends with stop_reason 'context_full'.
+Wall clock: `max_seconds` per episode; on expiry its pending request or tool call is abandoned and the trajectory
+ends at the last whole step, stop_reason 'time_budget'.
 """
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import time
@@ -63,6 +73,7 @@ from absl import logging
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import turn_queue
 from tools import base as tools_base
 
 MALFORMED_HINT = ('Reply with <think>...</think> followed by exactly one <tool_call>{"name": <tool name>, '
@@ -158,17 +169,37 @@ def _call_tool(env, action: traj_lib.ParsedAction, images) -> tools_base.ToolRes
 
 
 def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj_lib.TrajectoryBuilder],
-                 items: Sequence[Item | Mapping[str, Any]], num_generations: int = 1, max_turns: int = 8,
-                 fatal_k: int = 3, fatal_index: str = 'first', max_new_tokens: int | None = None,
-                 max_total_tokens: int | None = None, stop: Sequence[str] = (), policy_version: int = 0,
-                 tool_workers: int = 1, log_fn: Callable[[dict], None] | None = None,
-                 max_prompt_tokens: int | None = None) -> list[traj_lib.Trajectory]:
-  """Rolls out `num_generations` episodes per item, all batched together turn by turn.
+                 items: Sequence[Item | Mapping[str, Any]], *args, **kwargs) -> list[traj_lib.Trajectory]:
+  """`run_episodes_async` to completion, for synchronous callers (same arguments, same trajectories).
+
+  Runs a fresh event loop (in a worker thread when the calling thread already runs one).
+  """
+  coroutine = run_episodes_async(engine, env, make_builder, items, *args, **kwargs)
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return asyncio.run(coroutine)
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(asyncio.run, coroutine).result()
+
+
+async def run_episodes_async(engine: engine_lib.Engine, env,
+                             make_builder: Callable[[], traj_lib.TrajectoryBuilder],
+                             items: Sequence[Item | Mapping[str, Any]], num_generations: int = 1,
+                             max_turns: int = 8, fatal_k: int = 3, fatal_index: str = 'first',
+                             max_new_tokens: int | None = None, max_total_tokens: int | None = None,
+                             stop: Sequence[str] = (), policy_version: int = 0, tool_workers: int = 1,
+                             log_fn: Callable[[dict], None] | None = None, max_prompt_tokens: int | None = None,
+                             max_concurrency: int | None = None,
+                             max_seconds: float | None = None) -> list[traj_lib.Trajectory]:
+  """Rolls out `num_generations` episodes per item, all concurrently (asyncio), each at its own pace.
 
   Args:
-    engine: the policy (`JaxSampler`, the SGLang client, the pipeline's `OracleEngine`, or `ScriptedEngine` in
-      tests).
-    env: a `tools.env.ToolEnv` (anything with `call(name, arguments, images) -> ToolResult`).
+    engine: the policy (`JaxSampler`, `SGLangEngine`, the pipeline's `OracleEngine`, or `ScriptedEngine` in
+      tests). Its turns are asked through `turn_queue.make_queue`: gathered into one batch per call for an
+      in-process engine, one request per turn for a server (`Engine.continuous_batching`).
+    env: a `tools.env.ToolEnv` (anything with `call(name, arguments, images) -> ToolResult`); its calls run in a
+      pool of `tool_workers` threads, so a slow tool blocks no other episode.
     make_builder: `() -> TrajectoryBuilder`, a fresh builder (tokenizer, image processor, tool schemas, profile).
     items: N items (`Item`, or mappings with prompt_id, question, image uint8 [H, W, 3] | None, answers).
     num_generations: G episodes per item (the GRPO group).
@@ -178,21 +209,34 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
     max_new_tokens: cap per assistant turn (None: the engine's default); a turn cut there is never executed.
     max_total_tokens: token budget per trajectory (None: unlimited); a step that would cross it is dropped and
       the episode ends at the last whole step (stop_reason 'token_budget').
-    max_prompt_tokens: token budget of the rendered prompt (None: only what max_total_tokens implies).
     stop: stop strings passed to the engine (empty: the engine's default).
     policy_version: recorded in each Trajectory.
-    tool_workers: threads running the tool calls of one turn concurrently (1: sequential).
-    log_fn: optional callback receiving one dict per turn (turn, active, generate_s, tools_s, new_tokens).
+    tool_workers: threads running tool calls (1: one call at a time, in the order the episodes ask).
+    log_fn: optional callback receiving one dict per engine call (turn, active, generate_s, tools_s,
+      new_tokens; `turn_queue.make_queue`).
+    max_prompt_tokens: token budget of the rendered prompt (None: only what max_total_tokens implies).
+    max_concurrency: episodes running at once (None: all N * G); the others wait their turn (asyncio.Semaphore).
+    max_seconds: wall-clock budget of one episode, seconds from its start (None: unlimited). On expiry the
+      episode stops at once (its engine request or tool call is abandoned), the trajectory ends at the last
+      whole step, stop_reason 'time_budget'.
 
   Returns:
     N * G Trajectories, item-major (item i, samples 0..G-1), with steps, final_response, fatal_step,
     rollout_logprobs from the engine, `policy_version` and `stop_reason`.
     A prompt that cannot be rendered (refused input image, over `max_prompt_tokens`, no room under
     `max_total_tokens`) gives G prompt-only trajectories with no steps, stop_reason 'error' and
-    `Trajectory.error` saying why; nothing a tool, the image processor or the builder raises leaves this
-    function.
+    `Trajectory.error` saying why. An engine failure (e.g. `sglang_client.EngineError` after the client's
+    retries) ends that trajectory at its last whole step, stop_reason 'error', `Trajectory.error` naming the
+    engine and the cause; the other episodes go on. Nothing a tool, the engine, the image processor or the
+    builder raises leaves this function.
+  Raises:
+    ValueError: an unknown `fatal_index`, or max_concurrency / tool_workers / max_seconds out of range.
   """
   fatal_lib.FATAL_INDEX.get(fatal_index)  # fail before any rollout (ValueError naming the known indexes)
+  if tool_workers < 1 or (max_concurrency is not None and max_concurrency < 1):
+    raise ValueError(f'tool_workers={tool_workers} and max_concurrency={max_concurrency} must be >= 1')
+  if max_seconds is not None and not max_seconds > 0:
+    raise ValueError(f'max_seconds must be > 0 or None, got {max_seconds}')
   prompt_limit = [b for b in (max_prompt_tokens, None if max_total_tokens is None else max_total_tokens - 1)
                   if b is not None]
   prompt_limit = min(prompt_limit) if prompt_limit else None
@@ -205,80 +249,28 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
                     "(stop_reason 'error'). First: %s", len({id(e.item) for e in failed}),
                     len({id(e.item) for e in episodes}), len(failed), failed[0].error)
 
-  pool = concurrent.futures.ThreadPoolExecutor(tool_workers) if tool_workers > 1 else None
+  limits = _Limits(max_turns, fatal_k, fatal_index, max_new_tokens, max_total_tokens, max_seconds)
+  queue = turn_queue.make_queue(engine, tuple(stop) if stop else None, log_fn)
+  semaphore = asyncio.Semaphore(max_concurrency or max(len(episodes), 1))
+  pool = concurrent.futures.ThreadPoolExecutor(tool_workers, thread_name_prefix='tools')
+
+  async def run(key: int, episode: _Episode) -> None:
+    try:
+      async with semaphore:
+        queue.join(key)
+        await _run_episode(key, episode, engine, queue, env, pool, limits)
+    finally:  # after the release, so the episode that takes this place joins before the next batch leaves
+      queue.leave(key)
+
   try:
-    for turn in range(max_turns):
-      active = [e for e in episodes if not e.done]
-      if not active:
-        break
-      room = None
-      if max_total_tokens is not None:
-        room = [max_total_tokens - e.builder.num_tokens for e in active]
-        for e, r in zip(active, room):
-          if r <= 0:
-            e.done, e.end_reason = True, 'token_budget'
-        active = [e for e, r in zip(active, room) if r > 0]
-        room = [r for r in room if r > 0]
-        if not active:
-          break
-      cap = max_new_tokens
-      if room is not None:
-        cap = min(max(room), cap) if cap is not None else max(room)
-      t0 = time.perf_counter()
-      gens = engine.generate([(e.builder.prompt_ids(), e.builder.images) for e in active], max_new_tokens=cap,
-                             stop=tuple(stop) if stop else None)
-      gen_seconds = time.perf_counter() - t0
-
-      calls = []  # (episode, action) awaiting a tool result
-      for i, (e, gen) in enumerate(zip(active, gens)):
-        needed = gen.ids.size + int(gen.ids.size == 0 or gen.ids[-1] != engine_lib.IM_END_ID)  # + closing im_end
-        # (an upper bound: the builder drops ids after the first end-of-sequence id)
-        if gen.ids.size == 0 or (room is not None and needed > room[i]):
-          e.done, e.end_reason = True, 'token_budget' if gen.ids.size else 'context_full'
-          continue
-        try:
-          action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds,
-                                              cut=gen.finish_reason == engine_lib.FINISH_LENGTH)
-        except Exception as err:  # pylint: disable=broad-except  # e.g. ids outside the vocabulary; unchanged
-          e.done, e.end_reason, e.error = True, 'error', f'the assistant turn cannot be appended: {_why(err)}'
-          continue
-        if action.kind == 'response':
-          e.done, e.end_reason = True, 'response'
-        elif action.kind == 'tool_call':
-          calls.append((e, action))
-        else:
-          _observe(e, malformed_result(action))
-
-      t1 = time.perf_counter()
-      if pool is not None:
-        results = list(pool.map(lambda ea: _call_tool(env, ea[1], ea[0].builder.images), calls))
-      else:
-        results = [_call_tool(env, a, e.builder.images) for e, a in calls]
-      for (e, _), result in zip(calls, results):
-        _observe(e, result)
-      tools_seconds = time.perf_counter() - t1
-
-      for e in active:
-        if e.done:
-          continue
-        if e.builder.awaiting_observation:  # _observe could append neither the result nor an error about it
-          e.builder.truncate(len(e.builder.steps) - 1)
-          e.done, e.end_reason = True, 'error'
-          continue
-        if max_total_tokens is not None and e.builder.num_tokens > max_total_tokens:
-          # The observation (tool text, image spans) crossed the budget: drop the whole step.
-          e.builder.truncate(len(e.builder.steps) - 1)
-          e.done, e.end_reason = True, 'token_budget'
-          continue
-        f = fatal_lib.fatal_step([s.is_execution_error for s in e.builder.steps], fatal_k, fatal_index)
-        if f is not None:
-          e.fatal_step, e.done, e.end_reason = f, True, 'fatal'
-      if log_fn is not None:
-        log_fn({'turn': turn, 'active': len(active), 'generate_s': gen_seconds, 'tools_s': tools_seconds,
-                'new_tokens': int(sum(g.ids.size for g in gens))})
+    await asyncio.gather(*(run(k, e) for k, e in enumerate(episodes) if not e.done))
   finally:
-    if pool is not None:
-      pool.shutdown(wait=False)
+    pool.shutdown(wait=False)
+    await engine.aclose()
+  errors = [e for e in episodes if e.end_reason == 'error' and e.error and e.error.startswith('engine ')]
+  if errors:
+    logging.warning('run_episodes: %d of %d trajectories ended on an engine error. First: %s', len(errors),
+                    len(episodes), errors[0].error)
 
   out = []
   for e in episodes:
@@ -291,6 +283,88 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
       traj.steps[-1].format_ok = False  # r_fmt^(L) needs a response at l = L (DESIGN §6)
     out.append(traj)
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+  """The per-episode limits of `run_episodes_async` (see its Args)."""
+  max_turns: int
+  fatal_k: int
+  fatal_index: str
+  max_new_tokens: int | None
+  max_total_tokens: int | None
+  max_seconds: float | None
+
+
+async def _run_episode(key: int, e: _Episode, engine: engine_lib.Engine, queue, env,
+                       pool: concurrent.futures.Executor, limits: _Limits) -> None:
+  """Runs episode `e` to its end, recording why it ended on `e` (never raises but for cancellation)."""
+  try:
+    async with asyncio.timeout(limits.max_seconds):
+      for _ in range(limits.max_turns):
+        await _step(key, e, engine, queue, env, pool, limits)
+        if e.done:
+          break
+  except TimeoutError:
+    if e.builder.awaiting_observation:  # abandoned in its tool call: drop the step
+      e.builder.truncate(len(e.builder.steps) - 1)
+    e.done, e.end_reason = True, 'time_budget'
+  except Exception as err:  # pylint: disable=broad-except  # a bug must not take the other episodes down
+    if e.builder.awaiting_observation:
+      e.builder.truncate(len(e.builder.steps) - 1)
+    e.done, e.end_reason, e.error = True, 'error', f'the agent loop failed: {_why(err)}'
+
+
+async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, pool: concurrent.futures.Executor,
+                limits: _Limits) -> None:
+  """One assistant turn of `e` and, for a tool call, its observation; sets `e.done` when the episode ends."""
+  room = None
+  cap = limits.max_new_tokens
+  if limits.max_total_tokens is not None:
+    room = limits.max_total_tokens - e.builder.num_tokens
+    if room <= 0:
+      e.done, e.end_reason = True, 'token_budget'
+      return
+    cap = room if cap is None else min(cap, room)
+  t0 = time.perf_counter()
+  try:
+    gen = await queue.generate(key, (e.builder.prompt_ids(), e.builder.images), cap)
+  except Exception as err:  # pylint: disable=broad-except  # EngineError, refused connection, 5xx, timeout, ...
+    e.done, e.end_reason = True, 'error'
+    e.error = f'engine {type(engine).__name__} failed at step {len(e.builder.steps)}: {_why(err)}'
+    return
+  gen_seconds = time.perf_counter() - t0
+  needed = gen.ids.size + int(gen.ids.size == 0 or gen.ids[-1] != engine_lib.IM_END_ID)  # + closing im_end
+  # (an upper bound: the builder drops ids after the first end-of-sequence id)
+  if gen.ids.size == 0 or (room is not None and needed > room):
+    e.done, e.end_reason = True, 'token_budget' if gen.ids.size else 'context_full'
+    return
+  try:
+    action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds,
+                                        cut=gen.finish_reason == engine_lib.FINISH_LENGTH)
+  except Exception as err:  # pylint: disable=broad-except  # e.g. ids outside the vocabulary; unchanged
+    e.done, e.end_reason, e.error = True, 'error', f'the assistant turn cannot be appended: {_why(err)}'
+    return
+  if action.kind == 'response':
+    e.done, e.end_reason = True, 'response'
+    return
+  if action.kind == 'tool_call':
+    loop = asyncio.get_running_loop()
+    _observe(e, await loop.run_in_executor(pool, _call_tool, env, action, list(e.builder.images)))
+  else:
+    _observe(e, malformed_result(action))
+
+  if e.builder.awaiting_observation:  # _observe could append neither the result nor an error about it
+    e.builder.truncate(len(e.builder.steps) - 1)
+    e.done, e.end_reason = True, 'error'
+  elif limits.max_total_tokens is not None and e.builder.num_tokens > limits.max_total_tokens:
+    # The observation (tool text, image spans) crossed the budget: drop the whole step.
+    e.builder.truncate(len(e.builder.steps) - 1)
+    e.done, e.end_reason = True, 'token_budget'
+  else:
+    f = fatal_lib.fatal_step([s.is_execution_error for s in e.builder.steps], limits.fatal_k, limits.fatal_index)
+    if f is not None:
+      e.fatal_step, e.done, e.end_reason = f, True, 'fatal'
 
 
 def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:

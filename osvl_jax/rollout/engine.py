@@ -12,6 +12,7 @@ appends them verbatim to the trajectory, never re-tokenizing `Generation.text`.
 """
 
 import abc
+import asyncio
 import dataclasses
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -69,7 +70,15 @@ class Generation:
 
 
 class Engine(abc.ABC):
-  """A policy that writes one assistant turn for each of a batch of contexts."""
+  """A policy that writes one assistant turn for each of a batch of contexts.
+
+  Attributes:
+    continuous_batching: False (in-process engines: `JaxSampler`, `TextEngine`): one `generate` call is one
+      batch, so the asyncio agent loop gathers the episodes waiting for a turn into one call. True (a server
+      that batches concurrent requests itself, `SGLangEngine`): the loop sends each episode's turn on its own,
+      as soon as that episode is ready.
+  """
+  continuous_batching: bool = False
 
   @abc.abstractmethod
   def generate(self, contexts: Sequence[Context | tuple], max_new_tokens: int | None = None,
@@ -84,6 +93,21 @@ class Engine(abc.ABC):
         always stop (finish_reason 'stop', the id kept).
     Returns:
       B generations, in the order of `contexts`.
+    """
+
+  async def agenerate(self, contexts: Sequence[Context | tuple], max_new_tokens: int | None = None,
+                      stop: Sequence[str] | None = None) -> list[Generation]:
+    """`generate` for the asyncio agent loop; this default runs the synchronous `generate` in a worker thread
+    (`asyncio.to_thread`), so the event loop keeps serving the other episodes meanwhile.
+
+    Same arguments, result and errors as `generate`. An engine with native async I/O overrides it.
+    """
+    return await asyncio.to_thread(self.generate, list(contexts), max_new_tokens, stop)
+
+  async def aclose(self) -> None:
+    """Releases what the engine bound to the running event loop (the agent loop calls it before its loop ends).
+
+    The engine stays usable: a later `agenerate` opens what it needs again. Default: nothing to release.
     """
 
 

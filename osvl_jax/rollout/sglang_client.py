@@ -37,13 +37,14 @@ wrong; retrying cannot help). The agent loop records an `EngineError` on the tra
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
 import dataclasses
 import io
 import itertools
 import threading
-import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Sequence
 
 import httpx
@@ -155,8 +156,10 @@ def _finish_reason(meta: dict, url: str) -> str:
 class SGLangEngine(engine_lib.Engine):
   """`Engine` over SGLang's native `/generate` at one URL (a server or a router) or a list (round-robin).
 
-  Each context is one request; the B requests of a `generate` call are in flight together (up to
-  `concurrency`), so the server batches them. Thread-safe.
+  Each context is one request; the B requests of a `generate` / `agenerate` call are in flight together (up to
+  `concurrency` connections), so the server batches them (`continuous_batching`: the agent loop sends each
+  episode's turn as soon as it is ready). All HTTP is async (`httpx.AsyncClient`, one per event loop); the
+  synchronous methods run their async twin on a fresh loop. Thread-safe.
 
   Log-probabilities are what the server returns. SGLang 0.5.23 (`layers/sampler.py`) returns, for sampled
   requests, log-probs of the temperature-scaled distribution (top-p not applied), and temperature-1 log-probs
@@ -164,12 +167,13 @@ class SGLangEngine(engine_lib.Engine):
   so that rollout log-probs are comparable to the trainer's); `osvl_jax.serve` always returns temperature-1
   log-probs, like `JaxSampler`. At temperature 1 (GRPO rollouts) all agree.
   """
+  continuous_batching = True
 
   def __init__(self, urls: str | Sequence[str], tokenizer=None, max_new_tokens: int = 512,
                temperature: float = 1.0, top_p: float = 1.0, stop: Sequence[str] = (),
                stop_token_ids: Sequence[int] = engine_lib.EOS_IDS, timeout: float = 600.0, retries: int = 4,
                backoff: float = 0.5, max_backoff: float = 8.0, concurrency: int = 256,
-               admin_urls: Sequence[str] | None = None, transport: httpx.BaseTransport | None = None):
+               admin_urls: Sequence[str] | None = None, transport: httpx.AsyncBaseTransport | None = None):
     """Args:
       urls: base URL (`http://host:port`) of a server or router, or a list of them (requests round-robin).
       tokenizer: the Qwen tokenizer for `Generation.text` (None: `trajectory.load_tokenizer()`).
@@ -182,10 +186,10 @@ class SGLangEngine(engine_lib.Engine):
       retries: extra attempts after the first for retryable failures.
       backoff: seconds before the first retry; doubled each retry, capped at `max_backoff`.
       max_backoff: cap of the backoff, seconds.
-      concurrency: requests of one `generate` call in flight at once.
+      concurrency: HTTP connections per event loop: requests in flight at once (more wait for a connection).
       admin_urls: the servers that admin calls (`update_weights_from_disk`, `flush_cache`) go to (default:
         `urls`; behind a router pass the workers' URLs here).
-      transport: httpx transport (tests).
+      transport: httpx async transport (tests: `httpx.MockTransport`).
     Raises:
       ValueError: an empty URL list or a parameter out of range.
     """
@@ -211,39 +215,71 @@ class SGLangEngine(engine_lib.Engine):
     self.stop_token_ids = tuple(int(i) for i in stop_token_ids)
     self.retries, self.backoff, self.max_backoff = int(retries), float(backoff), float(max_backoff)
     self.concurrency = int(concurrency)
-    self._client = httpx.Client(timeout=timeout, transport=transport,
-                                limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=64))
+    self._client_args = {'timeout': timeout, 'transport': transport,
+                         'limits': httpx.Limits(max_connections=concurrency, max_keepalive_connections=64)}
+    self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # one per running event loop
     self._cycle = itertools.cycle(range(len(self.urls)))
     self._lock = threading.Lock()
     self.stats = {'requests': 0, 'retries': 0, 'errors': 0}
 
-  def close(self) -> None:
-    self._client.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
   # -- HTTP ----------------------------------------------------------------------------------------------------
+  def _client(self) -> httpx.AsyncClient:
+    """The async HTTP client of the running event loop (created on first use; connections are per loop)."""
+    loop = asyncio.get_running_loop()
+    with self._lock:
+      if loop not in self._clients:
+        self._clients[loop] = httpx.AsyncClient(**self._client_args)
+      return self._clients[loop]
+
+  async def aclose(self) -> None:
+    """Closes the HTTP client of the running event loop (`Engine.aclose`); a later call opens a new one."""
+    with self._lock:
+      client = self._clients.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+      await client.aclose()
+
+  def _sync(self, coroutine_fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Runs `coroutine_fn()` on a fresh event loop (in a worker thread when this thread runs one) and closes that
+    loop's client: the synchronous methods are thin wrappers of the async ones."""
+    async def main():
+      try:
+        return await coroutine_fn()
+      finally:
+        await self.aclose()
+    try:
+      asyncio.get_running_loop()
+    except RuntimeError:
+      return asyncio.run(main())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      return pool.submit(asyncio.run, main()).result()
+
   def _next_url(self) -> str:
     with self._lock:
       return self.urls[next(self._cycle)]
 
-  def _request(self, method: str, path: str, url: str | None = None, json: Any = None,
-               params: dict | None = None) -> httpx.Response:
-    """One call with retries; `url` None = the next of the round-robin (and the next again on each retry)."""
-    attempts, last_url = 0, url or ''
+  async def _request(self, method: str, path: str, url: str | None = None, json: Any = None,
+                     params: dict | None = None) -> httpx.Response:
+    """One call with retries; `url` None = the next of the round-robin, each retry the URL after the failed one.
+
+    Raises:
+      EngineError: after the retries (refused / dropped connection, timeout, 5xx, 429), or at once for another
+        non-2xx answer.
+    """
+    attempts, last_url = 0, ''
     while True:
-      target = url or self._next_url()
+      if url:
+        target = url
+      elif last_url:  # fail over: the URL after the one that failed (not the shared round-robin's next)
+        target = self.urls[(self.urls.index(last_url) + 1) % len(self.urls)]
+      else:
+        target = self._next_url()
       last_url = target
       attempts += 1
       with self._lock:
         self.stats['requests'] += 1
       kind, message, status = None, '', None
       try:
-        resp = self._client.request(method, target + path, json=json, params=params)
+        resp = await self._client().request(method, target + path, json=json, params=params)
         if resp.status_code < 400:
           return resp
         status, message = resp.status_code, resp.text[:500]
@@ -258,7 +294,7 @@ class SGLangEngine(engine_lib.Engine):
         break
       with self._lock:
         self.stats['retries'] += 1
-      time.sleep(min(self.backoff * 2 ** (attempts - 1), self.max_backoff))
+      await asyncio.sleep(min(self.backoff * 2 ** (attempts - 1), self.max_backoff))
     with self._lock:
       self.stats['errors'] += 1
     raise EngineError(kind, f'{method} {path}: {message}', last_url, status, attempts)
@@ -321,34 +357,40 @@ class SGLangEngine(engine_lib.Engine):
                             else str(meta['weight_version']),
                             weight_versions=meta.get('weight_versions'), meta_info=rest)
 
-  def _generate_one(self, body: dict) -> SGLangGeneration:
-    resp = self._request('POST', '/generate', json=body)
+  async def _generate_one(self, body: dict) -> SGLangGeneration:
+    resp = await self._request('POST', '/generate', json=body)
     return self.parse_response(self._json(resp), str(resp.url))
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
-    """Samples one assistant turn per context (see `engine.Engine.generate`), one HTTP request each.
+  async def agenerate(self, contexts, max_new_tokens=None, stop=None):
+    """Samples one assistant turn per context (`engine.Engine.generate`): one HTTP request each, all in flight
+    together (at most `concurrency` connections), on the running event loop.
 
     Returns:
       B `SGLangGeneration`s in the order of `contexts`.
     Raises:
       ValueError: a context whose pad runs do not match its images.
-      EngineError: a request that failed after its retries (the other rows' results are dropped).
+      EngineError: a request that failed after its retries (the other rows' results are dropped; the agent loop
+        asks one context per call, so there a failure stays with its own trajectory).
     """
     bodies = [self.request_body(c, max_new_tokens, stop) for c in contexts]
-    if len(bodies) <= 1:
-      return [self._generate_one(b) for b in bodies]
-    with concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(bodies))) as pool:
-      return list(pool.map(self._generate_one, bodies))
+    return list(await asyncio.gather(*(self._generate_one(b) for b in bodies)))
+
+  def generate(self, contexts, max_new_tokens=None, stop=None):
+    """`agenerate` on a fresh event loop (same result and errors)."""
+    return self._sync(lambda: self.agenerate(contexts, max_new_tokens, stop))
 
   # -- admin ---------------------------------------------------------------------------------------------------
   def _get_with_fallback(self, path: str, deprecated: str, url: str | None) -> dict:
     url = (url or self.admin_urls[0]).rstrip('/')
-    try:
-      return self._json(self._request('GET', path, url=url))
-    except EngineError as e:
-      if e.status != 404:
-        raise
-    return self._json(self._request('GET', deprecated, url=url))
+
+    async def get():
+      try:
+        return self._json(await self._request('GET', path, url=url))
+      except EngineError as e:
+        if e.status != 404:
+          raise
+      return self._json(await self._request('GET', deprecated, url=url))
+    return self._sync(get)
 
   def model_info(self, url: str | None = None) -> dict:
     """`GET /model_info` (falls back to the deprecated `/get_model_info` on a 404)."""
@@ -360,15 +402,19 @@ class SGLangEngine(engine_lib.Engine):
 
   def health(self, url: str | None = None) -> bool:
     """True when `GET /health` answers 200 (one attempt, no retries)."""
-    try:
-      return self._client.get((url or self.urls[0]).rstrip('/') + '/health').status_code == 200
-    except httpx.HTTPError:
-      return False
+    async def get():
+      try:
+        return (await self._client().get((url or self.urls[0]).rstrip('/') + '/health')).status_code == 200
+      except httpx.HTTPError:
+        return False
+    return self._sync(get)
 
   def flush_cache(self) -> None:
     """`POST /flush_cache` on every admin URL."""
-    for url in self.admin_urls:
-      self._request('POST', '/flush_cache', url=url)
+    async def flush():
+      for url in self.admin_urls:
+        await self._request('POST', '/flush_cache', url=url)
+    self._sync(flush)
 
   def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
                                **fields: Any) -> list[dict]:
@@ -386,10 +432,13 @@ class SGLangEngine(engine_lib.Engine):
     body = {'model_path': str(model_path), **fields}
     if weight_version is not None:
       body['weight_version'] = str(weight_version)
-    answers = []
-    for url in self.admin_urls:
-      out = self._json(self._request('POST', '/update_weights_from_disk', url=url, json=body))
-      if not out.get('success', False):
-        raise EngineError(ERROR_HTTP, f'update_weights_from_disk failed: {out.get("message")}', url, 200)
-      answers.append(out)
-    return answers
+
+    async def update():
+      answers = []
+      for url in self.admin_urls:
+        out = self._json(await self._request('POST', '/update_weights_from_disk', url=url, json=body))
+        if not out.get('success', False):
+          raise EngineError(ERROR_HTTP, f'update_weights_from_disk failed: {out.get("message")}', url, 200)
+        answers.append(out)
+      return answers
+    return self._sync(update)

@@ -58,7 +58,9 @@ class RolloutRunner:
     self.sampler.reseed(seed)
     return agent_loop.run_episodes(self.sampler, self.env, self.make_builder, items, num_generations=num_generations,
                                    max_turns=r.max_turns, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
-                                   max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens)
+                                   max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
+                                   max_concurrency=r.get('max_concurrency'), tool_workers=r.get('tool_workers', 1),
+                                   max_seconds=r.get('max_seconds'))
 
 
 _RULE_JUDGE = rule_judge.RuleJudge()

@@ -27,8 +27,10 @@ class PromptTooLongError(TrajectoryError):
 # id outside the vocabulary, or even the error observation could not be rendered): the trajectory ends at the last
 # whole step and the other episodes of the batch go on; or that the prompt could not be rendered (a refused input
 # image, a prompt over its budget): a prompt-only trajectory with no steps. `Trajectory.error` says why.
-STOP_REASONS = ('response', 'max_turns', 'fatal', 'token_budget', 'context_full', 'error')
-TRUNCATION_REASONS = ('token_budget', 'context_full')
+# 'time_budget': the episode's wall-clock budget (`rollout.max_seconds`) ran out; it ends at the last whole step.
+# 'error' is also an engine failure (`Trajectory.error` = 'engine <class> failed at step <l>: ...').
+STOP_REASONS = ('response', 'max_turns', 'fatal', 'token_budget', 'context_full', 'time_budget', 'error')
+TRUNCATION_REASONS = ('token_budget', 'context_full', 'time_budget')
 
 
 @dataclasses.dataclass
@@ -76,8 +78,9 @@ class Trajectory:
     answers: accepted answers (may be empty at inference).
     stop_reason: why the episode ended, one of `STOP_REASONS` ('response', 'max_turns', 'fatal',
       'token_budget': the next step would not fit `max_total_tokens`, so the trajectory ends at the last whole
-      step; 'context_full': the engine's context is full; 'error': an append failed and could not be reported as
-      a tool error, the trajectory ends at the last whole step), or None when not produced by the agent loop (SFT
+      step; 'context_full': the engine's context is full; 'time_budget': the wall-clock budget ran out, the
+      trajectory ends at the last whole step; 'error': an append failed and could not be reported as a tool
+      error, or the engine failed, the trajectory ends at the last whole step), or None when not produced by the agent loop (SFT
       data, hand-built). `truncated` is True for the budget reasons.
     error: why, for stop_reason 'error' (else None). A prompt that could not be rendered (an input image the
       processor refuses, a prompt over its budget) gives a prompt-only trajectory with no steps: its ids are the
@@ -105,7 +108,7 @@ class Trajectory:
 
   @property
   def truncated(self) -> bool:
-    """True when a token budget ended the episode (the steps that did not fit were dropped whole)."""
+    """True when a token or time budget ended the episode (the steps that did not fit were dropped whole)."""
     return self.stop_reason in TRUNCATION_REASONS
 
   @property

@@ -149,3 +149,19 @@ def test_info_falls_back_to_deprecated_endpoints(tokenizer):
   engine = _engine(tokenizer, handler)
   assert engine.model_info() == {'path': '/get_model_info'}
   assert engine.server_info() == {'path': '/get_server_info'}
+
+
+def test_a_retry_fails_over_to_the_url_after_the_failed_one(tokenizer):
+  """Concurrent requests share the round-robin, yet each retry goes to the next URL, never the dead one again."""
+  hosts = []
+
+  def handler(request):
+    hosts.append(request.url.host)
+    if request.url.host == 'dead':
+      raise httpx.ConnectError('refused')
+    return httpx.Response(200, json=_answer([3, tj.IM_END_ID]))
+
+  engine = _engine(tokenizer, handler, urls=['http://live:1', 'http://dead:1'], retries=1)
+  gens = engine.generate([(np.asarray([1, k], np.int32), []) for k in range(8)])
+  assert [g.ids.tolist() for g in gens] == [[3, tj.IM_END_ID]] * 8
+  assert hosts.count('dead') == 4 and hosts.count('live') == 8 and engine.stats['retries'] == 4
