@@ -341,7 +341,8 @@ async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, po
     return
   try:
     action = e.builder.append_assistant(gen.ids, gen.logprobs, seconds=gen_seconds,
-                                        cut=gen.finish_reason == engine_lib.FINISH_LENGTH)
+                                        cut=gen.finish_reason == engine_lib.FINISH_LENGTH,
+                                        versions=gen.token_versions())
   except Exception as err:  # pylint: disable=broad-except  # e.g. ids outside the vocabulary; unchanged
     e.done, e.end_reason, e.error = True, 'error', f'the assistant turn cannot be appended: {_why(err)}'
     return

@@ -53,11 +53,17 @@ class Generation:
       trajectory's `rollout_logprobs` is then None.
     text: the decoded `ids` without special stop tokens (what the parser reads).
     finish_reason: one of `FINISH_REASONS`.
+    weight_version: the weights that produced the turn (SGLang's `meta_info.weight_version`; the embedded
+      sampler's `weight_version`), or None when unknown.
+    weight_versions: per-token version spans `[{'version', 'start', 'end'}]` (output-token indices, end
+      exclusive) when the weights changed during the turn (SGLang's `meta_info.weight_versions`), else None.
   """
   ids: np.ndarray
   logprobs: np.ndarray | None
   text: str
   finish_reason: str
+  weight_version: str | None = None
+  weight_versions: list | None = None
 
   def __post_init__(self):
     self.ids = np.asarray(self.ids, dtype=np.int32).reshape(-1)
@@ -67,6 +73,29 @@ class Generation:
         raise ValueError(f'ids {self.ids.shape} and logprobs {self.logprobs.shape} differ in length')
     if self.finish_reason not in FINISH_REASONS:
       raise ValueError(f'finish_reason={self.finish_reason!r} is not one of {FINISH_REASONS}')
+
+  def token_versions(self) -> np.ndarray | None:
+    """int64 [N]: the weight version of each emitted id (DESIGN.md §6b), or None when a version is unknown.
+
+    Tokens a span of `weight_versions` covers take its version, the others `weight_version`. Versions are the
+    integers the trainer publishes (`rollout.weight_sync`); a server version that is not an integer (SGLang's
+    'default' before any update) counts as unknown.
+    """
+    def as_int(version) -> int | None:
+      text = str(version).strip()
+      return int(text) if text.lstrip('-').isdigit() else None
+
+    base = None if self.weight_version is None else as_int(self.weight_version)
+    out = np.full(self.ids.shape, -1 if base is None else base, np.int64)
+    for span in self.weight_versions or ():
+      try:
+        version, start, end = as_int(span['version']), int(span['start']), int(span['end'])
+      except (KeyError, TypeError, ValueError):
+        return None
+      if version is None:
+        return None
+      out[max(start, 0):max(end, 0)] = version
+    return None if (out < 0).any() else out
 
 
 class Engine(abc.ABC):

@@ -111,7 +111,12 @@ class JaxSampler(engine_lib.Engine):
 
   Compiled programs are keyed by (padded batch, prompt bucket, cache length, image grids, greedy/top-p flags);
   weights are an argument, so `set_model` after a training step does not recompile.
+
+  Attributes:
+    weight_version: the version of the current weights (a str, set with them by `rollout.weight_sync`), reported
+      on every `Generation`; None = unknown.
   """
+  weight_version: str | None = None
 
   def __init__(self, model, tokenizer, image_processor=None, max_new_tokens: int = 512,
                temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_len: int = 8192,
@@ -401,5 +406,6 @@ class JaxSampler(engine_lib.Engine):
                   'emitted_tokens': emitted, 'batch': batch, 'prompt_pad': prompt_pad, 'cache_len': cache_len,
                   'decode_tokens_per_s': emitted / max(t_end - t_prefill, 1e-9)}
     return [engine_lib.Generation(ids=np.asarray(out_ids[b], np.int32), logprobs=np.asarray(out_lp[b], np.float32),
-                                  text=engine_lib.decode_text(self.tokenizer, out_ids[b]), finish_reason=reasons[b])
+                                  text=engine_lib.decode_text(self.tokenizer, out_ids[b]), finish_reason=reasons[b],
+                                  weight_version=self.weight_version)
             for b in range(n)]

@@ -82,16 +82,12 @@ class EngineError(RuntimeError):
 
 @dataclasses.dataclass
 class SGLangGeneration(engine_lib.Generation):
-  """A `Generation` with what the server reported about the weights that produced it.
+  """A `Generation` (with `weight_version` / `weight_versions` from `meta_info`) and the rest of what the server
+  reported.
 
   Attributes:
-    weight_version: `meta_info.weight_version` (str), or None when the server did not report one.
-    weight_versions: per-token version spans `[{'version', 'start', 'end'}]` (output-token indices, end
-      exclusive) when the server reported them (a turn that straddled a weight update), else None.
     meta_info: the whole `meta_info` of the answer, minus the per-token log-prob lists.
   """
-  weight_version: str | None = None
-  weight_versions: list | None = None
   meta_info: dict | None = None
 
 

@@ -70,6 +70,8 @@ class TrajectoryBuilder:
     self._step: list[int] = []
     self._logprobs: list[float] = []
     self._step_logprobs: list[bool] = []  # per step: the engine gave log-probs
+    self._versions: list[int] = []  # per token: weight version of an emitted token, -1 elsewhere
+    self._step_versions: list[bool] = []  # per step: the engine gave versions
     self._images: list[ImageRef] = []
     self._steps: list[Step] = []
     self._marks: list[tuple[int, int]] = []  # per step: (tokens, images) before it began
@@ -108,11 +110,13 @@ class TrajectoryBuilder:
     return model_input_ids(np.asarray(self._ids, np.int32), np.asarray(self._gen, bool))
 
   # -- appends -----------------------------------------------------------------------------------------------
-  def _append(self, ids: Sequence[int], gen: bool, step: int, logprobs: Sequence[float] | None = None):
+  def _append(self, ids: Sequence[int], gen: bool, step: int, logprobs: Sequence[float] | None = None,
+              versions: Sequence[int] | None = None):
     self._ids.extend(int(i) for i in ids)
     self._gen.extend([gen] * len(ids))
     self._step.extend([step] * len(ids))
     self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids))
+    self._versions.extend([int(x) for x in versions] if versions is not None else [-1] * len(ids))
 
   @staticmethod
   def _image_span_parts(name: str, ref: ImageRef) -> list:
@@ -165,7 +169,8 @@ class TrajectoryBuilder:
     self._append(ids, False, -1)
 
   def append_assistant(self, ids: Sequence[int], logprobs: Sequence[float] | None = None,
-                       seconds: float = 0.0, cut: bool = False) -> ParsedAction:
+                       seconds: float = 0.0, cut: bool = False,
+                       versions: Sequence[int] | None = None) -> ParsedAction:
     """Appends the ids the policy emitted for the next step (gen_mask 1) and parses them.
 
     Args:
@@ -175,6 +180,7 @@ class TrajectoryBuilder:
         `<|endoftext|>`), `<|im_end|>` is appended with gen_mask 0 to close it.
       logprobs: float [n] engine log-probs of `ids`, or None.
       seconds: generation time of the step.
+      versions: int [n] weight version of each id (`Generation.token_versions`, integers >= 0), or None.
       cut: the engine stopped at its per-turn limit (`max_new_tokens`, finish_reason 'length') before
         <|im_end|>. The turn is kept as emitted (the policy is accountable for it) but never executed: its
         action becomes 'malformed' with error 'turn cut at the token limit ...' (so a half-written tool call
@@ -186,8 +192,8 @@ class TrajectoryBuilder:
       parse_action of the decoded text (the step is recorded; its result comes with append_observation).
     Raises:
       RuntimeError: out of order (before `start`, after a response, or while an observation is due).
-      ValueError: `logprobs` of another length than `ids`, or an id outside [0, VOCAB_SIZE). The builder is
-        unchanged when it raises.
+      ValueError: `logprobs` / `versions` of another length than `ids`, a negative version, or an id outside
+        [0, VOCAB_SIZE). The builder is unchanged when it raises.
     """
     self._check_can_act()
     try:
@@ -198,6 +204,10 @@ class TrajectoryBuilder:
       logprobs = [float(x) for x in np.asarray(logprobs, np.float64).reshape(-1)]
       if len(logprobs) != len(ids):
         raise ValueError(f'{len(logprobs)} logprobs for {len(ids)} ids')
+    if versions is not None:
+      versions = [int(x) for x in np.asarray(versions).reshape(-1)]
+      if len(versions) != len(ids) or any(x < 0 for x in versions):
+        raise ValueError(f'versions must be one integer >= 0 per id: {len(versions)} for {len(ids)} ids')
     bad = [i for i in ids if not 0 <= i < VOCAB_SIZE]
     if bad:
       raise ValueError(f'assistant ids outside the vocabulary [0, {VOCAB_SIZE}): {bad[:5]}')
@@ -205,6 +215,7 @@ class TrajectoryBuilder:
     if stops:  # the turn ends at its first end-of-sequence id
       ids = ids[:stops[0] + 1]
       logprobs = None if logprobs is None else logprobs[:stops[0] + 1]
+      versions = None if versions is None else versions[:stops[0] + 1]
     body = ids[:-1] if ids and ids[-1] in EOS_IDS else ids
     try:
       text = self.tokenizer.decode(body, skip_special_tokens=False)
@@ -218,8 +229,8 @@ class TrajectoryBuilder:
       action = ParsedAction(think=action.think, kind='malformed', error=why, problems=action.problems + [why])
     # Commit (nothing above mutates the builder).
     step = len(self._steps)
-    self._begin_step(logprobs is not None)
-    self._append(ids, True, step, logprobs)
+    self._begin_step(logprobs is not None, versions is not None)
+    self._append(ids, True, step, logprobs, versions)
     if not ids or ids[-1] != IM_END_ID:
       self._append([IM_END_ID], False, step)
     self._record_step(text, seconds, action)
@@ -236,9 +247,10 @@ class TrajectoryBuilder:
     self._record_step(text, seconds, action)
     return action
 
-  def _begin_step(self, has_logprobs: bool):
+  def _begin_step(self, has_logprobs: bool, has_versions: bool = False):
     self._marks.append((len(self._ids), len(self._images)))
     self._step_logprobs.append(has_logprobs)
+    self._step_versions.append(has_versions)
 
   def truncate(self, num_steps: int) -> None:
     """Keeps only the first `num_steps` whole steps (assistant turn + observation), dropping the rest.
@@ -251,12 +263,13 @@ class TrajectoryBuilder:
     if num_steps == len(self._steps):
       return
     tokens, images = self._marks[num_steps]
-    for buf in (self._ids, self._gen, self._step, self._logprobs):
+    for buf in (self._ids, self._gen, self._step, self._logprobs, self._versions):
       del buf[tokens:]
     del self._images[images:]
     del self._steps[num_steps:]
     del self._marks[num_steps:]
     del self._step_logprobs[num_steps:]
+    del self._step_versions[num_steps:]
 
   def _check_can_act(self):
     if not self._ids:
@@ -328,7 +341,8 @@ class TrajectoryBuilder:
       prompt_id, sample_index: group key and index in the group.
       answers: accepted answers.
       fatal_step: f_i from `rl.fatal.fatal_step` over `Trajectory.execution_errors`, or None.
-      policy_version: weights version that produced the episode.
+      policy_version: weights version that produced the episode, used when the engine reported no per-token
+        versions (with them, the trajectory's policy_version is its oldest token's).
       stop_reason: one of `STOP_REASONS` or None (see `Trajectory.stop_reason`).
       error: why the episode ended with stop_reason 'error' (`Trajectory.error`).
     """
@@ -339,6 +353,11 @@ class TrajectoryBuilder:
     if fatal_step is not None and not 0 <= fatal_step < max(len(self._steps), 1):
       raise ValueError(f'fatal_step={fatal_step} outside the {len(self._steps)} steps')
     final = self._steps[-1].action.response if self.done else None
+    versions = None
+    if self._steps and all(self._step_versions):
+      versions = np.asarray(self._versions, np.int32)
+      emitted = versions[np.asarray(self._gen, bool)]
+      policy_version = int(emitted.min()) if emitted.size else policy_version
     return Trajectory(
         prompt_id=prompt_id, sample_index=int(sample_index), token_ids=np.asarray(self._ids, np.int32),
         gen_mask=np.asarray(self._gen, bool), step_of_token=np.asarray(self._step, np.int32),
@@ -346,6 +365,7 @@ class TrajectoryBuilder:
         fatal_step=fatal_step,
         rollout_logprobs=(np.asarray(self._logprobs, np.float32) if (self._steps and all(self._step_logprobs))
                           else None),
-        policy_version=int(policy_version), question=self.question or '', answers=list(answers),
+        policy_version=int(policy_version), token_versions=versions, question=self.question or '',
+        answers=list(answers),
         stop_reason=stop_reason, error=error)
 

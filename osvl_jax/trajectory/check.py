@@ -23,7 +23,8 @@ from osvl_jax.trajectory.tokens import (
 def check_trajectory(traj: Trajectory, max_problems: int = 20, tokenizer=None) -> list[str]:
   """Checks the invariants every consumer relies on; returns the problems found ([] when sound).
 
-  - token_ids / gen_mask / step_of_token (/ rollout_logprobs) are 1-D of equal length T;
+  - token_ids / gen_mask / step_of_token (/ rollout_logprobs / token_versions) are 1-D of equal length T;
+    token_versions is -1 off gen_mask, >= 0 on it, and its minimum is policy_version;
   - in the model's input (`tokens.model_input_ids`: a vision id the policy emitted is text there), each image
     appears as <|vision_start|> + num_tokens × <|image_pad|> + <|vision_end|>, in order, one per ImageRef, and
     pixel_values has prod(grid_thw) rows; no stray pad/vision tokens;
@@ -63,6 +64,16 @@ def check_trajectory(traj: Trajectory, max_problems: int = 20, tokenizer=None) -
     return [f'lengths differ: token_ids {t}, gen_mask {gen.shape[0]}, step_of_token {sot.shape[0]}']
   if traj.rollout_logprobs is not None and np.asarray(traj.rollout_logprobs).shape != (t,):
     problems.append(f'rollout_logprobs shape {np.asarray(traj.rollout_logprobs).shape} != ({t},)')
+  versions = getattr(traj, 'token_versions', None)
+  if versions is not None:
+    versions, g = np.asarray(versions), gen.astype(bool)
+    if versions.shape != (t,):
+      problems.append(f'token_versions shape {versions.shape} != ({t},)')
+    elif (versions[g] < 0).any() or (versions[~g] != -1).any():
+      problems.append('token_versions must be >= 0 on emitted tokens and -1 elsewhere')
+    elif g.any() and int(versions[g].min()) != int(traj.policy_version):
+      problems.append(f'policy_version {traj.policy_version} is not the oldest token version '
+                      f'{int(versions[g].min())}')
   if t and (ids.min() < 0 or ids.max() >= VOCAB_SIZE):
     problems.append(f'token ids outside [0, {VOCAB_SIZE})')
   gen = gen.astype(bool)

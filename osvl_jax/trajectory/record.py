@@ -73,7 +73,10 @@ class Trajectory:
     final_response: the response text of the last step, None if the episode did not answer.
     fatal_step: f_i, None when non-fatal.
     rollout_logprobs: float32 [T] from the engine (0 off gen_mask) or None.
-    policy_version: version of the weights that produced it.
+    policy_version: version of the weights that produced it: the oldest of `token_versions` when the engine
+      reported versions (a turn can straddle a weight update, DESIGN.md §6b), else what the loop was given.
+    token_versions: int32 [T], the weight version of each emitted token (-1 off gen_mask), or None when the engine
+      did not report versions for every turn.
     question: the user question.
     answers: accepted answers (may be empty at inference).
     stop_reason: why the episode ended, one of `STOP_REASONS` ('response', 'max_turns', 'fatal',
@@ -97,6 +100,7 @@ class Trajectory:
   fatal_step: int | None = None
   rollout_logprobs: np.ndarray | None = None
   policy_version: int = 0
+  token_versions: np.ndarray | None = None
   question: str = ''
   answers: list[str] = dataclasses.field(default_factory=list)
   stop_reason: str | None = None
@@ -165,6 +169,8 @@ class Trajectory:
         'rollout_logprobs': (None if self.rollout_logprobs is None else
                              np.asarray(self.rollout_logprobs, np.float32).tolist()),
         'policy_version': int(self.policy_version),
+        'token_versions': (None if self.token_versions is None else
+                           np.asarray(self.token_versions, np.int32).tolist()),
         'stop_reason': self.stop_reason,
         'error': self.error,
     }
@@ -205,6 +211,7 @@ class Trajectory:
         next_image += k
       steps.append(step)
     logprobs = record.get('rollout_logprobs')
+    versions = record.get('token_versions')
     fatal = record.get('fatal_step')
     return cls(
         prompt_id=record['prompt_id'], sample_index=int(record['sample_index']),
@@ -213,7 +220,9 @@ class Trajectory:
         final_response=record.get('final_response'),
         fatal_step=None if fatal is None or int(fatal) < 0 else int(fatal),
         rollout_logprobs=None if logprobs is None else np.asarray(logprobs, np.float32),
-        policy_version=int(record.get('policy_version', 0)), question=record.get('question', ''),
+        policy_version=int(record.get('policy_version', 0)),
+        token_versions=None if versions is None else np.asarray(versions, np.int32),
+        question=record.get('question', ''),
         answers=list(record.get('answers') or []), stop_reason=record.get('stop_reason'),
         error=record.get('error'))
 
@@ -267,7 +276,7 @@ def record_features():
       'gen_mask': datasets.List(v('bool')), 'step_of_token': datasets.List(v('int32')),
       'images': datasets.List(image), 'steps': datasets.List(step), 'final_response': v('string'),
       'fatal_step': v('int32'), 'rollout_logprobs': datasets.List(v('float32')), 'policy_version': v('int64'),
-      'stop_reason': v('string'), 'error': v('string'),
+      'token_versions': datasets.List(v('int32')), 'stop_reason': v('string'), 'error': v('string'),
   })
 
 
