@@ -8,8 +8,24 @@ Run:
   dataset goes to `<workdir>/data` unless `--config.data.dir=DIR`; rerunning with the same workdir resumes)
 
 Filters A/B run against a policy endpoint when one is given (`--config.data.filter.base_url=http://HOST:PORT/v1
---config.data.filter.model=NAME`; offline they are skipped and counted). The Table 3a ablations:
-`--config.data.filter.enabled=False` (no filtering), `--config.data.degrade=False` (no degradation subset).
+--config.data.filter.model=NAME`; offline they are skipped and counted).
+
+Expert (stage `sft`, `data_pipeline/experts.py`): the oracle by default (offline); a model served by SGLang (or
+`python -m osvl_jax.serve`) with `--config.data.synthesize.expert=model
+--config.data.synthesize.base_url=http://HOST:PORT --config.data.synthesize.model=NAME` (K =
+`data.synthesize.num_samples` = 5 rollouts per item, kept after the answer judge and the process judge
+`data.synthesize.min_process_score`; `data.synthesize.judge.name=llm` + `judge.base_url` / `judge.model` for the
+LLM judges). `--config.data.synthesize.enabled=False` skips the stage. The kept trajectories are also written as
+`<dataset>/sft_sharegpt.jsonl`, the official release's ShareGPT SFT format.
+
+External corpora (stage `merge`): `--config.data.merge_external=True` adds FVQA / LiveVQA / WebQA items
+(`data.merge_sources`) through the benchmark adapters, `data.merge_holdout` of each held out; offline only FVQA
+ships its images, so only FVQA items are merged (the others are counted as `no_image`).
+
+The Table 3a ablations: `--config.data.filter.enabled=False` (no filtering), `--config.data.degrade=False` (no
+degradation subset). Not yet switches: no rewriting (canonical questions; the `ground` stage's leak check would
+reject every canonical question, which names v0) and the answer-anchored image (the shared photos show landmark
+articles, the walks' v0, not answer entities).
 
 The trainers read the same `data` section (`osvl_jax.data.pipeline.dataset_dir`); `configs/demo.py` has one too,
 so `--config=configs/demo.py --workdir=workdir/demo` builds exactly the demo's dataset.

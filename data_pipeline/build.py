@@ -16,6 +16,9 @@ folder to redo it and everything after it is recomputed only if missing too):
   qa       answer from the answer node's infobox + canonical question (`qa.py`)
   rewrite  farthest-to-nearest fuzzy rewrite + non-leakage check (`rewrite.py`)
   ground   landmark photo as the source anchor, v0 -> referring expression, leak check again (`ground.py`)
+  merge    `data.merge_external`: FVQA / LiveVQA / WebQA items added to the pool through the benchmark
+           adapters, a held-out part of each corpus excluded, their source recorded (`merge.py`); off by
+           default (the offline oracle expert has no path to walk for them)
   filter   Filter A (solved without tools) / Filter B (solved with one image_search hit) against a policy
            model behind an OpenAI-compatible endpoint (`filter.py`, `data.filter`); solved items kept with the
            reason; no endpoint (the offline default) = counted as skipped, nothing rejected
@@ -24,8 +27,11 @@ folder to redo it and everything after it is recomputed only if missing too):
   items    the item table (`osvl_jax.data.pipeline.ITEM_COLUMNS`): prompt_id, question, canonical_question,
            answers, image_path, path, hops, rejected (None when accepted, else the reason), plus the descriptors,
            trace, evidence, degradation and original_image_path
-  sft      oracle-expert trajectories (`synthesize.py`, run by `osvl_jax.rollout.agent_loop`), rows of
-           `Trajectory.to_record()`
+  sft      expert trajectories (`synthesize.py`: the oracle, or K samples of a model behind SGLang's /generate,
+           `experts.py`, run by `osvl_jax.rollout.agent_loop`; degraded items repaired before the image search)
+           after the two-stage rejection (answer judge, process-quality judge; reasons counted), rows of
+           `Trajectory.to_record()`; also written as `<dataset>/sft_sharegpt.jsonl` (+ `sft_sharegpt_images/`),
+           the official release's ShareGPT SFT format (`osvl_jax.data.official.write_sft`)
 
 `<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
 `synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields
@@ -45,16 +51,20 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
+from data_pipeline import experts
 from data_pipeline import filter as filter_lib
+from data_pipeline import merge as merge_lib
 from osvl_jax import config_checks as checks
 from osvl_jax.data import pipeline as pipeline_data
 
 ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
-STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'filter', 'degrade', 'items', 'sft')
+STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'merge', 'filter', 'degrade', 'items', 'sft')
 DEGRADED_DIR = 'degraded'  # the degraded anchor images, `<dataset>/degraded/<prompt_id>.png`
 BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
-# Fields that do not change what is built: where it goes / where the shared data sits, and whether the oracle runs
-# (a later build with it only adds the `sft` split).
+SHAREGPT_FILE = 'sft_sharegpt.jsonl'  # the `sft` split in the official release's ShareGPT SFT format
+# Fields not compared on resume: where it goes / where the shared data sits, and the `sft` stage's settings (a
+# later build with it enabled only adds the `sft` split; the split's counts name its expert, and another expert
+# needs the `sft` folder and sft_sharegpt.jsonl deleted to be redone).
 _NOT_RECORDED = ('dir', 'data_dir', 'synthesize')
 
 
@@ -69,12 +79,16 @@ def default_config() -> ml_collections.ConfigDict:
     max_retries: fresh walks per item before it is dropped.
     hub_in_degree: in-degree above which a node is a hub and skipped (see `paths.py` for the scaling).
     data_dir: shared data folder; '' = `osvl_jax.paths.data_dir()`.
-    synthesize: run the oracle expert (needs tools/ and osvl_jax/trajectory/).
+    synthesize: the `sft` stage (`experts.default_config()`): enabled, expert ('oracle' offline | 'model' behind
+      SGLang's /generate), K samples, the two-stage rejection's judge and threshold, limits.
     top_k: text_search hits per oracle call.
     min_pixels, max_pixels: the image processor budget (pixels) for the trajectories' images.
     tools: partial `tools.env.default_config()` overrides.
     degrade: degrade a subset of the anchor images (False = the Table 3a "no degradation" ablation).
     degrade_fraction: share of the accepted items degraded (paper: 10%).
+    merge_external: add the external VQA corpora `merge_sources` to the pool (stage `merge`).
+    merge_sources: `osvl_jax.data.benchmarks.BENCHMARKS` names (default `merge.SOURCES`).
+    merge_holdout: fraction of each external corpus held out for evaluation (never merged), in [0, 1).
     filter: the policy endpoint and limits of Filters A/B (`data_pipeline.filter.default_config()`;
       `filter.enabled=False` = the Table 3a "no filtering" ablation; `filter.base_url=''` = offline, skipped).
     dir: the dataset folder; '' = `<workdir>/data` (read by `main` and the trainers, not by `build_dataset`).
@@ -88,7 +102,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.max_retries = 10
   c.hub_in_degree = 300
   c.data_dir = ''
-  c.synthesize = True
+  c.synthesize = experts.default_config()
   c.top_k = 5
   # Image budget of the expert trajectories' image tokens (must match the policy's image processor).
   c.min_pixels = 64 * 64
@@ -96,6 +110,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.tools = ml_collections.ConfigDict()
   c.degrade = True
   c.degrade_fraction = 0.1
+  c.merge_external = False
+  c.merge_sources = merge_lib.SOURCES
+  c.merge_holdout = 0.2
   c.filter = filter_lib.default_config()
   c.dir = ''
   return c
@@ -111,7 +128,8 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
     ValueError: naming the field: num_items / top_k / hub_in_degree not ints >= 1, a non-int seed, max_retries
       < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
       limits not ints >= 1 with min <= max, source neither 'wikispeedia' nor an existing .bz2 file,
-      degrade_fraction outside [0, 1], a bad `filter` section (`filter.check_config`).
+      degrade_fraction outside [0, 1], a bad `filter` or `synthesize` section (`filter.check_config`,
+      `experts.check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
   """
   from data_pipeline import wiki
   wiki.check_source(config.get('source', 'wikispeedia'), f'{prefix}.source')
@@ -132,6 +150,9 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
     raise ValueError(f'{prefix}.degrade_fraction={fraction!r}: expected a fraction in [0, 1]')
   filter_lib.check_config(config.get('filter', filter_lib.default_config()), f'{prefix}.filter')
+  experts.check_config(config.get('synthesize', experts.default_config()), f'{prefix}.synthesize')
+  merge_lib.check_settings(tuple(config.get('merge_sources', merge_lib.SOURCES)), config.get('merge_holdout', 0.2),
+                           prefix)
 
 
 def build_settings(config: ml_collections.ConfigDict) -> dict:
@@ -192,6 +213,22 @@ def _reasons(reasons) -> dict[str, int]:
     key = ': '.join(r.split(' (')[0].split(': ')[:2])
     out[key] = out.get(key, 0) + 1
   return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _sharegpt(records: list[dict], path: pathlib.Path, tool_config: dict) -> dict:
+  """The `sft` records also as the official release's ShareGPT SFT file (`official.write_sft`), written when
+  `path` is missing (a resumed build keeps the file it has).
+
+  Returns:
+    counts {'written', 'skipped', 'images', 'resumed'} ('written' = the file's lines when resumed).
+  """
+  if path.is_file():
+    return {'written': sum(1 for line in path.read_text().splitlines() if line.strip()), 'resumed': True}
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.data import official
+  from tools import env as env_lib
+  trajectories = [traj_lib.Trajectory.from_record(r) for r in records]
+  return dict(official.write_sft(trajectories, path, env_lib.ToolEnv(tool_config).schemas()), resumed=False)
 
 
 def _wiki_stage(config: ml_collections.ConfigDict, folder: pathlib.Path, data_dir: pathlib.Path) -> dict:
@@ -283,6 +320,9 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   stages.update()
   recs = stage('ground', lambda: ground.ground(recs, graph.all_titles))
   stages.update()
+  recs = stage('merge', lambda: merge_lib.merge(recs, data_dir, tuple(config.merge_sources), config.merge_holdout,
+                                                config.merge_external))
+  stages.update()
   recs = stage('filter', lambda: filter_lib.run_filters(recs, config.filter, data_dir, config.tools.to_dict()))
   stages.update()
   recs = stage('degrade', lambda: degrade.degrade(recs, data_dir, out / DEGRADED_DIR, config.seed,
@@ -304,15 +344,17 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
 
   items = stage('items', make_items, pipeline_data.items_features())
   stages.update()
-  if config.synthesize:
+  if config.synthesize.enabled:
     from data_pipeline import synthesize
     from osvl_jax import trajectory as traj_lib
 
     def make_sft():
       processor = traj_lib.ImageProcessor(min_pixels=config.min_pixels, max_pixels=config.max_pixels)
       return synthesize.synthesize(items, graph, data_dir, config.tools.to_dict(), config.top_k, processor,
-                                   progress=lambda it: tqdm.tqdm(it, desc='oracle', unit='item', leave=False))
-    stage('sft', make_sft, traj_lib.record_features())
+                                   progress=lambda it: tqdm.tqdm(it, desc='expert', leave=False),
+                                   config=config.synthesize)
+    sft = stage('sft', make_sft, traj_lib.record_features())
+    stats['sft_sharegpt'] = _sharegpt(sft, out / SHAREGPT_FILE, config.tools.to_dict())
   stages.update()
   stages.close()
   stats['summary'] = {'accepted_items': stats['items']['accepted'], 'landmarks': stats['items']['landmarks'],

@@ -4,7 +4,8 @@ The oracle is a policy engine (`OracleEngine`, an `osvl_jax.rollout.engine.Engin
 (`osvl_jax.rollout.agent_loop.run_episodes`) against the real tool environment. It knows the path v0 -> ... -> vh
 and walks it, deciding each next action from the observations in its context:
 
-  step 0      image_search(img_1)                         -> must name v0 (its article title)
+  repair      (a degraded item) {repair_tool}(img_1)      -> the repaired image, img_2 (`degrade.py`)
+  step 0      image_search(img_2, else img_1)             -> must name v0 (its article title)
   hop i       text_search("{v(i-1)} {descriptor of vi}")  -> must name vi; if not, one refinement:
               text_search("{v(i-1)} {3 context words}")      words around vi's mention in v(i-1)'s text
   answer      text_search("{vh} {attribute phrase}")      -> must contain the answer; same refinement with the
@@ -16,20 +17,28 @@ Every assistant turn is `render_assistant_text(think, tool_call=...)` with a sho
 write), every observation the real `ToolResult`. When a check fails the oracle gives up (a final response saying
 so) and records why in `OracleEngine.outcomes`. A trajectory is kept only when the process check passes (each
 search result actually contains the entity of the next hop, the final search the answer) and the final response
-equals the answer; otherwise the reason is counted (`sft_rejects` in the stats). Refinement queries use the
-oracle's knowledge of the text around the next entity (its name is never in the query), the way an expert who
-has read the article would narrow a search; they make the trajectories longer, as the paper's (6.3 tool turns on
-average).
+equals the answer, then passes the two-stage rejection every expert's trajectories go through (`experts.py`:
+answer judge, process-quality judge); otherwise the reason is counted (the `sft` stage's `reasons`). A degraded
+item (`degrade.py`) is first repaired with its paired tool, and the image search looks up the repaired image.
+`synthesize` runs the expert of `data.synthesize.expert`: this oracle, or a model (`experts.py`). Refinement
+queries use the oracle's knowledge of the text around the next entity (its name is never in the query), the way an
+expert who has read the article would narrow a search; they make the trajectories longer, as the paper's (6.3 tool
+turns on average). The repair step only calls a tool the environment offers (`tools.enabled`).
 """
 
 import dataclasses
+import json
 import re
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
+import ml_collections
 import numpy as np
 
+from data_pipeline import degrade as degrade_lib
 from data_pipeline import entities
+from data_pipeline import experts
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.data import pipeline as pipeline_data
 from osvl_jax.rollout import agent_loop
@@ -103,6 +112,15 @@ def context_words(text: str, target_names: list[str], exclude: list[str], k: int
 
 load_image = pipeline_data.load_image
 GIVE_UP_RESPONSE = 'I could not find the answer.'
+CHUNK_ITEMS = 64  # items per `run_episodes` call of the model expert (K episodes each)
+# Degradation kind -> how the expert says what it sees before repairing it.
+DEGRADATION_LOOKS = {'blur': 'blurry', 'downsample': 'low-resolution', 'perspective': 'skewed'}
+
+
+class Observation(NamedTuple):
+  """One tool response as the model reads it: its text and the names of the images it returned ('img_2')."""
+  text: str
+  images: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,18 +135,24 @@ class Action:
     return traj_lib.render_assistant_text(self.think, tool_call=self.tool_call, response=self.response)
 
 
-def oracle_plan(item: Mapping, graph, top_k: int = 5):
+def oracle_plan(item: Mapping, graph, top_k: int = 5, tools: Sequence[str] | None = None):
   """The oracle's policy on one item, as a generator: yields `Action`s, is sent each tool call's observation.
 
   Args:
     item: a grounded item (path, descriptors, answers, answer_attribute).
     graph: `paths.Graph` (article texts for refinement words).
     top_k: text_search hits per call.
+    tools: the enabled tool names (None: all); a repair tool that is not enabled is not called.
   Yields:
-    Action; after a tool-call action, `send(observation text)` resumes it with what the tool returned.
+    Action; after a tool-call action, `send(Observation)` resumes it with what the tool returned.
   Returns:
     (StopIteration.value) 'ok' after the final response, else why it gave up (`image_search: ...`,
     `hop i: ...`, `answer: ...`); it yields no response then.
+
+  An item with a `degradation` ({kind, params (JSON text), repair_tool}, `degrade.py`) is repaired first: the
+  repair tool on img_1 (`degrade.repair_arguments`), then image_search on the image it returned (img_2); when
+  the tool returns no image (perspective_correct finding no outline), or is not among `tools`, the original img_1
+  is searched.
   """
   path, descs, answers = item['path'], item['descriptors'], list(item['answers'])
   names = [entities.display(t) for t in path]
@@ -136,40 +160,54 @@ def oracle_plan(item: Mapping, graph, top_k: int = 5):
   def search(think, query):
     return Action(think, tool_call={'name': 'text_search', 'arguments': {'query': query, 'top_k': top_k}})
 
-  obs = yield Action('First identify the image.', tool_call={'name': 'image_search', 'arguments': {'image': 'img_1'}})
-  if not contains_name(obs, path[0]):
+  image, think = 'img_1', 'First identify the image.'
+  degradation = item.get('degradation')
+  if degradation and (tools is None or degradation['repair_tool'] in tools):
+    kind, tool = degradation['kind'], degradation['repair_tool']
+    params = degradation['params']
+    params = json.loads(params) if isinstance(params, str) else dict(params)
+    obs = yield Action(f'The image looks {DEGRADATION_LOOKS[kind]}; repair it with {tool} before searching.',
+                       tool_call={'name': tool, 'arguments': {'image': 'img_1',
+                                                              **degrade_lib.repair_arguments(kind, params)}})
+    if obs.images:
+      image, think = obs.images[0], f'Now identify the repaired image {obs.images[0]}.'
+    else:
+      think = f'{tool} returned no image; identify the original image.'
+  obs = yield Action(think, tool_call={'name': 'image_search', 'arguments': {'image': image}})
+  if not contains_name(obs.text, path[0]):
     return f'image_search: {path[0]} not identified'
 
   known = f'The image shows {names[0]}.'
   for i in range(1, len(path)):
     prev, d = names[i - 1], descs[i - 1]
     obs = yield search(f'{known} Next: the {d} in the {prev} article.', f'{prev} {d}')
-    if not contains_name(obs, path[i]):
+    if not contains_name(obs.text, path[i]):
       words = context_words(graph.text(path[i - 1]), entities.aliases(path[i]), [prev])
       if not words:
         return f'hop {i}: {path[i]} not mentioned in {path[i - 1]}'
       obs = yield search('Not found; narrowing the search.', f'{prev} {" ".join(words)}')
-      if not contains_name(obs, path[i]):
+      if not contains_name(obs.text, path[i]):
         return f'hop {i}: {path[i]} not in the search results'
     known = f'Found {names[i]}.'
 
   attr = item['answer_attribute']
   phrase = ATTRIBUTE_PHRASES[attr]
   obs = yield search(f'{known} Now: the {phrase} of {names[-1]}.', f'{names[-1]} {ATTRIBUTE_QUERY[attr]}')
-  if not contains_answer(obs, answers):
+  if not contains_answer(obs.text, answers):
     words = context_words(graph.text(path[-1]), answers[:1], [names[-1]] + answers)
     if not words:
       return 'answer: not found in the article text'
     obs = yield search('Not found; adding infobox terms.', f'{names[-1]} {ATTRIBUTE_QUERY[attr]} {" ".join(words)}')
-    if not contains_answer(obs, answers):
+    if not contains_answer(obs.text, answers):
       return 'answer: not in the search results'
   yield Action(f'The {phrase} of {names[-1]} is {answers[0]}.', response=answers[0])
   return 'ok'
 
 
 def max_oracle_steps(item: Mapping) -> int:
-  """Most steps `oracle_plan` takes: image_search, 2 searches per hop, 2 for the answer, the response."""
-  return 2 * len(item['path']) + 2
+  """Most steps `oracle_plan` takes: a repair (degraded items), image_search, 2 searches per hop, 2 for the
+  answer, the response."""
+  return 2 * len(item['path']) + 2 + bool(item.get('degradation'))
 
 
 def _user_question(ids: np.ndarray, tokenizer) -> str:
@@ -183,8 +221,8 @@ def _user_question(ids: np.ndarray, tokenizer) -> str:
   return re.sub(r'\nimg_1: $', '', text.removeprefix('user\n'))
 
 
-def observations(ids: np.ndarray, tokenizer) -> list[str]:
-  """The text of every `<tool_response>` turn in a context, in order (image spans and their names left out).
+def observations(ids: np.ndarray, tokenizer) -> list[Observation]:
+  """Every `<tool_response>` turn in a context, in order: its text and the names of its images.
 
   Args:
     ids: int32 [T], a rendered trajectory (`TrajectoryBuilder` format: system turn, user turn, then assistant
@@ -192,17 +230,25 @@ def observations(ids: np.ndarray, tokenizer) -> list[str]:
       </tool_response>').
     tokenizer: the Qwen tokenizer.
   Returns:
-    the observation texts as the builder rendered them (a failed call with no text reads 'Error: <kind>').
+    `Observation`s: the text as the builder rendered it (a failed call with no text reads 'Error: <kind>'), the
+    image names ('img_2', ...) in order.
   """
   starts = np.flatnonzero(ids == traj_lib.IM_START_ID)
   first_turn = int(starts[2]) if len(starts) > 2 else len(ids)  # after system + user (the schemas name the tags)
   out = []
   for start in first_turn + np.flatnonzero(ids[first_turn:] == traj_lib.TOOL_RESPONSE_ID):
     body = ids[start + 1:]
-    stop = np.flatnonzero(np.isin(body, (traj_lib.TOOL_RESPONSE_END_ID, traj_lib.VISION_START_ID)))
-    image = body[stop[0]] == traj_lib.VISION_START_ID
-    text = tokenizer.decode(body[:int(stop[0])].tolist(), skip_special_tokens=False).removeprefix('\n')
-    out.append(re.sub(r'\nimg_\d+: $', '', text) if image else text.removesuffix('\n'))
+    body = body[:int(np.flatnonzero(body == traj_lib.TOOL_RESPONSE_END_ID)[0])]
+    # Text pieces between the image spans: the text, then '\nimg_k: ' before each span.
+    pieces, k = [], 0
+    for v in np.flatnonzero(body == traj_lib.VISION_START_ID):
+      pieces.append(body[k:int(v)])
+      k = int(np.flatnonzero(body[v:] == traj_lib.VISION_END_ID)[0]) + int(v) + 1
+    pieces.append(body[k:])
+    texts = [tokenizer.decode(p.tolist(), skip_special_tokens=False) for p in pieces]
+    names = [re.search(r'(img_\d+): $', t) for t in texts[:-1]]
+    text = (texts[0][:names[0].start()] if names else texts[0]).removeprefix('\n').removesuffix('\n')
+    out.append(Observation(text, tuple(m.group(1) for m in names if m)))
   return out
 
 
@@ -218,13 +264,14 @@ class OracleEngine(engine_lib.TextEngine):
     outcomes: prompt_id -> 'ok' (the answer was given) or why the oracle gave up, set at each episode's last turn.
   """
 
-  def __init__(self, items: Sequence[Mapping], graph, tokenizer, top_k: int = 5):
+  def __init__(self, items: Sequence[Mapping], graph, tokenizer, top_k: int = 5, tools: Sequence[str] | None = None):
     """Args:
       items: grounded items (prompt_id, question, path, descriptors, answers, answer_attribute); their questions
         must differ (the item of a context is found by its question).
       graph: `paths.Graph`.
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`).
       top_k: text_search hits per call.
+      tools: the enabled tool names (None: all), `oracle_plan`.
     Raises:
       ValueError: two items with the same question.
     """
@@ -235,7 +282,7 @@ class OracleEngine(engine_lib.TextEngine):
         raise ValueError(f"items {self.items[item['question']]['prompt_id']!r} and {item['prompt_id']!r} have the "
                          'same question; give them to different OracleEngines')
       self.items[item['question']] = item
-    self.graph, self.top_k = graph, top_k
+    self.graph, self.top_k, self.tools = graph, top_k, None if tools is None else tuple(tools)
     self.outcomes: dict[str, str] = {}
 
   def turn_text(self, step: int, context: engine_lib.Context) -> str:
@@ -246,7 +293,7 @@ class OracleEngine(engine_lib.TextEngine):
     seen = observations(context.prompt_ids, self.tokenizer)
     if len(seen) != step:
       raise ValueError(f"prompt_id={item['prompt_id']!r}: {len(seen)} observations before step {step}")
-    plan = oracle_plan(item, self.graph, self.top_k)
+    plan = oracle_plan(item, self.graph, self.top_k, self.tools)
     try:
       action = next(plan)
       for obs in seen:
@@ -279,7 +326,7 @@ def oracle_trajectory(item: Mapping, image: np.ndarray, env, make_builder, graph
     (Trajectory or None, reason): the trajectory when the process check and the answer pass, else None and the
     reason (`image_search: ...`, `hop i: ...`, `answer: ...`, `final response ...`).
   """
-  engine = OracleEngine([item], graph, tokenizer, top_k)
+  engine = OracleEngine([item], graph, tokenizer, top_k, getattr(env, 'names', None))
   prompt = agent_loop.Item(prompt_id=item['prompt_id'], question=item['question'], image=image,
                            answers=list(item['answers']))
   steps = max_oracle_steps(item)
@@ -296,44 +343,79 @@ def oracle_trajectory(item: Mapping, image: np.ndarray, env, make_builder, graph
 
 
 def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int = 5, processor=None,
-               progress=None):
-  """Oracle trajectories for the accepted items (one `run_episodes` call per item, in order).
+               progress=None, config: ml_collections.ConfigDict | None = None, engine=None):
+  """Expert trajectories for the accepted items, judged and selected (`experts.py`).
+
+  The oracle runs one `run_episodes` call per item, in order; the model expert K episodes per item, items in
+  chunks of `CHUNK_ITEMS` (one `run_episodes` call each). Every trajectory then goes through the two-stage
+  rejection (`experts.select`).
 
   Args:
     items: grounded item records (rejected ones are skipped).
     graph: `paths.Graph`.
     data_dir: shared data folder (images are read from `data_dir / item['image_path']`).
     tool_config: partial `tools.env.default_config()` overrides.
-    top_k: text_search hits per call.
+    top_k: text_search hits per oracle call.
     processor: `trajectory.ImageProcessor` for the input image (default: Qwen3-VL's pixel budget).
     progress: optional callable wrapping the iterable (tqdm).
+    config: the `data.synthesize` section (`experts.default_config()`, the default).
+    engine: the model expert's engine (default: `experts.model_engine(config)`, SGLang's /generate at
+      `config.base_url`); tests pass a `ScriptedEngine`.
   Returns:
-    (records: list of `Trajectory.to_record()` dicts, counts {'in', 'kept', 'rejected', 'reasons': {..},
-    'tool_calls', 'mean_tool_calls', 'seconds'}).
+    (records: list of `Trajectory.to_record()` dicts, counts {'expert', 'model', 'in', 'episodes', 'kept',
+    'items_kept', 'rejected' (episodes), 'reasons' (rejection reason -> episodes), 'surplus', 'passed',
+    'process_score_mean', 'repaired' (kept trajectories that begin with a repair tool), 'tool_calls',
+    'mean_tool_calls', 'seconds'}).
+  Raises:
+    ValueError: a bad `config` (`experts.check_config`).
   """
   from tools import env as env_lib
+  config = config if config is not None else experts.default_config()
+  experts.check_config(config)
   env = env_lib.ToolEnv(tool_config)
   tokenizer = traj_lib.load_tokenizer(data_dir)
   processor = processor or traj_lib.ImageProcessor()
   schemas = env.schemas()
   make_builder = lambda: traj_lib.TrajectoryBuilder(tokenizer, processor, schemas)
   todo = [it for it in items if not it.get('rejected')]
-  out, reasons, calls = [], {}, 0
+  trajs, reasons = [], {}
   t0 = time.perf_counter()
-  for item in (progress(todo) if progress else todo):
-    traj, reason = oracle_trajectory(item, load_image(data_dir, item['image_path']), env, make_builder, graph,
-                                     tokenizer, top_k)
-    if traj is None:
-      key = reason.split(':')[0] if not reason.startswith('hop') else 'hop'
-      reasons[key] = reasons.get(key, 0) + 1
-      continue
-    problems = traj_lib.check_trajectory(traj)
-    if problems:
-      reasons['check_trajectory'] = reasons.get('check_trajectory', 0) + 1
-      continue
-    calls += len(traj.steps) - 1
-    out.append(traj.to_record())
-  counts = {'in': len(todo), 'kept': len(out), 'rejected': len(todo) - len(out), 'reasons': reasons,
-            'tool_calls': calls, 'mean_tool_calls': calls / max(len(out), 1),
+  if config.expert == 'oracle':
+    for item in (progress(todo) if progress else todo):
+      if not item.get('path'):  # a merged external item (`merge.py`): no walk for the oracle to follow
+        reasons['no path (external item)'] = reasons.get('no path (external item)', 0) + 1
+        continue
+      traj, reason = oracle_trajectory(item, load_image(data_dir, item['image_path']), env, make_builder, graph,
+                                       tokenizer, top_k)
+      if traj is None:
+        key = reason.split(':')[0] if not reason.startswith('hop') else 'hop'
+        reasons[key] = reasons.get(key, 0) + 1
+      else:
+        trajs.append(traj)
+    keep_per_item = 1
+  else:
+    engine = engine or experts.model_engine(config, tokenizer)
+    chunks = [todo[k:k + CHUNK_ITEMS] for k in range(0, len(todo), CHUNK_ITEMS)]
+    for chunk in (progress(chunks) if progress else chunks):
+      prompts = [agent_loop.Item(prompt_id=it['prompt_id'], question=it['question'],
+                                 image=load_image(data_dir, it['image_path']), answers=list(it['answers']))
+                 for it in chunk]
+      trajs += experts.model_episodes(prompts, engine, env, make_builder, config)
+    keep_per_item = int(config.keep_per_item)
+  judge = experts.make_judge(config)
+  kept, selected = experts.select(trajs, judge, float(config.min_process_score), keep_per_item,
+                                  int(config.judge.max_concurrency) if config.judge.name != 'rule' else 1)
+  for reason, n in selected['reasons'].items():
+    reasons[reason] = reasons.get(reason, 0) + n
+  repair_tools = set(degrade_lib.REPAIR_TOOLS.values())
+  calls = sum(len(t.steps) - 1 for t in kept)
+  episodes = len(todo) if config.expert == 'oracle' else len(trajs)
+  counts = {'expert': config.expert, 'model': config.model if config.expert == 'model' else 'oracle',
+            'in': len(todo), 'episodes': episodes, 'kept': len(kept), 'items_kept': selected['items_kept'],
+            'rejected': sum(reasons.values()), 'reasons': dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+            'surplus': selected['surplus'], 'passed': selected['passed'],
+            'process_score_mean': selected['process_score_mean'],
+            'repaired': sum(bool(t.steps) and t.steps[0].action.name in repair_tools for t in kept),
+            'tool_calls': calls, 'mean_tool_calls': calls / max(len(kept), 1),
             'seconds': round(time.perf_counter() - t0, 2)}
-  return out, counts
+  return [t.to_record() for t in kept], counts

@@ -26,6 +26,9 @@ RL (one JSON object per line)::
   (`answer` may be a string or a list; `answers` is accepted too; prompt_id from `id`/`prompt_id`/`uid`, else
   '<file stem>-<line>').
 
+Writing (`write_sft`, `trajectory_to_sft_record`): our Trajectories as the same SFT records, images as PNG files
+beside the .jsonl; the data pipeline's `sft` stage exports `<dataset>/sft_sharegpt.jsonl` with it.
+
 Image paths are relative to `image_root` (default: the data file's folder); an entry may also be an absolute
 path, an HF-datasets `{"bytes": ..., "path": ...}` dict, or a uint8 [H, W, 3] array.
 """
@@ -240,6 +243,84 @@ def load_rl_prompts(path: str | os.PathLike, image_root: str | os.PathLike | Non
     prompts.append({'prompt_id': pid, 'question': text, 'answers': answers,
                     'image': images[0] if len(images) == 1 else (images or None)})
   return prompts
+
+
+def trajectory_to_sft_record(traj: traj_lib.Trajectory, tool_schemas: Sequence[dict], image_paths: Sequence[str],
+                             system: str | None = None) -> dict:
+  """One Trajectory -> a ShareGPT SFT record, the inverse of `sft_record_to_trajectory`.
+
+  The human turn is '<image>\\n' per prompt image + the question; each step a gpt turn (its text), then, when
+  it has a result, an observation: the text the builder rendered (`result.text`, or 'Error: <kind>' for a failed
+  call without text) + '\\n<image>' per returned image. `sft_record_to_trajectory(record, ..., profile=<the
+  trajectory's profile>)` gives back the same token_ids / gen_mask when every assistant turn's ids are the
+  tokenization of its text + <|im_end|> (`TextEngine`s: the oracle expert); a sampled turn whose ids tokenize
+  differently comes back as the same text.
+
+  Args:
+    traj: the trajectory (prompt images first in `traj.images`, then each step's result images).
+    tool_schemas: the schemas its system turn was rendered with (`ToolEnv.schemas()`), written as the record's
+      `tools` (function dicts; `tool_schemas` re-wraps them).
+    image_paths: one `images` entry per image of `traj.images`, in order (paths relative to the file's folder).
+    system: the instructions its system turn was rendered with (None: the default, the field is left out).
+  Returns:
+    {'id': prompt_id, 'conversations': [...], 'images': list(image_paths), 'tools': JSON text[, 'system']}.
+  Raises:
+    ValueError: image_paths not one per image, or a question / tool text with leading or trailing whitespace
+      (ShareGPT readers strip it, so the record could not give back the same tokens), naming the step.
+  """
+  if len(image_paths) != len(traj.images):
+    raise ValueError(f'{len(image_paths)} image paths for the {len(traj.images)} images of {traj.prompt_id!r}')
+  n_tool_images = sum(len(s.result.images) for s in traj.steps if s.result is not None)
+  turns = [{'from': 'human', 'value': f'{IMAGE_PLACEHOLDER}\n' * (len(traj.images) - n_tool_images) + traj.question}]
+  if traj.question != traj.question.strip():
+    raise ValueError(f'{traj.prompt_id!r}: the question has leading/trailing whitespace')
+  for step in traj.steps:
+    turns.append({'from': 'gpt', 'value': step.text})
+    if step.result is not None:
+      r = step.result
+      text = r.text if (r.text or r.error_kind is None) else f'Error: {r.error_kind}'
+      if text != text.strip():
+        raise ValueError(f'{traj.prompt_id!r} step {step.index}: tool text has leading/trailing whitespace')
+      turns.append({'from': 'observation', 'value': text + f'\n{IMAGE_PLACEHOLDER}' * len(r.images)})
+  tools = [t['function'] if set(t) == {'type', 'function'} and t['type'] == 'function' else t for t in tool_schemas]
+  record = {'id': traj.prompt_id, 'conversations': turns, 'images': list(image_paths),
+            'tools': json.dumps(tools, ensure_ascii=False)}
+  if system is not None:
+    record['system'] = system
+  return record
+
+
+def write_sft(trajectories: Sequence[traj_lib.Trajectory], path: str | os.PathLike, tool_schemas: Sequence[dict],
+              system: str | None = None) -> dict:
+  """Writes trajectories as a ShareGPT SFT .jsonl (`trajectory_to_sft_record`), their images as PNG files.
+
+  The images go to `<path stem>_images/<prompt_id>-<sample_index>-<k>.png` (k = 1 for img_1), named in the
+  records relative to the file's folder, so `load_sft(path, ...)` reads it back. The file is written to a
+  temporary name and renamed into place.
+
+  Returns:
+    counts {'written', 'skipped' (records `trajectory_to_sft_record` refused), 'images'}.
+  """
+  path = pathlib.Path(path)
+  image_dir = path.with_name(path.stem + '_images')
+  image_dir.mkdir(parents=True, exist_ok=True)
+  records, skipped, images = [], 0, 0
+  for traj in trajectories:
+    stem = f'{traj.prompt_id}-{traj.sample_index}'.replace('/', '_')
+    names = [f'{image_dir.name}/{stem}-{k}.png' for k in range(1, len(traj.images) + 1)]
+    try:
+      record = trajectory_to_sft_record(traj, tool_schemas, names, system)
+    except ValueError:
+      skipped += 1
+      continue
+    for name, image in zip(names, traj.images):
+      (path.parent / name).write_bytes(image.to_png())
+    images += len(names)
+    records.append(record)
+  tmp = path.with_name(path.name + '.tmp')
+  write_jsonl(records, tmp)
+  os.replace(tmp, path)
+  return {'written': len(records), 'skipped': skipped, 'images': images}
 
 
 def write_jsonl(records: Sequence[dict], path: str | os.PathLike) -> None:

@@ -37,8 +37,18 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   assert stats['filter']['rejected'] == {}
   assert stats['degrade']['degraded'] == round(0.1 * stats['degrade']['accepted'])
   assert stats['qa']['accepted'] + sum(stats['qa']['rejected_answer_type'].values()) == stats['qa']['answered']
+  # The sft split also as the official ShareGPT SFT file, read back by the official reader.
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.data import official
+  assert stats['sft_sharegpt'] == {'written': len(sft), 'skipped': 0, 'resumed': False,
+                                   'images': stats['sft_sharegpt']['images']}
+  shared = official.load_sft(tmp_path / build.SHAREGPT_FILE, traj_lib.load_tokenizer(),
+                             traj_lib.ImageProcessor(min_pixels=config.min_pixels, max_pixels=config.max_pixels),
+                             profile='osvl')
+  assert [t.token_ids.tolist() for t in shared] == [t.token_ids.tolist() for t in trajectories]
   again = build.build_dataset(config, tmp_path)
   assert all(again[s]['resumed'] for s in build.STAGES)
+  assert again['sft_sharegpt'] == {'written': len(sft), 'resumed': True}
   assert again['wiki']['graph'] == stats['wiki']['graph']
   assert again['summary'] == stats['summary']
   assert json.loads((tmp_path / build.BUILD_CONFIG_FILE).read_text()) == build.build_settings(config)
@@ -55,7 +65,7 @@ def test_a_folder_built_with_other_settings_is_refused_naming_the_difference(tmp
   config = build.default_config()
   config.num_items = 5
   (tmp_path / build.BUILD_CONFIG_FILE).write_text(json.dumps(build.build_settings(config)))
-  config.dir, config.data_dir, config.synthesize = '/elsewhere', '/data', False   # where, not what: no difference
+  config.dir, config.data_dir, config.synthesize.enabled = '/elsewhere', '/data', False   # where, not what: no difference
   build._check_resume(tmp_path, build.build_settings(config))
   config[field] = value
   with pytest.raises(ValueError, match=match):
@@ -110,7 +120,7 @@ def test_an_older_recorded_config_without_a_new_field_resumes_at_its_default(tmp
 
 def test_degrade_and_filter_switches_and_their_counts(tmp_path):
   config = build.default_config()
-  config.num_items, config.synthesize, config.degrade_fraction = 12, False, 0.5
+  config.num_items, config.synthesize.enabled, config.degrade_fraction = 12, False, 0.5
   stats = build.build_dataset(config, tmp_path / 'on')
   items = datasets.load_from_disk(str(tmp_path / 'on' / 'items')).to_list()
   degraded = [r for r in items if r['degradation']]

@@ -74,7 +74,7 @@ def test_observations_and_question_are_read_back_from_the_context():
     builder.append_assistant_text(traj_lib.render_assistant_text('t', tool_call={'name': 'crop', 'arguments': {}}))
     builder.append_observation(tools_base.ToolResult(ok=True, text=text, images=ims))
   assert synthesize._user_question(builder.prompt_ids(), tokenizer) == question
-  assert synthesize.observations(builder.prompt_ids(), tokenizer) == texts
+  assert synthesize.observations(builder.prompt_ids(), tokenizer) == [(texts[0], ('img_2',)), (texts[1], ())]
 
 
 def test_one_oracle_engine_serves_a_batch_of_items_and_generations(oracle_run, grounded_items, graph):
@@ -118,3 +118,48 @@ def test_oracle_gives_up_with_the_reason(graph, grounded_items):
   assert traj is None and reason == 'image_search: No_Such_Article_Anywhere not identified'
   with pytest.raises(ValueError, match='same question'):
     synthesize.OracleEngine([item, dict(item, prompt_id='other')], graph, tokenizer)
+
+
+@pytest.mark.parametrize('kind,params,tool,arguments', [
+    ('blur', {'blur': 'gaussian', 'sigma': 2.0, 'ksize': 13}, 'sharpen', {'image': 'img_1'}),
+    ('downsample', {'factor': 3}, 'super_resolution', {'image': 'img_1', 'scale': 3}),
+])
+def test_a_degraded_item_is_repaired_before_the_image_search(graph, grounded_items, tmp_path, kind, params, tool,
+                                                            arguments):
+  """The first call is the paired repair tool on img_1; image_search then looks up its output, img_2."""
+  from data_pipeline import degrade
+  from osvl_jax import trajectory as traj_lib
+  from tools import env as env_lib
+  data_dir = osvl_paths.data_dir()
+  item = grounded_items[0]
+  original = synthesize.load_image(data_dir, item['image_path'])
+  degraded = degrade.apply(original, kind, params)
+  degrade.save_png(degraded, tmp_path / 'd.png')
+  item = dict(item, image_path=str(tmp_path / 'd.png'),
+              degradation={'kind': kind, 'params': json.dumps(params), 'repair_tool': tool})
+  tokenizer = traj_lib.load_tokenizer(data_dir)
+  env = env_lib.ToolEnv({'enabled': ('text_search', 'image_search', 'sharpen', 'super_resolution')})
+  make_builder = lambda: traj_lib.TrajectoryBuilder(tokenizer, traj_lib.ImageProcessor(), env.schemas())
+  image = synthesize.load_image(data_dir, item['image_path'])
+  assert image.shape[0] == round(original.shape[0] / params.get('factor', 1))
+  traj, reason = synthesize.oracle_trajectory(item, image, env, make_builder, graph, tokenizer)
+  assert reason == 'ok', reason
+  first, second = traj.steps[0], traj.steps[1]
+  assert (first.action.name, first.action.arguments) == (tool, arguments)
+  assert first.result.ok and len(first.result.images) == 1
+  assert len(traj.images) >= 2  # img_1 (the input), img_2 (the repair's output)
+  assert (second.action.name, second.action.arguments) == ('image_search', {'image': 'img_2'})
+  assert synthesize.contains_name(second.result.text, item['path'][0])
+  assert traj.final_response == item['answers'][0] and traj_lib.check_trajectory(traj) == []
+  assert len(traj.steps) <= synthesize.max_oracle_steps(item)
+
+
+def test_a_repair_tool_that_is_not_enabled_is_not_called(graph, grounded_items):
+  """A degraded item whose repair tool the environment does not offer is searched as it is (img_1)."""
+  item = dict(grounded_items[0], degradation={'kind': 'downsample', 'params': '{"factor": 2}',
+                                              'repair_tool': 'super_resolution'})
+  plan = synthesize.oracle_plan(item, graph, tools=('text_search', 'image_search', 'sharpen'))
+  assert next(plan).tool_call == {'name': 'image_search', 'arguments': {'image': 'img_1'}}
+  plan = synthesize.oracle_plan(item, graph)
+  assert next(plan).tool_call == {'name': 'super_resolution', 'arguments': {'image': 'img_1', 'scale': 2}}
+  assert plan.send(synthesize.Observation('Upscaled.', ('img_2',))).tool_call['arguments'] == {'image': 'img_2'}

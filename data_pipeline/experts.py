@@ -1,0 +1,212 @@
+"""The experts of stage `sft` and the two-stage rejection of their trajectories (DESIGN.md §7.8; paper Sec. 3).
+
+Experts (`data.synthesize.expert`):
+  oracle  the offline default: `synthesize.OracleEngine`, one deterministic episode per item (`num_samples` does
+          not apply), kept only when its own process check passes (every hop found in the search results).
+  model   any model behind SGLang's native `/generate` API (an SGLang server, the `sglang-router`, or
+          `python -m osvl_jax.serve`), through the token-exact `rollout.sglang_client.SGLangEngine`: K =
+          `num_samples` episodes per item through the one agent loop (`rollout.agent_loop.run_episodes`), sampled
+          at `temperature`.
+
+Both go through the same rejection (`judge_trajectory`), with the judge of `data.synthesize.judge`
+(`judges.registry`: the rule judge offline, the LLM judge when it names an endpoint):
+  stage 1  answer correctness: `judge.accuracy(question, final_response, answers)` must be 1. Rejections:
+           'answer: no response (<stop_reason>)', 'answer: incorrect', 'answer: judge error' (a reply the judge
+           could not parse after its retries is a rejection, never a crash).
+  stage 2  process quality over the trajectory: the LLM judge's process score of its transcript
+           (`LLMJudge.process_quality`, prompt `process_v1`), else the judge's query-quality score over its
+           pre-fatal tool calls (`query_quality`, the r_query of Eq. 9); it must reach `min_process_score`.
+           Rejections: 'process: below min_process_score', 'process: judge error'.
+A trajectory `trajectory.check_trajectory` finds malformed is rejected first ('check_trajectory'). Of the
+passing trajectories of an item, at most `keep_per_item` are kept, highest process score first (ties: sample
+order): 1 by default, so the SFT split has one expert demonstration per item as with the oracle; 0 keeps every
+passing one (the paper keeps the passing rollouts).
+
+Limits of the model expert: `max_concurrency` episodes at once (and as many HTTP connections), `timeout_s` and
+`retries` per request (the client's exponential backoff), per episode `max_turns`, `max_new_tokens` per turn,
+`max_total_tokens` and `max_seconds`; an endpoint that fails ends the episode (stop_reason 'error'), which is
+then rejected at stage 1 with its reason, never a crash.
+"""
+
+import concurrent.futures
+from collections.abc import Mapping, Sequence
+
+import ml_collections
+
+from osvl_jax import config_checks as checks
+from osvl_jax import trajectory as traj_lib
+from osvl_jax.judges import registry as judges
+
+EXPERTS = ('oracle', 'model')
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `data.synthesize` section. Fields:
+
+    enabled: run the `sft` stage.
+    expert: 'oracle' (offline default) or 'model'.
+    base_url: the model expert's SGLang-native server, 'http://HOST:PORT' (no '/v1'); a comma-separated list
+      is used round-robin.
+    model: the expert's name, recorded in the stats (SGLang's /generate serves the one loaded model).
+    num_samples: K, episodes per item (model expert; paper: 5).
+    keep_per_item: passing trajectories kept per item, best process score first (0 = all).
+    min_process_score: stage 2 threshold, in [0, 1].
+    temperature, top_p: sampling of the model expert.
+    max_turns: steps per episode.
+    max_new_tokens: ids per assistant turn.
+    max_total_tokens: tokens per trajectory (0 = unlimited).
+    max_seconds: wall clock per episode, seconds (0 = unlimited).
+    max_concurrency: episodes (and HTTP requests) in flight at once.
+    timeout_s: seconds per HTTP request.
+    retries: retries of a failed request (connection, timeout, 429 / 5xx), exponential backoff.
+    judge: `judges.registry.default_config()` (name 'rule' offline; 'llm' with base_url + model).
+  """
+  c = ml_collections.ConfigDict()
+  c.enabled = True
+  c.expert = 'oracle'
+  c.base_url = ''
+  c.model = ''
+  c.num_samples = 5
+  c.keep_per_item = 1
+  c.min_process_score = 0.5
+  c.temperature = 1.0
+  c.top_p = 1.0
+  c.max_turns = 12
+  c.max_new_tokens = 1024
+  c.max_total_tokens = 16384
+  c.max_seconds = 600.0
+  c.max_concurrency = 32
+  c.timeout_s = 300.0
+  c.retries = 3
+  c.judge = judges.default_config()
+  return c
+
+
+def check_config(config: ml_collections.ConfigDict, prefix: str = 'data.synthesize') -> None:
+  """Fails fast on a `data.synthesize` section that cannot run.
+
+  Raises:
+    ValueError: naming the field: an unknown expert, 'model' without base_url, num_samples / max_turns /
+      max_new_tokens / max_concurrency not ints >= 1, keep_per_item / retries / max_total_tokens not ints >= 0,
+      min_process_score outside [0, 1], an unknown judge name.
+  """
+  root = config
+  for key in reversed(prefix.split('.')):  # the dotted paths the checks name
+    root = {key: root}
+  checks.choice(root, f'{prefix}.expert', EXPERTS)
+  if config.expert == 'model' and not config.base_url:
+    raise ValueError(f"{prefix}.base_url='': the model expert needs its server's URL (http://HOST:PORT)")
+  for field in ('num_samples', 'max_turns', 'max_new_tokens', 'max_concurrency'):
+    checks.positive_int(root, f'{prefix}.{field}')
+  for field in ('keep_per_item', 'retries', 'max_total_tokens'):
+    checks.number(root, f'{prefix}.{field}', integer=True, low=0)
+  checks.number(root, f'{prefix}.min_process_score', low=0, high=1)
+  judges.JUDGES.get(config.judge.name)
+
+
+def make_judge(config: ml_collections.ConfigDict):
+  """The judge of `config.judge` (`judges.registry.get_judge`)."""
+  return judges.get_judge(config.judge)
+
+
+def judge_trajectory(traj: traj_lib.Trajectory, judge, min_process_score: float) -> tuple[str, float]:
+  """The two-stage rejection of one expert trajectory (module docstring).
+
+  Args:
+    traj: a finished trajectory (question, answers, final_response, steps, fatal_step).
+    judge: a `judges.base.Judge`; one with `process_quality` (the LLM judge) scores the transcript at stage 2.
+    min_process_score: the stage 2 threshold.
+  Returns:
+    ('ok' or the rejection reason, the process score (0.0 when stage 2 was not reached)).
+  """
+  if traj_lib.check_trajectory(traj):
+    return 'check_trajectory', 0.0
+  if traj.final_response is None:
+    return f'answer: no response ({traj.stop_reason})', 0.0
+  verdict = judge.accuracy(traj.question, traj.final_response, list(traj.answers))
+  if verdict.error is not None:
+    return 'answer: judge error', 0.0
+  if verdict.score < 1:
+    return 'answer: incorrect', 0.0
+  prefix = traj.steps if traj.fatal_step is None else traj.steps[:traj.fatal_step]
+  if hasattr(judge, 'process_quality'):
+    from osvl_jax.judges import llm
+    verdict = judge.process_quality(traj.question, llm.format_transcript(traj.steps), list(traj.answers))
+  else:
+    calls = [s for s in prefix if s.action.kind == 'tool_call']
+    verdict = judge.query_quality(traj.question, [(s.action.name, s.action.arguments) for s in calls],
+                                  [s.result for s in calls])
+  if verdict.error is not None:
+    return 'process: judge error', 0.0
+  score = float(verdict.score)
+  if score < min_process_score:
+    return 'process: below min_process_score', score
+  return 'ok', score
+
+
+def select(trajectories: Sequence[traj_lib.Trajectory], judge, min_process_score: float, keep_per_item: int,
+           max_concurrency: int = 1) -> tuple[list[traj_lib.Trajectory], dict]:
+  """Judges every trajectory and keeps the best passing ones of each item.
+
+  Args:
+    trajectories: any number per prompt_id, in sample order.
+    judge: `judges.base.Judge`.
+    min_process_score: stage 2 threshold.
+    keep_per_item: passing trajectories kept per prompt_id, highest process score first, ties in sample order
+      (0 = all).
+    max_concurrency: judgements in parallel threads (an LLM judge is I/O bound).
+  Returns:
+    (kept trajectories in input order, counts {'judged', 'passed', 'kept', 'items_kept', 'reasons' (reason ->
+    n, rejections only), 'surplus' (passing but over keep_per_item), 'process_score_mean' (over the passing)}).
+  """
+  with concurrent.futures.ThreadPoolExecutor(max(1, max_concurrency)) as pool:
+    verdicts = list(pool.map(lambda t: judge_trajectory(t, judge, min_process_score), trajectories))
+  reasons: dict[str, int] = {}
+  passing: dict[str, list[tuple[float, int]]] = {}
+  for k, (traj, (reason, score)) in enumerate(zip(trajectories, verdicts)):
+    if reason == 'ok':
+      passing.setdefault(traj.prompt_id, []).append((-score, k))
+    else:
+      reasons[reason] = reasons.get(reason, 0) + 1
+  keep = sorted(k for group in passing.values() for _, k in sorted(group)[:keep_per_item or None])
+  scores = [-s for group in passing.values() for s, _ in group]
+  counts = {'judged': len(trajectories), 'passed': len(scores), 'kept': len(keep), 'items_kept': len(passing),
+            'reasons': dict(sorted(reasons.items(), key=lambda kv: -kv[1])), 'surplus': len(scores) - len(keep),
+            'process_score_mean': round(sum(scores) / len(scores), 4) if scores else None}
+  return [trajectories[k] for k in keep], counts
+
+
+def model_engine(config: ml_collections.ConfigDict, tokenizer):
+  """The model expert's engine: `SGLangEngine` over `config.base_url` (comma-separated URLs round-robin).
+
+  Raises:
+    ValueError: an empty base_url (from the client), a parameter out of range.
+  """
+  from osvl_jax.rollout import sglang_client
+  urls = [u.strip() for u in str(config.base_url).split(',') if u.strip()]
+  return sglang_client.SGLangEngine(urls, tokenizer, max_new_tokens=int(config.max_new_tokens),
+                                    temperature=float(config.temperature), top_p=float(config.top_p),
+                                    timeout=float(config.timeout_s), retries=int(config.retries),
+                                    concurrency=int(config.max_concurrency))
+
+
+def model_episodes(prompts: Sequence[Mapping], engine, env, make_builder, config: ml_collections.ConfigDict
+                   ) -> list[traj_lib.Trajectory]:
+  """K = `config.num_samples` episodes per prompt through `agent_loop.run_episodes` under the config's limits.
+
+  Args:
+    prompts: `agent_loop.Item`s or mappings (prompt_id, question, image uint8 [H, W, 3], answers).
+    engine: the expert's engine (`model_engine`, or any `rollout.engine.Engine`).
+    env: `tools.env.ToolEnv`.
+    make_builder: `() -> TrajectoryBuilder`.
+    config: the `data.synthesize` section.
+  Returns:
+    N * K trajectories, item-major (`run_episodes`); an endpoint failure ends its episode with stop_reason
+    'error' (never raised).
+  """
+  from osvl_jax.rollout import agent_loop
+  return agent_loop.run_episodes(
+      engine, env, make_builder, list(prompts), num_generations=int(config.num_samples),
+      max_turns=int(config.max_turns), max_new_tokens=int(config.max_new_tokens),
+      max_total_tokens=int(config.max_total_tokens) or None, max_concurrency=int(config.max_concurrency),
+      max_seconds=float(config.max_seconds) or None)

@@ -1,0 +1,165 @@
+"""The model expert: K episodes per item through the agent loop, the two-stage rejection, the selection."""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from data_pipeline import experts, synthesize
+from osvl_jax import paths as osvl_paths
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TINY_PIXELS = dict(min_pixels=32 * 32, max_pixels=64 * 64)   # `osvl_jax.serve --tiny`'s image processor
+
+
+def model_config(**overrides):
+  c = experts.default_config()
+  c.expert, c.base_url, c.model = 'model', 'http://127.0.0.1:1', 'scripted'
+  c.update(overrides)
+  return c
+
+
+def _scripts(answer: str, wrong: str):
+  """Four experts' episodes (assistant texts per step) and their rule process scores (`rule.query_quality`)."""
+  from osvl_jax import trajectory as traj_lib
+  call = lambda think: traj_lib.render_assistant_text(think, tool_call={'name': 'image_search',
+                                                                        'arguments': {'image': 'img_1'}})
+  say = lambda think, text: traj_lib.render_assistant_text(think, response=text)
+  return {
+      # The same call twice: success 1, novelty 1/2 -> r_query 0.75; correct.
+      'twice': [call('A: look it up.'), call('A: again.'), say('A: done.', answer)],
+      # No tool call: r_query 0 < 0.5 -> rejected by the process judge although correct.
+      'no tools': [say('B: I just know.', answer)],
+      # Wrong answer -> rejected by the answer judge.
+      'wrong': [call('C: look it up.'), say('C: done.', wrong)],
+      # One call, success 1, novelty 1 -> r_query 1.0; correct: the best.
+      'once': [call('D: look it up.'), say('D: done.', answer)],
+  }
+
+
+def _engine(scripts, tokenizer):
+  """A ScriptedEngine that gives each new episode the next script (sample order) and follows it by its first
+  think (the contexts of one item's samples are identical until their first turn)."""
+  from osvl_jax.rollout import engine as engine_lib
+  names, started = list(scripts), []
+
+  def turn(step, context):
+    if step == 0:
+      started.append(names[len(started) % len(names)])
+      return scripts[started[-1]][0]
+    text = tokenizer.decode(context.prompt_ids.tolist(), skip_special_tokens=False)
+    name = next(n for n in names if scripts[n][0].split('</think>')[0] in text)
+    return scripts[name][min(step, len(scripts[name]) - 1)]
+  return engine_lib.ScriptedEngine(turn, tokenizer), started
+
+
+@pytest.fixture(scope='module')
+def item(grounded_items):
+  return grounded_items[0]
+
+
+@pytest.mark.parametrize('keep_per_item, kept', [(1, ['once']), (0, ['twice', 'once'])])
+def test_two_stage_rejection_keeps_the_best_passing_samples(graph, item, keep_per_item, kept):
+  from osvl_jax import trajectory as traj_lib
+  tokenizer = traj_lib.load_tokenizer()
+  scripts = _scripts(item['answers'][0], 'Atlantis')
+  engine, started = _engine(scripts, tokenizer)
+  config = model_config(num_samples=4, keep_per_item=keep_per_item, max_turns=4)
+  records, counts = synthesize.synthesize([item], graph, osvl_paths.data_dir(), config=config, engine=engine)
+  assert sorted(started) == sorted(scripts)  # K = 4 episodes of the one item, one per script
+  assert counts['episodes'] == 4 and counts['in'] == 1 and counts['items_kept'] == 1
+  assert counts['reasons'] == {'answer: incorrect': 1, 'process: below min_process_score': 1}
+  assert counts['rejected'] == 2 and counts['passed'] == 2 and counts['kept'] == len(kept)
+  assert counts['surplus'] == 2 - len(kept)
+  assert counts['process_score_mean'] == pytest.approx((0.75 + 1.0) / 2)
+  trajs = [traj_lib.Trajectory.from_record(r) for r in records]
+  assert len(trajs) == len(kept)
+  for name, traj in zip(kept, trajs):  # kept in sample order
+    assert traj.steps[0].text == scripts[name][0]
+    assert len(traj.steps) == len(scripts[name])
+    assert traj.final_response == item['answers'][0] and traj.rollout_logprobs is not None
+
+
+def test_judge_trajectory_reasons_and_the_min_score(graph, item):
+  """The threshold decides stage 2: 0.75 passes at 0.75 and fails at 0.8; an empty response is stage 1's."""
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.judges import rule
+  tokenizer = traj_lib.load_tokenizer()
+  scripts = {'twice': _scripts(item['answers'][0], 'x')['twice']}
+  engine, _ = _engine(scripts, tokenizer)
+  config = model_config(num_samples=1, max_turns=4)
+  records, _ = synthesize.synthesize([item], graph, osvl_paths.data_dir(), config=config, engine=engine)
+  traj = traj_lib.Trajectory.from_record(records[0])
+  judge = rule.RuleJudge()
+  assert experts.judge_trajectory(traj, judge, 0.75) == ('ok', 0.75)
+  assert experts.judge_trajectory(traj, judge, 0.8) == ('process: below min_process_score', 0.75)
+  traj.final_response = None
+  assert experts.judge_trajectory(traj, judge, 0.5) == ('answer: no response (response)', 0.0)
+
+
+def test_a_bad_synthesize_config_is_refused_naming_the_field():
+  with pytest.raises(ValueError, match=r'data.synthesize.expert'):
+    experts.check_config(model_config(expert='gpt'))
+  with pytest.raises(ValueError, match=r"data.synthesize.base_url=''"):
+    experts.check_config(model_config(base_url=''))
+  with pytest.raises(ValueError, match=r'data.synthesize.num_samples'):
+    experts.check_config(model_config(num_samples=0))
+  with pytest.raises(ValueError, match=r'data.synthesize.min_process_score'):
+    experts.check_config(model_config(min_process_score=1.5))
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope='module')
+def tiny_server(tmp_path_factory):
+  """`python -m osvl_jax.serve --tiny` on 127.0.0.1 (a random model: it answers garbage)."""
+  port = _free_port()
+  log = tmp_path_factory.mktemp('serve') / 'serve.log'
+  with open(log, 'w') as f:
+    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--max_len=2048',
+                             '--bucket=256', '--max_new_tokens=8', '--batch_window_ms=50'], cwd=REPO, stdout=f,
+                            stderr=subprocess.STDOUT, env=dict(os.environ))
+  url = f'http://127.0.0.1:{port}'
+  try:
+    deadline = time.time() + 180
+    while True:
+      if proc.poll() is not None:
+        raise RuntimeError(f'osvl_jax.serve exited {proc.returncode}: {log.read_text()[-2000:]}')
+      try:
+        if httpx.get(url + '/health', timeout=2).status_code == 200:
+          break
+      except httpx.HTTPError:
+        pass
+      if time.time() > deadline:
+        raise TimeoutError(f'osvl_jax.serve not ready: {log.read_text()[-2000:]}')
+      time.sleep(0.5)
+    yield url
+  finally:
+    proc.terminate()
+    try:
+      proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+
+
+def test_model_expert_against_a_real_server_rejects_garbage_with_reasons(graph, grounded_items, tiny_server):
+  """K = 5 token-exact episodes per item from SGLang's /generate API; the random model answers nothing right."""
+  from osvl_jax import trajectory as traj_lib
+  items = grounded_items[:2]
+  config = model_config(base_url=tiny_server, num_samples=5, max_turns=2, max_new_tokens=8, temperature=1.0,
+                        max_concurrency=10, timeout_s=120.0, retries=1)
+  records, counts = synthesize.synthesize(items, graph, osvl_paths.data_dir(), config=config,
+                                          processor=traj_lib.ImageProcessor(**TINY_PIXELS))
+  assert records == [] and counts['in'] == 2 and counts['episodes'] == 10 and counts['kept'] == 0
+  assert counts['rejected'] == 10 and sum(counts['reasons'].values()) == 10
+  assert all(r.startswith('answer: ') for r in counts['reasons']), counts['reasons']
+  assert not any('(error)' in r for r in counts['reasons']), counts['reasons']  # the server answered every turn
