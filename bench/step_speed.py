@@ -17,6 +17,16 @@ Prints, among others:
                                faster of the two measured matmul rates
   ratio_jax_over_torch_tokens_per_s=<y>
 Best of `--repeats` after one warm-up (compile) step; the two frameworks alternate so machine noise hits both.
+
+Sharded vs replicated (`--sharding`, no PyTorch): the trainers' SFT step (`sft.make_train_step`: forward, backward,
+AdamW update) of the same config on 8 simulated devices, once on the fsdp=8 mesh with the model's rules
+(parameters, Adam moments and rows sharded, as `policy.create` / `policy.shard_batch` place them) and once as
+the replicated data-parallel baseline (every parameter and moment NamedSharding(mesh, P()) on every device, rows
+still split 8 ways: the same code under rules that map every parameter axis to None), alternating:
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python bench/step_speed.py --sharding \
+      [--rows 8 --tokens 128 --repeats 3]
+Prints, for each: step_s, tokens_per_s, state_mib_per_device (parameters + optimizer state on device 0), and
+sharded_over_replicated_step_time.
 """
 
 import argparse
@@ -30,10 +40,12 @@ from flax import nnx
 
 from osvl_jax.models.qwen3_vl import parity
 from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig, TextConfig, VisionConfig
+from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
 from osvl_jax.rl import losses
-from osvl_jax.train import policy
+from osvl_jax.train import policy, sft
 
 
 def bench_config(vocab: int, hidden: int = 512, layers: int = 4, heads: int = 8, kv_heads: int = 4,
@@ -75,6 +87,55 @@ def _best(fn, repeats):
   return min(times)
 
 
+def _state_mib_on_first_device(*modules) -> float:
+  """MiB of the modules' arrays (parameters, optimizer state) held by device 0."""
+  total = 0
+  for module in modules:
+    for x in jax.tree.leaves(nnx.state(module)):
+      total += sum(s.data.nbytes for s in x.addressable_shards if s.device == jax.devices()[0])
+  return total / 2 ** 20
+
+
+def compare_sharding(args, config: Qwen3VLConfig) -> None:
+  """The SFT step on the fsdp=8 mesh (rules' shardings) vs replicated data parallelism, same data, 8 devices."""
+  if jax.device_count() != 8:
+    raise SystemExit(f'--sharding needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), '
+                     f'have {jax.device_count()}')
+  mesh = sharding.mesh_from_config({'fsdp': -1})
+  rng = np.random.default_rng(0)
+  rows, tokens = args.rows, args.tokens
+  ids = rng.integers(0, args.vocab - 10, size=(rows, tokens)).astype(np.int32)
+  pos, _ = rope.get_rope_index(ids, None, image_token_id=config.image_token_id)
+  batch = {'input_ids': ids, 'attention_mask': np.ones((rows, tokens), bool), 'position_ids': np.asarray(pos),
+           'pixel_values': None, 'loss_positions': np.tile(np.arange(tokens - 1, dtype=np.int32), (rows, 1)),
+           'loss_targets': ids[:, 1:], 'completion_mask': np.ones((rows, tokens - 1), bool)}
+  replicated_rules = tuple((name, axes if name == 'batch' else None) for name, axes in sharding.LOGICAL_RULES)
+  setups = {}
+  for name, rules in (('sharded', sharding.LOGICAL_RULES), ('replicated', replicated_rules)):
+    model = sharding.shard_model(Qwen3VLModel(config, nnx.Rngs(0), dtype=args.jdtype, param_dtype=args.jdtype),
+                                 mesh, rules)
+    optimizer = policy.create_optimizer(model, policy.make_tx(1e-4, 100), mesh, rules)
+    step = sft.make_train_step()
+
+    def run(model=model, optimizer=optimizer, step=step, rules=rules, placed=policy.shard_batch(batch, mesh, rules)):
+      with sharding.use_mesh(mesh, rules):
+        return float(step(model, optimizer, placed, ())['loss'])
+
+    setups[name] = (run, _state_mib_on_first_device(model, optimizer))
+  t0 = time.perf_counter()
+  warm = {name: run() for name, (run, _) in setups.items()}  # compile
+  print(f'warmup_seconds={time.perf_counter() - t0:.1f} ' + ' '.join(f'loss_{k}={v:.5f}' for k, v in warm.items()))
+  times = {name: [] for name in setups}
+  for _ in range(args.repeats):               # alternate, so machine noise hits both
+    for name, (run, _) in setups.items():
+      times[name].append(_best(run, 1))
+  for name, (_, mib) in setups.items():
+    best = min(times[name])
+    print(f'{name}: step_s={best:.3f} tokens_per_s={rows * tokens / best:.0f} state_mib_per_device={mib:.1f}')
+  print(f'sharded_over_replicated_step_time={min(times["sharded"]) / min(times["replicated"]):.3f} '
+        f'rows={rows} tokens={tokens} devices={jax.device_count()} mesh={dict(mesh.shape)} dtype={args.dtype}')
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument('--tokens', type=int, default=1024)
@@ -91,10 +152,17 @@ def main():
   ap.add_argument('--scan_layers', action='store_true', help='JAX decoder layers under jax.lax.scan')
   ap.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
                   help='parameters and compute in both frameworks (and the matmul)')
+  ap.add_argument('--sharding', action='store_true',
+                  help='sharded (fsdp=8) vs replicated data-parallel SFT step on 8 devices, instead of JAX vs torch')
+  ap.add_argument('--rows', type=int, default=8, help='batch rows of the --sharding comparison')
   args = ap.parse_args()
   config = bench_config(args.vocab, args.hidden, args.layers, args.heads, args.kv_heads, args.head_dim,
                         args.intermediate)
   jdtype = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[args.dtype]
+  if args.sharding:
+    args.jdtype = jdtype
+    compare_sharding(args, config)
+    return
   tdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[args.dtype]
   tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
   sync = torch.cuda.synchronize if tdev == 'cuda' else (lambda: None)

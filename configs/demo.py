@@ -49,6 +49,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = False
   c.model.remat = False
 
+  # The trainers' mesh (DESIGN.md §3): axis sizes, -1 = the remaining devices; the demo runs on one CPU device.
+  # E.g. --config.mesh.fsdp=-1 shards parameters, optimizer state and batch rows over every device. Optional
+  # c.sharding_rules = (('embed', None), ...) overrides logical -> mesh axis rules (models/qwen3_vl/sharding.py).
+  c.mesh = ml_collections.ConfigDict({'data': 1, 'fsdp': 1, 'tensor': 1, 'expert': 1})
+
   c.tools = ml_collections.ConfigDict()
   c.tools.enabled = ('text_search', 'image_search', 'crop', 'sharpen')
 
@@ -59,6 +64,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.max_total_tokens = 4096
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
+  # The asyncio agent loop: episodes in flight at once, threads for blocking tool calls (1 keeps the order of
+  # failure-injection draws reproducible; raise it with remote tools), wall-clock seconds per trajectory.
+  c.rollout.max_concurrency = 64
+  c.rollout.tool_workers = 1
+  c.rollout.max_seconds = 600.0
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 450
@@ -94,7 +104,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Dual-clip bound for Â < 0 (verl's clip_ratio_c, e.g. 3.0); None = Eq. 12 exactly.
   c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
   c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
-  c.grpo.data_parallel = 1  # devices on the ('data',) mesh axis; 0 = all local devices
+  # Update schedule (osvl_jax/train/grpo_update.py): prompts' groups per mini-batch = per optimizer step; 0 = the
+  # whole rollout batch (the demo keeps one step per rollout batch; the official run: 64 of 256).
+  c.grpo.mini_batch_prompts = 0
+  c.grpo.ppo_epochs = 1  # passes over the mini-batches of a rollout batch
+  # Truncated importance sampling: each token's loss × min(π_old / π_rollout, C); None = off (DESIGN.md §6).
+  c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)
+  c.grpo.max_staleness = 0  # async rollout: policy versions a trajectory may lag; 0 = strictly on-policy
   c.grpo.init_from = ''  # workdir holding sft_ckpt (policy init and π_ref); '' = this workdir
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0

@@ -96,24 +96,26 @@ def is_main() -> bool:
   return jax.process_index() == 0
 
 
-def host_rows(mesh: jax.sharding.Mesh | None, batch_size: int, axis: str = 'data') -> slice:
-  """The rows of a global batch that this host feeds when the batch is split over mesh axis `axis`.
+def host_rows(mesh: jax.sharding.Mesh | None, batch_size: int, rules=None) -> slice:
+  """The rows of a global batch that this host feeds when the batch is split over the mesh axes of the logical
+  'batch' axis (('data', 'fsdp'); `sharding.data_sharding` with `rules`, default `sharding.LOGICAL_RULES`).
 
   They are the rows held by this process's devices: one contiguous block (a mesh over `jax.devices()` lists each
   process's devices together). Without a mesh, or in a single process, all rows.
 
   Raises:
     ValueError: the rows of this host's devices are not one contiguous block (a mesh that interleaves hosts), or
-      `batch_size` does not split over the axis.
+      `batch_size` does not split over the batch axes.
   """
+  from osvl_jax.models.qwen3_vl import sharding  # pylint: disable=g-import-not-at-top
   if mesh is None or jax.process_count() == 1:
     return slice(0, batch_size)
-  if batch_size % mesh.shape[axis]:
-    raise ValueError(f'global batch of {batch_size} rows does not split over the {mesh.shape[axis]} devices of '
-                     f'mesh axis {axis!r}')
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
-  rows = sorted({index[0].indices(batch_size)[:2]
-                 for index in sharding.addressable_devices_indices_map((batch_size,)).values()})
+  rules = sharding.LOGICAL_RULES if rules is None else rules
+  shards = sharding.batch_shards(mesh, rules)
+  if batch_size % shards:
+    raise ValueError(f'global batch of {batch_size} rows does not split over the {shards} data x fsdp devices')
+  rows = sorted({index[0].indices(batch_size)[:2] for index in
+                 sharding.data_sharding(mesh, 1, rules=rules).addressable_devices_indices_map((batch_size,)).values()})
   start, stop = rows[0][0], rows[-1][1]
   if any(a[1] != b[0] for a, b in zip(rows, rows[1:])):
     raise ValueError(f'process {jax.process_index()} holds rows {rows}, not one contiguous block')
@@ -131,30 +133,35 @@ def global_array(sharding: jax.sharding.NamedSharding, local: np.ndarray, axis: 
   return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
-def host_batch(trajectories: list, mesh: jax.sharding.Mesh | None, length: int, num_loss: int,
-               axis: str = 'data') -> tuple[dict, tuple]:
+def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_loss: int,
+               rules=None) -> tuple[dict, tuple]:
   """The global training batch of `trajectories`, of which this host collates only its own rows.
 
   Text fields (ids, masks, positions, loss gathers) are collated from this host's rows alone and become global
-  arrays split over `axis`. The vision tower runs replicated (`policy.shard_batch`: pixel_values on every
-  device), so each host also stacks the pixel patches and grids of the whole batch's images (no tokenizing, no
-  collation of other hosts' rows).
+  arrays split over the batch axes ('data', 'fsdp') (`policy.batch_sharding`). The vision tower runs replicated
+  (pixel_values on every device), so each host also stacks the pixel patches and grids of the whole batch's images
+  (no tokenizing, no collation of other hosts' rows). In a single process this is `collate` + `policy.shard_batch`.
 
   Args:
     trajectories: the B rows of the global batch, the same list on every host.
-    mesh: the data-parallel mesh (`policy.make_mesh`); None = one device.
+    mesh: the trainer's mesh (`sharding.mesh_from_config`).
     length, num_loss: the run's fixed T and K (`batching.padded_sizes`).
+    rules: logical rules (`sharding.rules_from_config`); None = `sharding.LOGICAL_RULES`.
   Returns:
     (batch of jax arrays without image_grid_thw, grid key `sft.grid_key` of the whole batch).
+  Raises:
+    ValueError: B does not split over the mesh's batch axes.
   """
+  from osvl_jax.models.qwen3_vl import sharding  # pylint: disable=g-import-not-at-top
   from osvl_jax.train import batching, policy  # pylint: disable=g-import-not-at-top
-  if mesh is None or jax.process_count() == 1:
+  rules = sharding.LOGICAL_RULES if rules is None else rules
+  if jax.process_count() == 1:
     batch = batching.collate(trajectories, length=length, num_loss=num_loss)
     grid = batch.pop('image_grid_thw')
     grid = tuple(map(tuple, grid.tolist())) if grid is not None else ()
-    return policy.shard_batch(batch, mesh), grid
+    return policy.shard_batch(batch, mesh, rules), grid
   size = len(trajectories)
-  local = batching.collate(trajectories[host_rows(mesh, size, axis)], length=length, num_loss=num_loss)
+  local = batching.collate(trajectories[host_rows(mesh, size, rules)], length=length, num_loss=num_loss)
   images = [image for traj in trajectories for image in traj.images]
   local['pixel_values'] = (np.concatenate([np.asarray(i.pixel_values, np.float32) for i in images])
                            if images else None)
@@ -162,14 +169,9 @@ def host_batch(trajectories: list, mesh: jax.sharding.Mesh | None, length: int, 
   grid = tuple(tuple(int(v) for v in np.asarray(i.grid_thw)) for i in images)
   out = {}
   for key, value in local.items():
-    row_axis = policy._ROW_AXIS.get(key, 0)  # pylint: disable=protected-access
     if value is None:
       out[key] = None
       continue
-    if row_axis is None or np.ndim(value) == 0:
-      spec = jax.sharding.PartitionSpec()
-      row_axis = None
-    else:
-      spec = jax.sharding.PartitionSpec(*([None] * row_axis + [axis]))
-    out[key] = global_array(jax.sharding.NamedSharding(mesh, spec), value, row_axis, size)
+    target, row_axis = policy.batch_sharding(key, np.ndim(value), mesh, rules)
+    out[key] = global_array(target, value, row_axis, size)
   return out, grid

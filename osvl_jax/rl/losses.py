@@ -2,8 +2,9 @@
 
 All functions are pure and jit/grad-friendly. Losses are *normalised by whole-batch counts passed in*
 (`num_sequences`, `num_tokens`), so the sum of the losses of the micro-batches (or data-parallel shards) of a
-batch equals the loss of the full batch, and so do the gradients (DESIGN.md §6). Metrics carry counts and sums
-beside the local ratios so that they reduce exactly across micro-batches too.
+batch equals the loss of the full batch, and so do the gradients (DESIGN.md §6). For GRPO that batch is the
+mini-batch of one optimizer step (`train.grpo_update`). Metrics carry counts and sums beside the local ratios so
+that they reduce exactly across micro-batches too.
 
 Alignment: `logits[:, t]` predicts `targets[:, t]`; a caller holding a sequence `ids [B, T+1]` passes
 `logits(ids[:, :-1])` and `targets = ids[:, 1:]`, and shifts the masks the same way (mask of the target token).
@@ -101,7 +102,8 @@ def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
 # How each `grpo_loss` metric reduces over the micro-batches of a batch (`train.metrics.reduce_metrics`): a mean
 # weighted by num_tokens, the max, or (every other key: counts, sums, and the loss, already normalised by the whole
 # batch) the sum.
-GRPO_METRIC_REDUCTIONS = {'clip_frac': 'num_tokens', 'kl': 'num_tokens', 'ratio_mean': 'num_tokens',
+GRPO_METRIC_REDUCTIONS = {'clip_frac': 'num_tokens', 'clip_frac_low': 'num_tokens', 'clip_frac_high': 'num_tokens',
+                          'approx_kl': 'num_tokens', 'kl': 'num_tokens', 'ratio_mean': 'num_tokens',
                           'ratio_max': 'max'}
 
 
@@ -109,7 +111,8 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
               ref_logprobs: jax.Array | None = None, eps_low: float = 0.2, eps_high: float = 0.28,
               beta: float = 0.0, aggregation: str = 'seq_mean_token_mean',
               num_sequences: jax.Array | float | None = None, num_tokens: jax.Array | float | None = None,
-              clip_ratio_c: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+              clip_ratio_c: float | None = None,
+              tis_weights: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Fatal-aware clipped GRPO loss, −J of Eq. 12.
 
     J = 1/G Σ_i (1/Σ_t M_it) Σ_t M_it [min(ρ_it Â_i, clip(ρ_it, 1−ε_low, 1+ε_high) Â_i) − β KL_k3,it]
@@ -133,16 +136,23 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
     num_tokens: Σ M over the whole batch, used by 'token_mean' (default Σ M of this call).
     clip_ratio_c: optional dual-clip bound (verl's clip_ratio_c, e.g. 3.0): for Â < 0 the token objective is
       floored at clip_ratio_c · Â. None (default) = Eq. 12 exactly.
+    tis_weights: optional truncated-importance-sampling weights, float32 [B, T], min(π_old / π_rollout, C) per
+      token (verl's TIS; DESIGN.md §6): each token's clipped surrogate is multiplied by its weight (no gradient
+      through it; the KL term is not weighted). None = no correction.
 
   Returns:
     (loss = −J, float32 scalar; metrics, float32 scalars):
       loss, pg_objective (J without the KL term),
       num_tokens (Σ M in this call), num_sequences_with_tokens, clipped_tokens, clip_frac (clipped_tokens /
-      num_tokens: tokens whose clipped branch is the smaller objective), kl_sum / kl (token-mean k3 KL to the
-      reference, 0 without it), ratio_mean, ratio_max. Over micro-batches they reduce by `GRPO_METRIC_REDUCTIONS`.
+      num_tokens: tokens whose clipped branch is the smaller objective, i.e. the clip is active),
+      clip_frac_low (the clip is active on the low side: ρ < 1 − ε_low with Â < 0), clip_frac_high (on the high
+      side: ρ > 1 + ε_high with Â > 0; clip_frac = low + high), approx_kl (verl's ppo_kl, the k1 estimate
+      mean_t (log π_old − log π_θ) over masked tokens), kl_sum / kl (token-mean k3 KL to the reference, 0 without
+      it), ratio_mean, ratio_max. Over micro-batches they reduce by `GRPO_METRIC_REDUCTIONS`.
 
   Raises:
-    ValueError: advantages not [B], beta > 0 without ref_logprobs, or an unknown aggregation.
+    ValueError: advantages not [B], tis_weights not [B, T], beta > 0 without ref_logprobs, or an unknown
+      aggregation.
   """
   logprobs = logprobs.astype(jnp.float32)
   mask = loss_mask.astype(jnp.float32)
@@ -150,6 +160,8 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
   batch = logprobs.shape[0]
   if advantages.shape != (batch,):
     raise ValueError(f'advantages must be [B]={batch}, got {advantages.shape}')
+  if tis_weights is not None and tis_weights.shape != logprobs.shape:
+    raise ValueError(f'tis_weights must be [B, T]={logprobs.shape}, got {tis_weights.shape}')
   if beta != 0.0 and ref_logprobs is None:
     raise ValueError('beta > 0 needs ref_logprobs')
   num_sequences = jnp.asarray(batch if num_sequences is None else num_sequences, jnp.float32)
@@ -166,6 +178,8 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
   surrogate = jnp.minimum(unclipped, clipped)
   if clip_ratio_c is not None:
     surrogate = jnp.where(adv < 0, jnp.maximum(surrogate, clip_ratio_c * adv), surrogate)
+  if tis_weights is not None:
+    surrogate = surrogate * jax.lax.stop_gradient(tis_weights.astype(jnp.float32))
   surrogate = jnp.where(on, surrogate, 0.0)
 
   if ref_logprobs is not None:
@@ -181,7 +195,10 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
   loss = -objective
 
   stop = jax.lax.stop_gradient
-  clipped_tokens = jnp.sum(jnp.where(on & (clipped < unclipped), 1.0, 0.0))
+  clip_active = on & (clipped < unclipped)
+  clipped_low = jnp.sum(jnp.where(clip_active & (ratio < 1.0), 1.0, 0.0))
+  clipped_high = jnp.sum(jnp.where(clip_active & (ratio > 1.0), 1.0, 0.0))
+  clipped_tokens = clipped_low + clipped_high
   kl_sum = jnp.sum(kl * mask)
   denom = jnp.maximum(local_tokens, 1.0)
   metrics = {
@@ -191,6 +208,9 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
       'num_sequences_with_tokens': jnp.sum(jnp.sum(mask, axis=-1) > 0).astype(jnp.float32),
       'clipped_tokens': stop(clipped_tokens),
       'clip_frac': stop(clipped_tokens / denom),
+      'clip_frac_low': stop(clipped_low / denom),
+      'clip_frac_high': stop(clipped_high / denom),
+      'approx_kl': stop(-jnp.sum(log_ratio * mask) / denom),
       'kl_sum': stop(kl_sum),
       'kl': stop(kl_sum / denom),
       'ratio_mean': stop(jnp.sum(ratio * mask) / denom),

@@ -2,11 +2,14 @@
 
 Reads top to bottom: prompts, policy (from the SFT checkpoint), tools, sampler; then per step: roll out G
 samples per prompt with the current policy, score them (Eq. 9), group advantages (Eq. 11), post-fatal mask
-(Eq. 10), one clipped policy-gradient update (Eq. 12), metrics, checkpoint.
+(Eq. 10), the clipped policy-gradient update (Eq. 12) under the official schedule, metrics, checkpoint.
 
-The update accumulates gradients over `grpo.micro_batch_size`-row micro-batches, each on a ('data',) mesh of
-`grpo.data_parallel` devices (rows sharded, parameters replicated); every micro-batch loss is normalised by the
-whole group batch (num_sequences, num_tokens), so the update equals the full-batch one (DESIGN.md §6).
+The update (`grpo_update.make_update_fn`): old log-probs computed once for the rollout batch, then one optimizer
+step per mini-batch of `grpo.mini_batch_prompts` prompts' groups, `grpo.ppo_epochs` passes; each mini-batch's
+gradient accumulated over `grpo.micro_batch_size`-row micro-batches (normalised by the mini-batch, so
+micro-batching and the mesh size do not change it). Everything runs on the mesh of `config.mesh` (rows over
+('data', 'fsdp'), parameters and optimizer state sharded by the model's rules, as in SFT: `policy.create` /
+`policy.shard_batch`).
 
   .venv/bin/python -m osvl_jax.train.grpo --config=configs/demo.py --workdir=workdir/demo
 
@@ -21,7 +24,6 @@ import time
 import jax
 import ml_collections
 import numpy as np
-import optax
 import tqdm
 from absl import app, flags, logging
 from flax import nnx
@@ -31,11 +33,11 @@ from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, metrics, policy, rollouts, sft, storage
-from osvl_jax.trajectory import tokens as tokens_lib
+from osvl_jax.train import batching, checkpoint, data, grpo_update, metrics, policy, rollouts, sft, storage
 
 
 
@@ -48,7 +50,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       of one has no baseline), lr <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1],
       delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout
       max_turns / max_new_tokens / fatal_k < 1, max_total_tokens < max_new_tokens; micro_batch_size < 0 or not
-      dividing the group batch; data_parallel < 0, over the devices, or not dividing the micro-batch.
+      dividing the group batch or not a multiple of the mesh's data x fsdp size (`config.mesh`).
   """
   sft.check_model_config(config)
   cfg = config.grpo
@@ -76,137 +78,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   total = checks.positive_int(config, 'rollout.max_total_tokens')
   if total < config.rollout.max_new_tokens:
     raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_new_tokens={config.rollout.max_new_tokens}')
-  batch = cfg.prompts_per_step * cfg.num_generations
-  micro = checks.number(config, 'grpo.micro_batch_size', integer=True, low=0, optional=True) or batch
-  if batch % micro:
-    raise ValueError(f'grpo.micro_batch_size={micro} does not divide the batch of {batch} trajectories')
-  data = checks.number(config, 'grpo.data_parallel', integer=True, low=0, optional=True)
-  data = 1 if data is None else len(jax.devices()) if data == 0 else data
-  if data > len(jax.devices()):
-    raise ValueError(f'grpo.data_parallel={data}, but {len(jax.devices())} devices exist')
-  if micro % data:
-    raise ValueError(f'grpo.micro_batch_size={micro} is not a multiple of grpo.data_parallel={data}')
-
-
-def make_logprob_fn():
-  """Jitted (model, batch, grid) -> [B, K] log-probs at loss positions (the trainer's old / reference log-probs)."""
-
-  @nnx.jit(static_argnums=2)
-  def logprob_fn(model, batch, grid):
-    batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
-    return policy.loss_logprobs(model, batch)
-
-  return logprob_fn
-
-
-def make_grad_fn(cfg: ml_collections.ConfigDict):
-  """Jitted (model, batch, grid, num_sequences, num_tokens) -> (grads, metrics) of −J (Eq. 12) on one micro-batch.
-
-  `num_sequences` (G·N rows) and `num_tokens` (Σ M) are those of the WHOLE group batch (float32 scalars), so the
-  gradients of the micro-batches sum to the full-batch gradient (DESIGN.md §6). The batch needs old_logprobs,
-  advantages, loss_mask (and ref_logprobs when beta > 0) beside `batching.collate`'s fields.
-  Loss settings from `cfg` (= config.grpo): eps_low, eps_high, beta, aggregation, clip_ratio_c.
-  """
-  eps_low, eps_high, beta = float(cfg.eps_low), float(cfg.eps_high), float(cfg.beta)
-  aggregation = cfg.get('aggregation', 'seq_mean_token_mean')
-  clip_ratio_c = cfg.get('clip_ratio_c', None)
-  losses.AGGREGATIONS.get(aggregation)
-
-  @nnx.jit(static_argnums=2)
-  def grad_fn(model, batch, grid, num_sequences, num_tokens):
-    batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
-
-    def loss_fn(model):
-      logprobs = policy.loss_logprobs(model, batch)
-      return losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
-                              ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
-                              eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
-                              num_tokens=num_tokens, clip_ratio_c=clip_ratio_c)
-
-    (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
-    return grads, dict(aux, loss=loss)
-
-  return grad_fn
-
-
-def make_apply_fn():
-  """Jitted (model, optimizer, grads) -> global grad norm: one optimizer step with the accumulated gradient."""
-
-  @nnx.jit
-  def apply_fn(model, optimizer, grads):
-    optimizer.update(model, grads)
-    return optax.tree.norm(grads)
-
-  return apply_fn
-
-
-def split_micro_batches(batch: dict, grid: tuple, micro_batch_size: int, merge_size: int = 2,
-                        image_token_id: int = tokens_lib.IMAGE_PAD_ID) -> list[tuple[dict, tuple]]:
-  """Splits a collated batch by rows into micro-batches, each with its own images (pixel_values, grid).
-
-  Images fill `<|image_pad|>` tokens in row-major order, and an image of grid (t, h, w) has t·h·w patches and
-  t·h·w / merge_size² pad tokens, so a row's patches are merge_size² × its pad-token count.
-
-  Args:
-    batch: `batching.collate` fields (+ per-row loss arrays) as host numpy arrays, without image_grid_thw.
-    grid: the batch's image grids as a tuple of (t, h, w) (`sft.grid_key`).
-    micro_batch_size: rows per micro-batch (0 or >= B: one micro-batch); must divide B.
-  Returns:
-    [(micro_batch dict, micro grid tuple)]; T and K are the batch's, so all parts share compiled shapes.
-  Raises:
-    ValueError: micro_batch_size does not divide B, or the image tokens do not match the grids.
-  """
-  rows = batch['input_ids'].shape[0]
-  size = rows if not micro_batch_size or micro_batch_size >= rows else int(micro_batch_size)
-  if rows % size:
-    raise ValueError(f'micro_batch_size={size} does not divide the batch of {rows} rows')
-  if size == rows:
-    return [(batch, grid)]
-  patches_per_row = merge_size ** 2 * np.sum(np.asarray(batch['input_ids']) == image_token_id, axis=1)
-  image_patches = [int(np.prod(g)) for g in grid]
-  image_end = np.cumsum(image_patches).tolist()
-  row_end = np.cumsum(patches_per_row).tolist()
-  if (row_end[-1] if row_end else 0) != (image_end[-1] if image_end else 0):
-    raise ValueError(f'{row_end[-1]} image patches by the pad tokens, {sum(image_patches)} by the grids')
-  parts = []
-  for lo in range(0, rows, size):
-    hi = lo + size
-    p_lo, p_hi = (row_end[lo - 1] if lo else 0), row_end[hi - 1]
-    images = [i for i, end in enumerate(image_end) if p_lo < end <= p_hi]
-    part = {}
-    for key, value in batch.items():
-      if value is None:
-        part[key] = None
-      elif key == 'pixel_values':
-        part[key] = value[p_lo:p_hi] if p_hi > p_lo else None
-      elif key == 'position_ids':
-        part[key] = value[:, lo:hi]
-      elif np.ndim(value) == 0:
-        part[key] = value
-      else:
-        part[key] = value[lo:hi]
-    parts.append((part, tuple(grid[i] for i in images)))
-  return parts
-
-
-def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequences: float,
-                     num_tokens: float) -> tuple[nnx.State, dict]:
-  """Σ over micro-batches of the gradient of −J, each normalised by the whole batch: the full-batch gradient.
-
-  Args:
-    parts: (device batch, grid) micro-batches (`split_micro_batches`, then `policy.shard_batch`).
-    grad_fn: `make_grad_fn(cfg)`.
-    num_sequences, num_tokens: G·N and Σ M of the whole batch.
-  Returns:
-    (grads as an nnx.State like the model's params, reduced metrics).
-  """
-  grads, metrics_list = None, []
-  f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
-  for batch, grid in parts:
-    g, m = grad_fn(model, batch, grid, f32(num_sequences), f32(num_tokens))
-    grads = g if grads is None else jax.tree.map(jax.numpy.add, grads, g)
-    metrics_list.append(jax.device_get(m))
-  return grads, metrics.reduce_metrics(metrics_list, losses.GRPO_METRIC_REDUCTIONS)
+  grpo_update.check_update_config(config)  # mini_batch_prompts, ppo_epochs, tis_cap, max_staleness, micro-batch
+  rows = (cfg.get('mini_batch_prompts') or cfg.prompts_per_step) * cfg.num_generations  # one mini-batch
+  micro = cfg.get('micro_batch_size') or rows
+  shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
+  if micro % shards:
+    raise ValueError(f'grpo.micro_batch_size={micro} (rows per micro-batch) is not a multiple of the {shards} '
+                     'data x fsdp devices of config.mesh')
 
 
 def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
@@ -294,11 +172,11 @@ def _init_dir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathl
   return storage.path(config.grpo.get('init_from') or workdir)  # gs://... stays a URL
 
 
-def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path):
-  """Policy + optimizer, resumed from `<workdir>/grpo_ckpt`, else initialised from the SFT checkpoint."""
-  cfg = config.grpo
-  model = policy.build_model(config, seed=config.seed)
-  optimizer = policy.make_optimizer(model, cfg.lr, cfg.steps, warmup_steps=0, grad_clip=1.0)
+def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: jax.sharding.Mesh | None = None):
+  """Policy + optimizer created sharded on `mesh` (default: `config.mesh`), resumed from `<workdir>/grpo_ckpt`,
+  else initialised from the SFT checkpoint (restored onto this placement, whatever mesh wrote it)."""
+  mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
+  model, optimizer = policy.create(config, mesh, 'grpo')
   mngr = checkpoint.manager(workdir, 'grpo_ckpt')
   meta = checkpoint.restore(mngr, model, optimizer)
   if meta:
@@ -313,15 +191,18 @@ def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   return model, optimizer, mngr, 0
 
 
-def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> nnx.Module | None:
-  """π_ref for the KL term: a second, frozen copy of the SFT policy; None when beta = 0 (no KL, no second model).
+def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+                   mesh: jax.sharding.Mesh | None = None) -> nnx.Module | None:
+  """π_ref for the KL term: a second, frozen copy of the SFT policy, sharded like the policy on `mesh` (default:
+  `config.mesh`); None when beta = 0 (no KL, no second model).
 
   Raises:
     FileNotFoundError: beta > 0 but there is no SFT checkpoint (and no hf_path) to take π_ref from.
   """
   if not config.grpo.beta:
     return None
-  ref = policy.build_model(config, seed=config.seed)
+  mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
+  ref = policy.create_model(config, mesh, seed=config.seed)
   init_dir = _init_dir(config, workdir)
   if checkpoint.restore(checkpoint.manager(init_dir, 'sft_ckpt'), ref) is None and not config.model.get('hf_path'):
     raise FileNotFoundError(f'grpo: beta={config.grpo.beta} needs the SFT checkpoint in {init_dir / "sft_ckpt"} '
@@ -336,22 +217,19 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   Config (config.grpo unless noted): fatal_mode (none | hard | mask | mask_clamp), rollout.fatal_index
   (first | kth), estimator (grpo | rloo | dr_grpo), aggregation (seq_mean_token_mean = Eq. 12 | token_mean |
   seq_mean_token_sum), eps_low / eps_high, beta (> 0 loads π_ref), micro_batch_size (0 = whole batch),
-  data_parallel (devices on the 'data' mesh axis, 0 = all), judge.name (rule | llm).
+  judge.name (rule | llm); config.mesh / config.sharding_rules place the policy and the batches.
   """
   workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.grpo
   check_config(config)
   prompts = data.load_prompts(config, workdir)
-  model, optimizer, mngr, start = init_policy(config, workdir)
-  ref_model = init_reference(config, workdir)
-  mesh = policy.make_mesh(cfg.get('data_parallel', 1))
-  for module in (model, optimizer, ref_model):
-    if module is not None:
-      policy.replicate(module, mesh)
+  mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
+  model, optimizer, mngr, start = init_policy(config, workdir, mesh)
+  ref_model = init_reference(config, workdir, mesh)
   runner = rollouts.RolloutRunner(config, model)
   judge = judges_registry.get_judge(config.get('judge'))
   writer = metrics.MetricWriter(workdir, 'grpo')
-  logprob_fn, grad_fn, apply_fn = make_logprob_fn(), make_grad_fn(cfg), make_apply_fn()
+  update = grpo_update.make_update_fn(cfg, place=lambda b: policy.shard_batch(b, mesh, rules))
   group = cfg.num_generations
 
   for step in tqdm.trange(start, cfg.steps, desc='grpo', initial=start, total=cfg.steps):
@@ -363,21 +241,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
     batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, judge)
     batch.pop('rewards')
     fatal_steps = batch.pop('fatal_steps')
-    num_sequences, num_tokens = len(trajectories), float(batch['loss_mask'].sum())
-    parts = [(policy.shard_batch(b, mesh), g)
-             for b, g in split_micro_batches(batch, grid, cfg.get('micro_batch_size', 0))]
-    for b, g in parts:  # old (and reference) log-probs, recomputed by the trainer (Eq. 12's ρ)
-      b['old_logprobs'] = logprob_fn(model, b, g)
-      if ref_model is not None:
-        b['ref_logprobs'] = logprob_fn(ref_model, b, g)
-    grads, out = accumulate_grads(model, parts, grad_fn, num_sequences, num_tokens)
-    out['grad_norm'] = float(apply_fn(model, optimizer, grads))
+    with sharding.use_mesh(mesh, rules):  # activation constraints on
+      # π_old once for the whole batch, then one optimizer step per mini-batch (grpo_update, DESIGN.md §6)
+      out, _ = update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)
     writer.write(step + 1, {
         **out,
         **rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']),
         'injected_tool_failures': dict(getattr(runner.env, 'injected_counts', None) or {}),  # cumulative
-        'micro_batches': len(parts),
-        'data_parallel': 1 if mesh is None else mesh.shape[policy.DATA_AXIS],
+        'batch_shards': sharding.batch_shards(mesh, rules),  # data x fsdp devices the rows are split over
         'rollout_seconds': rollout_seconds,
         'step_seconds': time.time() - t0,
     })

@@ -103,7 +103,7 @@ def read_metrics(workdir: str | os.PathLike, stage: str | None = None) -> list[d
   return [r for r in records if stage is None or r.get('stage') == stage]
 
 
-SUM, MAX = 'sum', 'max'
+SUM, MAX, MEAN = 'sum', 'max', 'mean'
 
 
 def reduce_metrics(parts: Sequence[Mapping[str, Any]],
@@ -113,12 +113,14 @@ def reduce_metrics(parts: Sequence[Mapping[str, Any]],
   Every key of the parts is reduced, by `reductions.get(key, SUM)`:
     SUM ('sum')   Σ_i m_i: counts, sums, and losses already normalised by the whole batch;
     MAX ('max')   max_i m_i;
+    MEAN ('mean') (1/n) Σ_i m_i: per-part values of equal weight (e.g. the loss of each optimizer step);
     <count key>   a mean over what that count metric counts: Σ_i m_i c_i / max(Σ_i c_i, 1), i.e. each part's
                   (sum, count) = (m_i c_i, c_i), added up.
 
   Args:
     parts: one dict per part, same keys, scalar values (python, numpy or jax, any float/int dtype).
-    reductions: key -> SUM | MAX | name of a count key in the parts (e.g. `losses.GRPO_METRIC_REDUCTIONS`).
+    reductions: key -> SUM | MAX | MEAN | name of a count key in the parts (e.g.
+      `losses.GRPO_METRIC_REDUCTIONS`).
 
   Returns:
     {key: float} over all keys of the parts.
@@ -140,6 +142,8 @@ def reduce_metrics(parts: Sequence[Mapping[str, Any]],
       out[key] = float(sum(values[key]))
     elif how == MAX:
       out[key] = max(values[key])
+    elif how == MEAN:
+      out[key] = float(sum(values[key])) / len(values[key])
     elif how in values:
       counts = values[how]
       out[key] = sum(v * c for v, c in zip(values[key], counts)) / max(sum(counts), 1.0)

@@ -1,5 +1,14 @@
 """The policy both trainers train: model, optimizer, the one forward pass (log-probs at loss positions only), and
-its placement for data parallelism (mesh, replicated parameters, row-sharded batches)."""
+their placement on the trainer's mesh (DESIGN.md §3: the training mains own the mesh, big_vision style).
+
+SFT and GRPO share one path:
+  mesh = sharding.mesh_from_config(config.mesh)           # ('data', 'fsdp', 'tensor', 'expert')
+  model, optimizer = policy.create(config, mesh, 'sft')   # created sharded: no full copy on one device
+  batch = policy.shard_batch(batch, mesh, rules)          # rows over ('data', 'fsdp')
+  with sharding.use_mesh(mesh, rules): step(model, optimizer, batch, ...)
+Parameters and the optimizer state (Adam mu / nu like their parameter) are placed by the model's logical rules
+(`models/qwen3_vl/sharding.py`, overridable with `config.sharding_rules`).
+"""
 
 import dataclasses
 
@@ -12,6 +21,7 @@ from flax import nnx
 
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.rl import losses
 
@@ -22,14 +32,17 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
   `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
   `config.model.scan_layers` / `config.model.remat` (optional, default False): run the decoder layers under
   `jax.lax.scan` (stacked parameter layout) / rematerialise each layer in the backward pass (`text.Qwen3VLText`).
+  `config.model.dtype` / `param_dtype` (optional, default 'float32'): compute and parameter dtypes (the paper
+  configs compute in bfloat16 over float32 parameters; the loss's log-softmax is float32 either way).
   Checkpoints keep the layout they were written with: resume with the same `scan_layers`.
 
   Raises:
-    ValueError: for an unknown `config.model.name`.
+    ValueError: for an unknown `config.model.name` or dtype.
   """
   scan_layers = bool(config.model.get('scan_layers', False))
+  dtypes = model_dtypes(config)
   if config.model.get('hf_path'):
-    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers)
+    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers, **dtypes)
   elif config.model.name != 'tiny':
     raise ValueError(f"config.model.name={config.model.name!r}: only 'tiny' is built in; set model.hf_path")
   else:
@@ -37,9 +50,27 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
     if config.model.get('text'):
       model_config = dataclasses.replace(model_config,
                                          text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
-    model = model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed), scan_layers=scan_layers)
+    model = model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed), scan_layers=scan_layers, **dtypes)
   model.language_model.remat = bool(config.model.get('remat', False))
   return model
+
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def model_dtypes(config: ml_collections.ConfigDict) -> dict:
+  """{'dtype', 'param_dtype'} (jnp dtypes) from `config.model.dtype` / `param_dtype` (default 'float32').
+
+  Raises:
+    ValueError: naming the field, for a dtype outside `DTYPES`.
+  """
+  out = {}
+  for field in ('dtype', 'param_dtype'):
+    name = str(config.model.get(field) or 'float32')
+    if name not in DTYPES:
+      raise ValueError(f'model.{field}={name!r} is not one of {sorted(DTYPES)}')
+    out[field] = DTYPES[name]
+  return out
 
 
 def make_schedule(lr: float, steps: int, warmup_steps: int = 0) -> optax.Schedule:
@@ -58,16 +89,82 @@ def make_schedule(lr: float, steps: int, warmup_steps: int = 0) -> optax.Schedul
   return optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, steps, end_value=lr * 0.1)
 
 
-def make_optimizer(model: nnx.Module, lr: float, steps: int, warmup_steps: int = 0,
-                   weight_decay: float = 0.0, grad_clip: float = 1.0) -> nnx.Optimizer:
-  """AdamW on `make_schedule(lr, steps, warmup_steps)`, global-norm clipping at `grad_clip`.
+def make_tx(lr: float, steps: int, warmup_steps: int = 0, weight_decay: float = 0.0,
+            grad_clip: float = 1.0) -> optax.GradientTransformation:
+  """AdamW (b1 0.9, b2 0.95) on `make_schedule(lr, steps, warmup_steps)`, global-norm clipping at `grad_clip`.
 
   Raises:
     ValueError: from `make_schedule`.
   """
-  tx = optax.chain(optax.clip_by_global_norm(grad_clip),
-                   optax.adamw(make_schedule(lr, steps, warmup_steps), b1=0.9, b2=0.95, weight_decay=weight_decay))
-  return nnx.Optimizer(model, tx, wrt=nnx.Param)
+  return optax.chain(optax.clip_by_global_norm(grad_clip),
+                     optax.adamw(make_schedule(lr, steps, warmup_steps), b1=0.9, b2=0.95, weight_decay=weight_decay))
+
+
+def create_model(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                 seed: int = 0) -> model_lib.Qwen3VLModel:
+  """`build_model(config, seed)` created directly sharded on `mesh` by the rules (`config.sharding_rules`).
+
+  A random init is traced abstractly (`nnx.eval_shape`) and then run by `jax.jit` with the rules' `out_shardings`,
+  so each device only ever materialises its own shards; an HF folder (`model.hf_path`) is read one tensor at a
+  time, each placed in its sharding (`weights.load_hf_folder(mesh=...)`). The values are the same on every mesh
+  (and `build_model`'s up to float rounding of the jitted init).
+  """
+  rules = sharding.rules_from_config(config)
+  if config.model.get('hf_path'):
+    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=bool(config.model.get('scan_layers', False)),
+                                      mesh=mesh, rules=rules, **model_dtypes(config))
+    model.language_model.remat = bool(config.model.get('remat', False))
+    return model
+  make = lambda: build_model(config, seed)
+  graphdef, abstract = nnx.split(nnx.eval_shape(make))
+  init = jax.jit(lambda: nnx.split(make())[1], out_shardings=sharding.state_shardings(abstract, mesh, rules))
+  return nnx.merge(graphdef, init())
+
+
+def create_optimizer(model: nnx.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+                     rules=sharding.LOGICAL_RULES) -> nnx.Optimizer:
+  """`nnx.Optimizer(model, tx)` over the model's `nnx.Param`s, its state created directly sharded: Adam's mu / nu
+  take their parameter's sharding (their paths end in the parameter's), counts are replicated."""
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param), model))
+  model_def = nnx.graphdef(model)
+  init = jax.jit(lambda state: nnx.split(nnx.Optimizer(nnx.merge(model_def, state), tx, wrt=nnx.Param))[1],
+                 out_shardings=sharding.state_shardings(abstract, mesh, rules))
+  return nnx.merge(graphdef, init(nnx.state(model)))
+
+
+def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+           stage: str) -> tuple[model_lib.Qwen3VLModel, nnx.Optimizer]:
+  """The policy and its optimizer, both created sharded on `mesh` (SFT and GRPO alike).
+
+  Args:
+    config: the job config: `model`, `seed`, optional `sharding_rules`, and the stage's optimizer settings.
+    mesh: the trainer's mesh (`sharding.mesh_from_config(config.mesh)`).
+    stage: 'sft' or 'grpo': `config.<stage>` gives lr, steps and optionally warmup_steps (0), weight_decay (0.0),
+      grad_clip (1.0) to `make_tx`. The schedule spans optimizer steps: for GRPO each of the `steps` rollout
+      batches makes ppo_epochs × (prompts_per_step / mini_batch_prompts) of them (DESIGN.md §6), and
+      warmup_steps counts rollout steps too.
+  Returns:
+    (model, optimizer).
+  Raises:
+    ValueError: from `build_model` / `make_schedule`.
+  """
+  cfg = config[stage]
+  per_step = 1
+  if stage == 'grpo':
+    mini = cfg.get('mini_batch_prompts') or cfg.prompts_per_step
+    per_step = int(cfg.get('ppo_epochs') or 1) * max(int(cfg.prompts_per_step) // int(mini), 1)
+  model = create_model(config, mesh, seed=config.seed)
+  tx = make_tx(cfg.lr, cfg.steps * per_step, cfg.get('warmup_steps', 0) * per_step, cfg.get('weight_decay', 0.0),
+               cfg.get('grad_clip', 1.0))
+  return model, create_optimizer(model, tx, mesh, sharding.rules_from_config(config))
+
+
+def pin_placement(*modules: nnx.Module) -> None:
+  """Inside a jitted step under `sharding.use_mesh`: constrains the state of each module (model, optimizer) to the
+  rules' shardings after an update (`sharding.constrain_state`), so parameters and Adam moments stay where
+  `create` put them. A no-op without a mesh."""
+  for module in modules:
+    nnx.update(module, sharding.constrain_state(nnx.state(module)))
 
 
 def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict) -> jax.Array:
@@ -90,69 +187,39 @@ def device_batch(batch: dict) -> dict:
   return {k: (v if k == 'image_grid_thw' or v is None else jnp.asarray(v)) for k, v in batch.items()}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Data parallelism: a 1-D `jax.sharding.Mesh` with axis 'data'; the batch is split over it, parameters replicated.
-# ----------------------------------------------------------------------------------------------------------------
-
-DATA_AXIS = 'data'
+# Batch fields whose leading axis is not the row axis: position_ids [3, B, T] (rows on axis 1); pixel_values
+# [N, 1536] (patches of all rows' images) replicated: the vision tower sees every image, the text model its rows.
+ROW_AXIS = {'position_ids': 1, 'pixel_values': None, 'image_grid_thw': None}
 
 
-def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh | None:
-  """A ('data',) mesh over the first `num_devices` devices (0 = all); None for a single device (no sharding).
-
-  Raises:
-    ValueError: more devices asked for than exist.
-  """
-  devices = jax.devices()
-  n = len(devices) if num_devices in (0, None) else int(num_devices)
-  if n > len(devices) or n < 1:
-    raise ValueError(f'data parallelism over {n} devices, but {len(devices)} exist (XLA_FLAGS='
-                     '--xla_force_host_platform_device_count=N simulates N CPU devices)')
-  if n == 1:
-    return None
-  return jax.sharding.Mesh(np.asarray(devices[:n]), (DATA_AXIS,))
+def batch_sharding(key: str, ndim: int, mesh: jax.sharding.Mesh,
+                   rules=sharding.LOGICAL_RULES) -> tuple[jax.sharding.NamedSharding, int | None]:
+  """(sharding, row axis or None) of batch field `key` with `ndim` dims: rows over the logical 'batch' axis
+  (('data', 'fsdp')) on `ROW_AXIS` (default 0); pixel_values and scalars replicated."""
+  axis = ROW_AXIS.get(key, 0)
+  if axis is None or ndim == 0:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), None
+  return sharding.data_sharding(mesh, ndim, axis, rules), axis
 
 
-def replicate(tree_or_module, mesh: jax.sharding.Mesh | None):
-  """Places every array of an nnx Module / Optimizer (in place) or of a pytree (returned) on all mesh devices."""
-  if mesh is None:
-    return tree_or_module
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  if isinstance(tree_or_module, nnx.Pytree):
-    nnx.update(tree_or_module, jax.device_put(nnx.state(tree_or_module), replicated))
-    return tree_or_module
-  return jax.device_put(tree_or_module, replicated)
-
-
-# Batch fields whose leading axis is not the row axis: position_ids [3, B, T] (rows on axis 1), pixel_values
-# [N, 1536] (patches of all rows' images: replicated; the vision tower sees every image, the text model its rows).
-_ROW_AXIS = {'position_ids': 1, 'pixel_values': None, 'image_grid_thw': None}
-
-
-def shard_batch(batch: dict, mesh: jax.sharding.Mesh | None) -> dict:
-  """Puts a collated batch on the mesh: row-major fields split over 'data' (NamedSharding), the rest replicated.
-
-  Without a mesh this is `device_batch`. Rows per device = B / mesh size (B must divide).
+def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RULES) -> dict:
+  """Puts a collated batch (host arrays, every row) on the mesh: the rows of input_ids, attention_mask, the loss
+  arrays [B, ...] and position_ids [3, B, T] split over ('data', 'fsdp'); pixel_values replicated; image_grid_thw
+  (static shapes) stays on the host. Multi-host jobs feed only their rows (`distributed.host_batch`).
 
   Raises:
-    ValueError: B is not a multiple of the mesh size.
+    ValueError: naming the field, when its B rows do not split over the data x fsdp devices.
   """
-  if mesh is None:
-    return device_batch(batch)
-  size = mesh.shape[DATA_AXIS]
+  shards = sharding.batch_shards(mesh, rules)
   out = {}
   for key, value in batch.items():
     if key == 'image_grid_thw' or value is None:
       out[key] = value
       continue
-    value = jnp.asarray(value)
-    axis = _ROW_AXIS.get(key, 0)
-    if axis is None or value.ndim == 0:
-      spec = jax.sharding.PartitionSpec()
-    else:
-      if value.shape[axis] % size:
-        raise ValueError(f'batch field {key!r} has {value.shape[axis]} rows, not a multiple of the {size} '
-                         'data-parallel devices')
-      spec = jax.sharding.PartitionSpec(*([None] * axis + [DATA_AXIS]))
-    out[key] = jax.device_put(value, jax.sharding.NamedSharding(mesh, spec))
+    value = np.asarray(value) if not isinstance(value, jax.Array) else value
+    target, axis = batch_sharding(key, value.ndim, mesh, rules)
+    if axis is not None and value.shape[axis] % shards:
+      raise ValueError(f'batch field {key!r} has {value.shape[axis]} rows, not a multiple of the {shards} '
+                       'data x fsdp devices of the mesh')
+    out[key] = jax.device_put(value, target)
   return out

@@ -22,19 +22,25 @@ from ml_collections import config_flags
 
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
 from osvl_jax.train import batching, checkpoint, data, metrics, policy, storage
 
 
 def check_model_config(config: ml_collections.ConfigDict) -> None:
-  """Checks what every trainer shares: seed, model choice, the policy's image processor budget.
+  """Checks what every trainer shares: seed, model choice, mesh, the policy's image processor budget.
 
   Raises:
-    ValueError: naming the field: a non-int seed, an unknown model.name without model.hf_path, image pixel limits
-      that are not ints >= 1 with min <= max, or data.min_pixels / max_pixels (the budget the dataset's
+    ValueError: naming the field: a non-int seed, an unknown model.name without model.hf_path, a `mesh.<axis>`
+      that does not fit the devices (`sharding.mesh_from_config`), a malformed `sharding_rules` entry, a
+      model.dtype / param_dtype outside `policy.DTYPES`, image pixel
+      limits that are not ints >= 1 with min <= max, or data.min_pixels / max_pixels (the budget the dataset's
       trajectories were rendered with) differing from image.min_pixels / max_pixels.
   """
   checks.number(config, 'seed', integer=True)
+  sharding.mesh_from_config(config.get('mesh'))
+  sharding.rules_from_config(config)
+  policy.model_dtypes(config)
   if not checks.get(config, 'model.hf_path') and checks.get(config, 'model.name') != 'tiny':
     raise ValueError(f"model.name={checks.get(config, 'model.name')!r}: only 'tiny' is built in; set model.hf_path")
   limits = checks.pixel_limits(config, 'image')
@@ -50,7 +56,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   Raises:
     ValueError: naming the field: `check_model_config`'s, sft.steps / batch_size / log_every / ckpt_every not
-      ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps), sft.weight_decay < 0, sft.grad_clip <= 0.
+      ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps), sft.weight_decay < 0, sft.grad_clip <= 0,
+      sft.batch_size not a multiple of the mesh's data x fsdp size.
   """
   check_model_config(config)
   steps = checks.positive_int(config, 'sft.steps')
@@ -62,6 +69,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'sft.warmup_steps={warmup} must be < sft.steps={steps} (the cosine decay needs >= 1 step)')
   checks.number(config, 'sft.weight_decay', low=0)
   checks.number(config, 'sft.grad_clip', low=0, low_open=True)
+  shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
+  if config.sft.batch_size % shards:
+    raise ValueError(f'sft.batch_size={config.sft.batch_size} does not split over the {shards} data x fsdp devices '
+                     'of config.mesh')
 
 
 
@@ -90,6 +101,7 @@ def make_train_step():
 
     (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     optimizer.update(model, grads)
+    policy.pin_placement(model, optimizer)  # the updated state keeps the rules' shardings
     return dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))
 
   return train_step
@@ -115,12 +127,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   trajectories = data.load_sft_trajectories(config, workdir)
   print(f'sft: {len(trajectories)} expert trajectories', flush=True)
 
-  model = policy.build_model(config, seed=config.seed)
-  optimizer = policy.make_optimizer(model, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.weight_decay, cfg.grad_clip)
-  # Data parallelism ('data' mesh, parameters replicated); a multi-host run spans every host's devices.
-  mesh = policy.make_mesh(0 if jax.process_count() > 1 else cfg.get('data_parallel', 1))
-  policy.replicate(model, mesh)
-  policy.replicate(optimizer, mesh)
+  # The mesh of config.mesh (every host's devices); model and optimizer state created sharded on it by the rules.
+  mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
+  model, optimizer = policy.create(config, mesh, 'sft')
   mngr = checkpoint.manager(workdir, 'sft_ckpt')
   meta = checkpoint.restore(mngr, model, optimizer)  # onto the placement above, whatever mesh wrote it
   start = meta['step'] if meta else 0
@@ -134,8 +143,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
                           disable=not distributed.is_main()):
     idx = batch_indices(step, cfg.batch_size, len(trajectories), config.seed)
-    batch, grid = distributed.host_batch([trajectories[i] for i in idx], mesh, length, num_loss)  # host's rows
-    out = train_step(model, optimizer, batch, grid)
+    batch, grid = distributed.host_batch([trajectories[i] for i in idx], mesh, length, num_loss, rules)
+    with sharding.use_mesh(mesh, rules):  # activation constraints on
+      out = train_step(model, optimizer, batch, grid)
     tokens += out['num_tokens']
     if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
       out = jax.device_get(out)

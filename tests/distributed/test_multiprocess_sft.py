@@ -1,4 +1,5 @@
-"""Two JAX processes on one machine (jax.distributed on 127.0.0.1, simulated CPU devices) train SFT like one.
+"""Two JAX processes on one machine (jax.distributed on 127.0.0.1, simulated CPU devices) train SFT like one, on
+a mesh over both processes' devices (`config.mesh`).
 
 The job is the real entry point, `python -m osvl_jax.train.sft`, started as a pod starts it: one process per
 host, told its coordinator, count and index through the environment (`osvl_jax.distributed`).
@@ -16,7 +17,7 @@ from tests.distributed import conftest
 STEPS = 4
 ARGS = ['-m', 'osvl_jax.train.sft', '--config=configs/demo.py', '--config.sft.batch_size=8',
         f'--config.sft.steps={STEPS}', '--config.sft.log_every=1', '--config.sft.ckpt_every=2',
-        '--config.sft.warmup_steps=0', '--config.model.text.num_hidden_layers=1']
+        '--config.sft.warmup_steps=0', '--config.model.text.num_hidden_layers=1', '--config.mesh.fsdp=-1']
 
 
 def _records(workdir) -> list[dict]:
@@ -44,11 +45,13 @@ def test_two_processes_train_are_preempted_and_resume_on_another_mesh_with_the_o
   pod, single = tmp_path / 'pod', tmp_path / 'single'
   # The reference: one process, one device, no mesh (it runs beside the pod job; the CPU is mostly idle there).
   reference = conftest.start_processes(args + [f'--workdir={single}'], 1, 1)
-  # 2 processes x 4 devices: the 8-device ('data',) mesh, one row per device. Preempted once step 2 is saved.
+  # 2 processes x 4 devices: the 8-device fsdp mesh (mesh.fsdp=-1: parameters, Adam moments and rows sharded over
+  # both hosts), one row per device. Preempted once step 2 is saved.
   job = conftest.start_processes(args + [f'--workdir={pod}'], 2, 4)
   _wait_for_checkpoint(job, pod / 'sft_ckpt' / '2')
   conftest.kill_processes(job)
-  # Rerun with the same workdir on 2 processes x 2 devices (another, 4-device mesh): restores step 2, trains on.
+  # Rerun with the same workdir on 2 processes x 2 devices (another, 4-device fsdp mesh): restores step 2 onto the
+  # new shardings, trains on.
   resumed = conftest.wait_processes(conftest.start_processes(args + [f'--workdir={pod}'], 2, 2))
   assert all('resumed at step 2' in out for out in resumed)
   conftest.wait_processes(reference)

@@ -1,6 +1,6 @@
 """Sharded forward and gradient equal the unsharded ones on 8 simulated CPU devices (fsdp=8; fsdp=2 x tensor=4;
-MoE with expert=4; scan_layers with fsdp=2 x tensor=4), the rules map parameters to the expected mesh axes, and an
-orbax checkpoint saved on one mesh restores onto another.
+MoE with expert=4; scan_layers with fsdp=2 x tensor=4), the rules map parameters to the expected mesh axes, an
+orbax checkpoint saved on one mesh restores onto another, and an HF folder loads straight into the shardings.
 
 The multi-device tests need `XLA_FLAGS=--xla_force_host_platform_device_count=8` before jax starts; in a normal
 (1-device) pytest run `test_sharded_numerics_on_8_simulated_devices` reruns this file in a subprocess with it.
@@ -203,6 +203,29 @@ def test_orbax_checkpoint_saved_on_one_mesh_restores_onto_another(tmp_path):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@multi
+@pytest.mark.parametrize('scan_layers', [False, True])
+def test_hf_folder_loads_each_tensor_into_its_sharding(tmp_path, scan_layers):
+  """`weights.load_hf_folder(mesh=...)` (the trainers' `policy.create_model` for `model.hf_path`): every parameter
+  arrives in the rules' sharding on fsdp=2 x tensor=4 (each device a 1/shards block), with the saved values."""
+  from osvl_jax.models.qwen3_vl import weights
+  source = Qwen3VLModel(MOE, nnx.Rngs(3))
+  weights.save_hf_folder(source, tmp_path)
+  mesh = sharding.make_mesh(fsdp=2, tensor=4)
+  model, _ = weights.load_hf_folder(tmp_path, mesh=mesh, scan_layers=scan_layers)
+  state = nnx.state(model, nnx.Param)
+  want = sharding.state_shardings(state, mesh)
+  for x, target in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
+    assert x.sharding.is_equivalent_to(target, x.ndim)
+    assert x.addressable_shards[0].data.shape == target.shard_shape(x.shape)
+  q = (model.language_model.layers.self_attn.q_proj.kernel[...] if scan_layers else
+       model.language_model.layers[0].self_attn.q_proj.kernel[...])
+  assert tuple(q.sharding.spec)[-2:] == ('fsdp', 'tensor') and q.addressable_shards[0].data.shape[-2:] == (32, 16)
+  plain, _ = weights.load_hf_folder(tmp_path)
+  for a, b in zip(jax.tree.leaves(weights.to_hf_state_dict(plain)), jax.tree.leaves(weights.to_hf_state_dict(model))):
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.skipif(jax.device_count() >= 8, reason='already running with 8 devices')
 def test_sharded_numerics_on_8_simulated_devices():
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
@@ -210,4 +233,4 @@ def test_sharded_numerics_on_8_simulated_devices():
                          '-k', 'not on_8_simulated_devices'],
                         env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-  assert '8 passed' in proc.stdout and 'skipped' not in proc.stdout, proc.stdout[-2000:]
+  assert '11 passed' in proc.stdout and 'skipped' not in proc.stdout, proc.stdout[-2000:]

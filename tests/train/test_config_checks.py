@@ -6,7 +6,6 @@ import sys
 
 import jax
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -14,7 +13,8 @@ from data_pipeline import build
 from osvl_jax import demo
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
-from osvl_jax.train import grpo, metrics, policy, sft
+from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.train import grpo, grpo_update, policy, sft
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
@@ -36,7 +36,8 @@ def _set(config, path, value):
     ('sft.weight_decay', -0.1, 'sft.weight_decay'), ('sft.log_every', 0, 'sft.log_every'),
     ('sft.ckpt_every', 0, 'sft.ckpt_every'), ('image.min_pixels', 0, 'image.min_pixels=0'),
     ('image.max_pixels', 1024, 'image.min_pixels=4096 > image.max_pixels=1024'),
-    ('model.name', 'huge', 'model.name'),
+    ('model.name', 'huge', 'model.name'), ('mesh.fsdp', 0, 'mesh.fsdp=0'), ('mesh.tensor', -2, 'mesh.tensor=-2'),
+    ('mesh.expert', 4096, 'mesh.expert'), ('mesh.pipeline', 2, 'mesh.pipeline: unknown mesh axis'),
 ])
 def test_sft_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
@@ -62,7 +63,7 @@ def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():
     ('grpo.alpha', 1.5, 'grpo.alpha'), ('grpo.delta', 0.0, 'grpo.delta'), ('grpo.std_ddof', 2, 'grpo.std_ddof'),
     ('grpo.clip_ratio_c', 0.5, 'grpo.clip_ratio_c'), ('grpo.temperature', 0.0, 'grpo.temperature'),
     ('grpo.top_p', 1.5, 'grpo.top_p'), ('grpo.ckpt_every', 0, 'grpo.ckpt_every'),
-    ('grpo.micro_batch_size', -2, 'grpo.micro_batch_size'), ('grpo.data_parallel', 99, 'grpo.data_parallel=99'),
+    ('grpo.micro_batch_size', -2, 'grpo.micro_batch_size'), ('mesh.fsdp', 99, 'mesh.fsdp'),
     ('grpo.fatal_mode', 'bogus', 'bogus'), ('rollout.max_turns', 0, 'rollout.max_turns'),
     ('rollout.max_new_tokens', 0, 'rollout.max_new_tokens'), ('rollout.fatal_k', 0, 'rollout.fatal_k'),
     ('rollout.max_total_tokens', 64, 'rollout.max_total_tokens=64 < rollout.max_new_tokens=128'),
@@ -103,6 +104,32 @@ def test_demo_checks_every_stage_before_the_first_and_writes_nothing(tmp_path, p
   with pytest.raises(ValueError, match=match):
     demo.run(c, tmp_path / 'demo')
   assert not (tmp_path / 'demo').exists()
+
+
+def test_mesh_sizes_resolve_one_minus_one_and_refuse_what_does_not_fit_the_devices():
+  sizes = lambda multi_host=False, **kw: sharding.mesh_sizes(kw, 8, multi_host)
+  assert sizes(fsdp=-1) == {'data': 1, 'fsdp': 8, 'tensor': 1, 'expert': 1}
+  assert sizes(data=2, fsdp=-1) == {'data': 2, 'fsdp': 4, 'tensor': 1, 'expert': 1}
+  assert sizes(fsdp=2, tensor=4) == {'data': 1, 'fsdp': 2, 'tensor': 4, 'expert': 1}
+  assert sizes() == {'data': 1, 'fsdp': 1, 'tensor': 1, 'expert': 1}  # one process: the first device only
+  for kw, match in (({'fsdp': -1, 'data': -1}, 'only one axis may be -1'), ({'fsdp': 3, 'data': -1}, 'mesh.data=-1'),
+                    ({'fsdp': 16}, 'mesh.fsdp'), ({'tensor': 0}, 'mesh.tensor=0'), ({'data': True}, 'mesh.data'),
+                    ({'fsdp': 2, 'multi_host': True}, 'mesh.fsdp: .* must hold them all')):
+    with pytest.raises(ValueError, match=match):
+      sizes(**kw)
+  mesh = sharding.mesh_from_config({'fsdp': -1})
+  assert mesh.axis_names == sharding.MESH_AXES and mesh.shape['fsdp'] == jax.device_count()
+
+
+def test_sharding_rules_override_the_logical_rules_by_name():
+  c = demo_config.get_config()
+  c.sharding_rules = (('embed', None), ('mlp', ('fsdp', 'tensor')))
+  rules = dict(sharding.rules_from_config(c))
+  assert rules['embed'] is None and rules['mlp'] == ('fsdp', 'tensor') and rules['batch'] == ('data', 'fsdp')
+  sft.check_config(c)
+  c.sharding_rules = (('embed', 'pipeline'),)
+  with pytest.raises(ValueError, match='sharding_rules'):
+    sft.check_config(c)
 
 
 def test_sft_with_batch_size_zero_names_the_field_and_writes_nothing(tmp_path):
@@ -151,6 +178,6 @@ def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
   assert start == 0
   before = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
   grads = jax.tree.map(jax.numpy.ones_like, nnx.state(model, nnx.Param))
-  grpo.make_apply_fn()(model, optimizer, grads)
+  grpo_update.apply_fn(model, optimizer, grads)
   after = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
   assert any(not np.array_equal(a, b) for a, b in zip(before, after))

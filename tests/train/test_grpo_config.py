@@ -18,7 +18,7 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import checkpoint, grpo, policy
+from osvl_jax.train import checkpoint, grpo, grpo_update, policy
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -61,8 +61,8 @@ def test_demo_config_names_every_choice():
   c = demo_config.get_config()
   assert (c.grpo.fatal_mode, c.rollout.fatal_index, c.grpo.estimator, c.grpo.aggregation) == (
       'mask_clamp', 'first', 'grpo', 'seq_mean_token_mean')
-  assert (c.grpo.eps_low, c.grpo.eps_high, c.grpo.beta, c.grpo.micro_batch_size, c.grpo.data_parallel) == (
-      0.2, 0.28, 0.0, 0, 1)
+  assert (c.grpo.eps_low, c.grpo.eps_high, c.grpo.beta, c.grpo.micro_batch_size) == (0.2, 0.28, 0.0, 0)
+  assert (c.grpo.mini_batch_prompts, c.grpo.ppo_epochs, c.grpo.tis_cap, c.grpo.max_staleness) == (0, 1, None, 0)
   assert c.judge.name == 'rule' and c.judge.temperature == 0.0
   grpo.check_config(c)
 
@@ -81,9 +81,12 @@ def test_check_config_rejects_unknown_choices(path, value, match):
 
 
 def test_check_config_rejects_micro_batches_that_do_not_shard():
+  if len(jax.devices()) < 8:
+    pytest.skip('needs 8 (simulated) devices')
   c = demo_config.get_config()
-  c.grpo.update(micro_batch_size=4, data_parallel=3)  # batch 2 x 4 = 8 rows
-  with pytest.raises(ValueError, match='multiple of grpo.data_parallel'):
+  c.grpo.update(prompts_per_step=2, micro_batch_size=4)  # batch 2 x 4 = 8 rows, micro-batches of 4
+  c.mesh.fsdp = 8
+  with pytest.raises(ValueError, match='not a multiple of the 8 data x fsdp devices'):
     grpo.check_config(c)
 
 
@@ -172,7 +175,7 @@ def test_grad_fn_uses_clip_range_beta_and_aggregation_from_config():
   batch['ref_logprobs'] = logprobs + rng.normal(0, 0.2, (b, k)).astype(np.float32)
   settings = dict(eps_low=0.1, eps_high=0.5, beta=0.3, aggregation='seq_mean_token_sum')
   cfg = _cfg(**settings)
-  _, metrics = grpo.make_grad_fn(cfg)(model, policy.device_batch(batch), (), jnp.float32(4.0), jnp.float32(9.0))
+  _, metrics = grpo_update.make_grad_fn(cfg)(model, policy.device_batch(batch), (), jnp.float32(4.0), jnp.float32(9.0))
   want, want_metrics = losses.grpo_loss(jnp.asarray(logprobs), batch['old_logprobs'], batch['advantages'],
                                         batch['loss_mask'], ref_logprobs=batch['ref_logprobs'],
                                         num_sequences=4.0, num_tokens=9.0, **settings)

@@ -1,9 +1,10 @@
-"""Micro-batching and data parallelism leave the GRPO gradient unchanged (DESIGN.md §6, osvl_jax/train/grpo.py).
+"""Micro-batching and sharding leave the GRPO gradient unchanged (DESIGN.md §6, osvl_jax/train/grpo.py).
 
 A batch of 8 groups × G = 2 short trajectories (real tokenizer, images on every row and tool images on half of
 them, one fatal sample in every other group) through the tiny Qwen3-VL: the gradient of −J (Eq. 12) w.r.t. the
-parameters is computed in one step, in 4 micro-batches, and data-parallel over 8 simulated CPU devices
-(run with XLA_FLAGS=--xla_force_host_platform_device_count=8, as `make test` does).
+parameters is computed in one step on one device, in 4 micro-batches, and on a data=2 x fsdp=4 mesh of 8 simulated
+CPU devices (rows and parameters sharded; run with XLA_FLAGS=--xla_force_host_platform_device_count=8, as
+`make test` does).
 """
 
 import jax
@@ -15,7 +16,8 @@ from flax import nnx
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
-from osvl_jax.train import grpo, policy
+from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.train import grpo, grpo_update, policy
 from tools import base
 
 GROUPS, G = 8, 2
@@ -66,9 +68,10 @@ def setup():
 
 
 def _grads(model, batch, grid, cfg, micro_batch_size, mesh):
-  parts = [(policy.shard_batch(b, mesh), g) for b, g in grpo.split_micro_batches(batch, grid, micro_batch_size)]
-  grads, metrics = grpo.accumulate_grads(model, parts, grpo.make_grad_fn(cfg), len(batch['advantages']),
-                                         float(batch['loss_mask'].sum()))
+  parts = [(policy.shard_batch(b, mesh), g) for b, g in grpo_update.split_micro_batches(batch, grid, micro_batch_size)]
+  with sharding.use_mesh(mesh):
+    grads, metrics = grpo_update.accumulate_grads(model, parts, grpo_update.make_grad_fn(cfg), len(batch['advantages']),
+                                           float(batch['loss_mask'].sum()))
   return jax.tree.leaves(jax.device_get(grads)), metrics, len(parts)
 
 
@@ -79,44 +82,48 @@ def _relative_error(a, b):
 
 def test_split_micro_batches_keeps_each_rows_images(setup):
   _, batch, grid, _ = setup
-  parts = grpo.split_micro_batches(batch, grid, 4)
+  parts = grpo_update.split_micro_batches(batch, grid, 4)
   assert len(parts) == 4 and all(b['input_ids'].shape == (4, batch['input_ids'].shape[1]) for b, _ in parts)
   assert sum(len(g) for _, g in parts) == len(grid) == GROUPS * G + GROUPS  # question images + crops
   np.testing.assert_array_equal(np.concatenate([b['pixel_values'] for b, _ in parts]), batch['pixel_values'])
   np.testing.assert_array_equal(np.concatenate([b['position_ids'] for b, _ in parts], axis=1),
                                 batch['position_ids'])
   with pytest.raises(ValueError, match='does not divide'):
-    grpo.split_micro_batches(batch, grid, 3)
+    grpo_update.split_micro_batches(batch, grid, 3)
 
 
-def test_gradient_is_the_same_in_one_step_in_micro_batches_and_data_parallel(setup):
+def test_gradient_is_the_same_in_one_step_in_micro_batches_and_sharded(setup):
   if jax.device_count() < 8:
     pytest.skip('needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
   model, batch, grid, cfg = setup
-  full, full_metrics, n = _grads(model, batch, grid, cfg, 0, None)
+  one = sharding.make_mesh()  # the trivial mesh: the first device
+  full, full_metrics, n = _grads(model, batch, grid, cfg, 0, one)
   assert n == 1 and _relative_error(full, [np.zeros_like(x) for x in full]) == 1.0  # a non-zero gradient
-  micro, micro_metrics, n = _grads(model, batch, grid, cfg, 4, None)
+  micro, micro_metrics, n = _grads(model, batch, grid, cfg, 4, one)
   assert n == 4
   assert _relative_error(full, micro) < 1e-6
   assert micro_metrics['loss'] == pytest.approx(full_metrics['loss'], rel=1e-6, abs=1e-7)
   assert micro_metrics['num_tokens'] == full_metrics['num_tokens']
   assert micro_metrics['clipped_tokens'] == full_metrics['clipped_tokens'] > 0
 
-  mesh = policy.make_mesh(8)
-  policy.replicate(model, mesh)
+  mesh = sharding.mesh_from_config({'data': 2, 'fsdp': -1})
+  sharding.shard_model(model, mesh)
+  kernel = model.language_model.layers[0].mlp.up_proj.kernel[...]  # [64, 128]: embed over fsdp=4
+  assert kernel.sharding.spec[0] == 'fsdp' and kernel.addressable_shards[0].data.shape == (16, 128)
   parallel, parallel_metrics, _ = _grads(model, batch, grid, cfg, 0, mesh)
   assert _relative_error(full, parallel) < 1e-6
   assert parallel_metrics['loss'] == pytest.approx(full_metrics['loss'], rel=1e-6, abs=1e-7)
 
 
-def test_shard_batch_splits_rows_over_the_data_axis(setup):
+def test_shard_batch_splits_rows_over_the_data_and_fsdp_axes(setup):
   if jax.device_count() < 8:
     pytest.skip('needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
   _, batch, _, _ = setup
-  mesh = policy.make_mesh(8)
+  mesh = sharding.mesh_from_config({'data': 2, 'fsdp': 4})
   sharded = policy.shard_batch(batch, mesh)
-  assert sharded['input_ids'].sharding.spec == jax.sharding.PartitionSpec('data')
-  assert sharded['position_ids'].sharding.spec == jax.sharding.PartitionSpec(None, 'data')
+  assert tuple(sharded['input_ids'].sharding.spec) == (('data', 'fsdp'), None)
+  assert tuple(sharded['loss_mask'].sharding.spec) == (('data', 'fsdp'), None)
+  assert tuple(sharded['position_ids'].sharding.spec) == (None, ('data', 'fsdp'), None)
   assert sharded['pixel_values'].sharding.is_fully_replicated
   assert len(sharded['input_ids'].addressable_shards) == 8
   assert sharded['input_ids'].addressable_shards[0].data.shape[0] == GROUPS * G // 8

@@ -14,8 +14,11 @@ with `constrain` (MaxText's `with_logical_constraint`): batch over ('data', 'fsd
 all-gathers FSDP-sharded weights instead of resharding activations. It is a no-op unless a mesh is set with
 `jax.set_mesh(mesh)` around the traced call.
 
+The trainers build their mesh from the config (`mesh_from_config(config.mesh)`, rules from `rules_from_config`)
+and place the model and optimizer state with `state_shardings` (`osvl_jax.train.policy.create`).
+
 Typical use:
-  mesh = make_mesh(fsdp=2, tensor=4)
+  mesh = make_mesh(fsdp=2, tensor=4)                # or mesh_from_config(config.mesh)
   shard_model(model, mesh)                          # parameters placed in place
   ids = jax.device_put(ids, data_sharding(mesh, 2)) # [B, T] split over ('data', 'fsdp')
   with jax.set_mesh(mesh):                          # activates the activation constraints
@@ -24,13 +27,17 @@ Typical use:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 from collections.abc import Sequence
 
 import jax
 import numpy as np
+from absl import logging
 from flax import nnx
 from flax import traverse_util
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ('data', 'fsdp', 'tensor', 'expert')
@@ -71,13 +78,121 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, expert: int = 1, devices=None) -> Mesh:
-  """A 4-axis mesh ('data', 'fsdp', 'tensor', 'expert') over the first data*fsdp*tensor*expert devices."""
+  """A 4-axis mesh ('data', 'fsdp', 'tensor', 'expert') over the first data*fsdp*tensor*expert of `devices`
+  (default `jax.devices()`, every host's after `jax.distributed.initialize`).
+
+  The device order comes from `jax.experimental.mesh_utils.create_device_mesh` (topology-aware on TPU/GPU), or a
+  plain reshape where it does not apply (a subset of a TPU slice).
+
+  Raises:
+    ValueError: the mesh needs more devices than there are.
+  """
   shape = (data, fsdp, tensor, expert)
-  devices = jax.devices() if devices is None else devices
+  devices = jax.devices() if devices is None else list(devices)
   n = int(np.prod(shape))
   if n > len(devices):
     raise ValueError(f'mesh {dict(zip(MESH_AXES, shape))} needs {n} devices, have {len(devices)}')
-  return Mesh(np.asarray(devices[:n]).reshape(shape), MESH_AXES)
+  try:
+    grid = mesh_utils.create_device_mesh(shape, devices[:n], allow_split_physical_axes=True)
+  except (ValueError, NotImplementedError, AssertionError):
+    grid = np.asarray(devices[:n]).reshape(shape)
+  return Mesh(grid, MESH_AXES)
+
+
+def mesh_from_config(mesh_config, devices=None) -> Mesh:
+  """The training mesh of `config.mesh` (big_vision style): `make_mesh` with the sizes of `mesh_sizes`.
+
+  Args:
+    mesh_config: `config.mesh` (ConfigDict or dict), e.g. {'data': 1, 'fsdp': -1, 'tensor': 1, 'expert': 1};
+      None = the trivial mesh (all sizes 1).
+    devices: the devices to lay out (default `jax.devices()`: every host's after `jax.distributed.initialize`).
+  Returns:
+    A `Mesh` with axes ('data', 'fsdp', 'tensor', 'expert').
+  Raises:
+    ValueError: from `mesh_sizes`, naming `mesh.<axis>`.
+  """
+  devices = jax.devices() if devices is None else list(devices)
+  sizes = mesh_sizes(mesh_config, len(devices), multi_host=jax.process_count() > 1)
+  if int(np.prod(list(sizes.values()))) < len(devices):
+    logging.warning('mesh %s uses %d of the %d devices', sizes, int(np.prod(list(sizes.values()))), len(devices))
+  return make_mesh(**sizes, devices=devices)
+
+
+def mesh_sizes(mesh_config, num_devices: int, multi_host: bool = False) -> dict[str, int]:
+  """Axis sizes {'data', 'fsdp', 'tensor', 'expert'} of `config.mesh` on `num_devices` devices.
+
+  Missing axes are 1; one axis may be -1: the devices left over by the others. The sizes should multiply to
+  `num_devices`; in a single process a smaller product is allowed (the mesh takes the first devices and the rest
+  idle: e.g. the demo's trivial mesh in an 8-device test run); in a multi-host job every device must be in it.
+
+  Raises:
+    ValueError: naming `mesh.<axis>`: an unknown axis, a size that is not an int >= 1 or -1, more than one -1,
+      sizes needing more devices than there are, not dividing them (with a -1), or (multi-host) fewer.
+  """
+  given = dict(mesh_config.items()) if mesh_config is not None else {}
+  unknown = sorted(set(given) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f'mesh.{unknown[0]}: unknown mesh axis; the axes are {MESH_AXES}')
+  sizes = {}
+  for axis in MESH_AXES:
+    size = given.get(axis, 1)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or (size < 1 and size != -1):
+      raise ValueError(f'mesh.{axis}={size!r}: expected an int >= 1, or -1 for the remaining devices')
+    sizes[axis] = int(size)
+  rest = [a for a, s in sizes.items() if s == -1]
+  if len(rest) > 1:
+    raise ValueError(f'mesh.{rest[1]}=-1: only one axis may be -1 (also mesh.{rest[0]}=-1)')
+  fixed = int(np.prod([s for s in sizes.values() if s != -1]))
+  if rest:
+    if num_devices % fixed:
+      raise ValueError(f'mesh.{rest[0]}=-1: the other axes need {fixed} devices, which do not divide the '
+                       f'{num_devices} devices')
+    sizes[rest[0]] = num_devices // fixed
+  elif fixed > num_devices or (fixed < num_devices and multi_host):
+    named = next((a for a in MESH_AXES if sizes[a] > 1), 'fsdp')
+    raise ValueError(f'mesh.{named}: axis sizes {sizes} make {fixed} devices, but there are {num_devices}'
+                     f'{" (a multi-host mesh must hold them all)" if multi_host else ""}; set one axis to -1 for '
+                     'the rest')
+  return sizes
+
+
+def rules_from_config(config) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+  """`LOGICAL_RULES` with the entries of `config.sharding_rules` (optional; (logical name, mesh axes) pairs, e.g.
+  (('embed', None), ('mlp', ('fsdp', 'tensor')))) replacing those of the same logical name.
+
+  Raises:
+    ValueError: naming `sharding_rules`: an entry that is not a (name, axes) pair, or axes outside `MESH_AXES`.
+  """
+  extra = config.get('sharding_rules') if config is not None else None
+  if not extra:
+    return LOGICAL_RULES
+  table = dict(LOGICAL_RULES)
+  for entry in extra:
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2 or not isinstance(entry[0], str):
+      raise ValueError(f'sharding_rules: {entry!r} is not a (logical name, mesh axes) pair')
+    name, axes = entry
+    tup = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    if any(a not in MESH_AXES for a in tup):
+      raise ValueError(f'sharding_rules: {name!r} -> {axes!r} names an axis outside {MESH_AXES}')
+    table[name] = axes if not isinstance(axes, list) else tuple(axes)
+  return tuple(table.items())
+
+
+_CURRENT_RULES: contextvars.ContextVar = contextvars.ContextVar('logical_rules', default=LOGICAL_RULES)
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh, rules=LOGICAL_RULES):
+  """`jax.set_mesh(mesh)` for the block, with `constrain` (activation constraints) mapping logical names by `rules`.
+
+  Both are read when a step is traced: enter the block around the jitted call (the trainers wrap their loop).
+  """
+  token = _CURRENT_RULES.set(tuple(rules))
+  try:
+    with jax.set_mesh(mesh):
+      yield mesh
+  finally:
+    _CURRENT_RULES.reset(token)
 
 
 _STACKED_LAYERS = re.compile(r'(?:^|\.)language_model\.layers\.(?!\d)')
@@ -130,17 +245,33 @@ def param_specs(model: nnx.Module, mesh: Mesh | None = None, rules=LOGICAL_RULES
   return state
 
 
+def state_shardings(state, mesh: Mesh, rules=LOGICAL_RULES):
+  """`NamedSharding`s, by the rules, for every array of `state` (an nnx.State or pytree, of arrays or
+  ShapeDtypeStructs), read from its dot-joined path: parameters, and the optimizer state, whose Adam `mu` / `nu`
+  paths end in their parameter's path and so get its sharding. Leaves no rule matches (norms, step counts) are
+  replicated. Same structure as `state` (usable as `jax.jit`'s `out_shardings`).
+  """
+  def leaf(path, x):
+    return path_sharding(jax.tree_util.keystr(path, simple=True, separator='.').removesuffix('.value'), x.shape,
+                         mesh, rules)
+  return jax.tree_util.tree_map_with_path(leaf, state)
+
+
+def path_sharding(path: str, shape: Sequence[int], mesh: Mesh, rules=LOGICAL_RULES) -> NamedSharding:
+  """`NamedSharding` of the array of `shape` at dot-joined parameter `path` (`logical_axes`, `logical_to_spec`)."""
+  return NamedSharding(mesh, logical_to_spec(logical_axes(path, len(shape)), shape, mesh, rules))
+
+
 def shard_model(model: nnx.Module, mesh: Mesh, rules=LOGICAL_RULES) -> nnx.Module:
   """Places every parameter of `model` on `mesh` by the rules (in place) and returns the model."""
   state = nnx.state(model, nnx.Param)
-  specs = param_specs(model, mesh, rules)
-  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
-  nnx.update(model, jax.device_put(state, shardings))
+  nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules)))
   return model
 
 
-def constrain(x: jax.Array, axes: Sequence[str | None], rules=LOGICAL_RULES) -> jax.Array:
-  """`jax.lax.with_sharding_constraint` of x by logical `axes` (one per dim) on the mesh set with `jax.set_mesh`.
+def constrain(x: jax.Array, axes: Sequence[str | None], rules=None) -> jax.Array:
+  """`jax.lax.with_sharding_constraint` of x by logical `axes` (one per dim) on the mesh set with `jax.set_mesh`,
+  by `rules` (default: those of the enclosing `use_mesh` block, else `LOGICAL_RULES`).
 
   A compile-time hint: returns x unchanged when no mesh is set (single device, sampler, tests without a mesh) or
   when x is a concrete array (an eager, un-jitted call).
@@ -153,12 +284,39 @@ def constrain(x: jax.Array, axes: Sequence[str | None], rules=LOGICAL_RULES) -> 
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not isinstance(x, jax.core.Tracer):
     return x
+  rules = _CURRENT_RULES.get() if rules is None else rules
   return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, x.shape, mesh, rules))
+
+
+def constrain_state(state):
+  """`jax.lax.with_sharding_constraint` of every array of `state` (nnx.State or pytree: parameters, gradients,
+  optimizer state) to the PartitionSpec the rules give its path (as `state_shardings`), on the mesh set with
+  `jax.set_mesh` / `use_mesh`, by that block's rules. Pins a jitted step's updated state to the placement it came
+  in with, so the compiler cannot pick another one (and the next call does not recompile). Returns `state`
+  unchanged when no mesh is set.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return state
+  rules = _CURRENT_RULES.get()
+
+  def leaf(path, x):
+    name = jax.tree_util.keystr(path, simple=True, separator='.').removesuffix('.value')
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes(name, x.ndim), x.shape, mesh, rules))
+  return jax.tree_util.tree_map_with_path(leaf, state)
 
 
 def data_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0, rules=LOGICAL_RULES) -> NamedSharding:
   """Sharding of an activation/input whose dim `batch_dim` is the batch (e.g. ids [B, T]: ndim 2, batch_dim 0;
-  position ids [3, B, T]: ndim 3, batch_dim 1); other dims replicated."""
+  position ids [3, B, T]: ndim 3, batch_dim 1), split over the mesh axes of the logical 'batch' axis (('data',
+  'fsdp') by default); other dims replicated."""
   axes = [None] * ndim
   axes[batch_dim] = 'batch'
-  return NamedSharding(mesh, logical_to_spec(axes, rules=rules))
+  return NamedSharding(mesh, logical_to_spec(axes, mesh=mesh, rules=rules))
+
+
+def batch_shards(mesh: Mesh, rules=LOGICAL_RULES) -> int:
+  """How many pieces `data_sharding` cuts the batch into: the product of the sizes of the 'batch' mesh axes."""
+  spec = data_sharding(mesh, 1, rules=rules).spec[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+  return int(np.prod([mesh.shape[a] for a in axes]))

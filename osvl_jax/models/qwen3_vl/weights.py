@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 from flax import traverse_util
 
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
 
@@ -176,8 +177,14 @@ def _flat_params(model: Qwen3VLModel, shapes_only: bool = False) -> dict[str, ob
 
 def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict: Mapping[str, np.ndarray], *,
                        dtype=jnp.float32, param_dtype=jnp.float32, strict: bool = True,
-                       expert_layout: str | None = None, scan_layers: bool = False) -> Qwen3VLModel:
+                       expert_layout: str | None = None, scan_layers: bool = False,
+                       mesh: jax.sharding.Mesh | None = None, rules=sharding.LOGICAL_RULES) -> Qwen3VLModel:
   """Builds (or fills) a `Qwen3VLModel` from a HF state dict of numpy arrays.
+
+  Each tensor is converted and put on the device(s) as it is read, so the host holds one converted tensor at a time
+  (the dict's values may be memory-mapped, as `read_safetensors`'s): with `mesh`, straight into its
+  `NamedSharding` by the model's logical `rules` (each device receives only its shards); without, on the default
+  device.
 
   Args:
     model_or_config: an existing model (updated in place and returned) or a config (model built abstractly,
@@ -188,9 +195,13 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
     expert_layout: 'hub' | 'transformers' | None (MoE only; needed only when the expert matrices are square, see
       the module docstring).
     scan_layers: layout of the model built from a config (ignored when a model is passed).
+    mesh, rules: where to place the parameters (`sharding.state_shardings`); None = the default device.
 
   Returns:
     The model with the loaded parameters.
+  Raises:
+    ValueError: a tensor whose shape does not fit its parameter; with `strict`, unmapped tensors or unfilled
+      parameters.
   """
   if isinstance(model_or_config, Qwen3VLConfig):
     config = model_or_config
@@ -199,6 +210,9 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
   else:
     model, config = model_or_config, model_or_config.config
   targets = _flat_params(model, shapes_only=True)
+  graphdef, state = nnx.split(model)
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  placement = _placement(mesh, rules)
   loaded, unknown = {}, []
   for name, value in state_dict.items():
     name = _normalise_hf_name(name)
@@ -215,28 +229,41 @@ def load_hf_state_dict(model_or_config: Qwen3VLModel | Qwen3VLConfig, state_dict
       array = tr.to_flax(np.asarray(value), config)
     if tuple(array.shape) != tuple(want.shape):
       raise ValueError(f'{name} -> {path}: shape {array.shape} != {want.shape}')
-    loaded[path] = np.asarray(array, dtype=want.dtype)         # host; placed once below
+    loaded[path] = placement(path, np.asarray(array, dtype=want.dtype))   # on device(s); the host copy is freed
   missing = sorted(set(targets) - set(loaded))
   if strict and (unknown or missing):
     raise ValueError(f'unmapped HF tensors: {unknown[:10]} ({len(unknown)}); missing params: {missing[:10]} '
                      f'({len(missing)})')
-  graphdef, state = nnx.split(model)
-  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   flat = traverse_util.flatten_dict(params)
   for path, value in flat.items():
     key = '.'.join(str(k) for k in path)
     if key in loaded:
-      flat[path] = jnp.asarray(loaded[key])
+      flat[path] = loaded[key]
     elif _is_stacked(model) and key.startswith(_STACKED_PREFIX):
       rest = key[len(_STACKED_PREFIX):]
       layers = [loaded.get(f'{_STACKED_PREFIX}{n}.{rest}') for n in range(value.shape[0])]
       if all(x is not None for x in layers):
-        flat[path] = jnp.asarray(np.stack(layers))
+        flat[path] = placement(key, layers)
   nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(flat))
   if isinstance(model_or_config, Qwen3VLConfig):
     return nnx.merge(graphdef, state)
   nnx.update(model, state)
   return model
+
+
+def _placement(mesh: jax.sharding.Mesh | None, rules) -> Callable:
+  """(dot path, host array | list of per-layer device arrays) -> device array, in the path's sharding on `mesh`
+  (or on the default device); a list is stacked into the scan_layers parameter at `path`."""
+  def place(path, value):
+    if isinstance(value, list):
+      shape = (len(value),) + tuple(value[0].shape)
+      out = sharding.path_sharding(path, shape, mesh, rules) if mesh is not None else None
+      return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=out)(*value)
+    if mesh is None:
+      return jnp.asarray(value)
+    return jax.device_put(value, sharding.path_sharding(path, value.shape, mesh, rules))
+
+  return place
 
 
 def to_hf_state_dict(model: Qwen3VLModel, dtype=None, expert_layout: str = 'transformers'
@@ -287,10 +314,19 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def load_hf_folder(path: str | pathlib.Path, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                   scan_layers: bool = False) -> tuple[Qwen3VLModel, Qwen3VLConfig]:
+                   scan_layers: bool = False, mesh: jax.sharding.Mesh | None = None,
+                   rules=sharding.LOGICAL_RULES) -> tuple[Qwen3VLModel, Qwen3VLConfig]:
   """Loads a HF Qwen3-VL (or -MoE) folder (`config.json` + `*.safetensors`) into a Flax model. Square MoE expert
   matrices are read in the transformers>=5 layout when `config.json` says `transformers_version` >= 5, else the
-  hub layout."""
+  hub layout.
+
+  The model is built abstractly and the safetensors files are memory-mapped: each tensor is read, converted and
+  placed (with `mesh`: in its `NamedSharding` by `rules`) in turn, so no full host copy of the model exists.
+
+  Raises:
+    FileNotFoundError: no .safetensors file in `path`.
+    ValueError: from `load_hf_state_dict`.
+  """
   path = pathlib.Path(path)
   raw = json.loads((path / 'config.json').read_text())
   config = Qwen3VLConfig.from_hf_dict(raw)
@@ -302,7 +338,7 @@ def load_hf_folder(path: str | pathlib.Path, *, dtype=jnp.float32, param_dtype=j
   if not state:
     raise FileNotFoundError(f'no .safetensors files in {path}')
   model = load_hf_state_dict(config, state, dtype=dtype, param_dtype=param_dtype, expert_layout=layout,
-                             scan_layers=scan_layers)
+                             scan_layers=scan_layers, mesh=mesh, rules=rules)
   return model, config
 
 

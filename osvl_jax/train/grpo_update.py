@@ -1,0 +1,344 @@
+"""The GRPO update of one rollout batch: mini-batches, PPO epochs, micro-batches (DESIGN.md §6, Eq. 12).
+
+The official schedule (verl's dp_actor, as the paper's run script sets it): a rollout batch of N prompts × G
+samples is split into mini-batches of `grpo.mini_batch_prompts` prompts' groups (a group never split); each
+mini-batch is one optimizer step, its gradient accumulated over `grpo.micro_batch_size`-row micro-batches; the
+mini-batches are passed over `grpo.ppo_epochs` times, in the same order every epoch (verl splits the batch once and
+reuses the split; no rng, so a resumed run needs no shuffle state). The old log-probs (and the reference's when
+β > 0) are computed ONCE, over the whole rollout batch, before the first mini-batch: ρ ≡ 1 on the first step and
+departs from 1 from the second on, where the clip acts. Each mini-batch's loss is normalised by that mini-batch
+(its num_sequences and num_tokens), as verl does; within it micro-batches sum to the mini-batch gradient.
+
+Train–inference mismatch: the engine's log-probs ride on the trajectory (`rollout_logprobs`); the update logs
+mean |log π_rollout − log π_old| and the spread of π_old / π_rollout, and with `grpo.tis_cap` C > 0 weights each
+token's loss by min(π_old / π_rollout, C) (truncated importance sampling, verl's TIS).
+
+Placement is injected (`place(batch) -> batch`, applied to every micro-batch); this module builds no mesh.
+"""
+
+import functools
+import math
+from typing import Callable
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from osvl_jax import config_checks as checks
+from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.rl import losses
+from osvl_jax.train import metrics, policy
+from osvl_jax.trajectory import tokens as tokens_lib
+
+# How the per-optimizer-step metrics reduce to one record per rollout step: the losses and grad norms of the steps
+# are averaged (each is normalised by its own mini-batch), token fractions weighted by tokens, counts summed.
+STEP_REDUCTIONS = {**losses.GRPO_METRIC_REDUCTIONS, 'loss': metrics.MEAN, 'pg_objective': metrics.MEAN,
+                   'grad_norm': metrics.MEAN, 'grad_norm_max': metrics.MAX}
+
+
+def check_update_config(config: ml_collections.ConfigDict) -> None:
+  """Checks the update-schedule fields of `config.grpo` (called by `grpo.check_config`).
+
+  Fields (all optional): mini_batch_prompts (int >= 0; 0 = the whole rollout batch, one step), ppo_epochs (int >= 1,
+  default 1), tis_cap (None or 0 = off, else > 0), max_staleness (int >= 0; 0 = strictly on-policy; read by the
+  async rollout), micro_batch_size (must divide the rows of a mini-batch, mini_batch_prompts × num_generations).
+
+  Raises:
+    ValueError: naming the field: mini_batch_prompts < 0 or not dividing grpo.prompts_per_step, ppo_epochs < 1,
+      tis_cap < 0, max_staleness < 0, micro_batch_size not dividing the mini-batch rows (or a non-int count).
+  """
+  prompts = checks.positive_int(config, 'grpo.prompts_per_step')
+  mini = checks.number(config, 'grpo.mini_batch_prompts', integer=True, low=0, optional=True) or prompts
+  if prompts % mini:
+    raise ValueError(f'grpo.mini_batch_prompts={mini} does not divide grpo.prompts_per_step={prompts}')
+  checks.number(config, 'grpo.ppo_epochs', integer=True, low=1, optional=True)
+  checks.number(config, 'grpo.tis_cap', low=0, optional=True)
+  checks.number(config, 'grpo.max_staleness', integer=True, low=0, optional=True)
+  rows = mini * checks.number(config, 'grpo.num_generations', integer=True, low=1)
+  micro = checks.number(config, 'grpo.micro_batch_size', integer=True, low=0, optional=True) or rows
+  if rows % micro:
+    raise ValueError(f'grpo.micro_batch_size={micro} does not divide a mini-batch of {rows} trajectories '
+                     f'(grpo.mini_batch_prompts={mini} × grpo.num_generations)')
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rows of a collated batch, with their images
+# ----------------------------------------------------------------------------------------------------------------
+
+def take_rows(batch: dict, grid: tuple, rows, merge_size: int = 2,
+              image_token_id: int = tokens_lib.IMAGE_PAD_ID) -> tuple[dict, tuple]:
+  """The given rows of a collated batch, in the given order, each with its own images (pixel_values, grid).
+
+  Images fill `<|image_pad|>` tokens in row-major order; an image of grid (t, h, w) has t·h·w patches and
+  t·h·w / merge_size² pad tokens, so a row's patches are merge_size² × its pad-token count.
+
+  Args:
+    batch: `batching.collate` fields (+ per-row loss arrays [B, ...]) as host numpy arrays, without image_grid_thw;
+      position_ids [3, B, T] (rows on axis 1), pixel_values [P, D], scalars and None kept as they are.
+    grid: the batch's image grids, a tuple of (t, h, w) (`sft.grid_key`).
+    rows: int row indices (any order, no repeats needed).
+  Returns:
+    (part, part grid); T and K stay the batch's, so all parts share compiled shapes.
+  Raises:
+    ValueError: the image tokens do not match the grids.
+  """
+  rows = np.asarray(rows, np.int64).reshape(-1)
+  patches_per_row = merge_size ** 2 * np.sum(np.asarray(batch['input_ids']) == image_token_id, axis=1)
+  row_end = np.cumsum(patches_per_row)
+  image_end = np.cumsum([int(np.prod(g)) for g in grid])
+  if (row_end[-1] if len(row_end) else 0) != (image_end[-1] if len(image_end) else 0):
+    raise ValueError(f'{int(row_end[-1])} image patches by the pad tokens, '
+                     f'{int(image_end[-1]) if len(image_end) else 0} by the grids')
+  row_start = row_end - patches_per_row
+  images = [i for r in rows for i in np.nonzero((image_end > row_start[r]) & (image_end <= row_end[r]))[0]]
+  part = {}
+  for key, value in batch.items():
+    if value is None or np.ndim(value) == 0:
+      part[key] = value
+    elif key == 'pixel_values':
+      chunks = [value[row_start[r]:row_end[r]] for r in rows if row_end[r] > row_start[r]]
+      part[key] = np.concatenate(chunks) if chunks else None
+    elif key == 'position_ids':
+      part[key] = np.asarray(value)[:, rows]
+    else:
+      part[key] = np.asarray(value)[rows]
+  return part, tuple(grid[i] for i in images)
+
+
+def split_micro_batches(batch: dict, grid: tuple, micro_batch_size: int) -> list[tuple[dict, tuple]]:
+  """Consecutive `micro_batch_size`-row parts of a batch (0 or >= B: one part), each with its images (`take_rows`).
+
+  Raises:
+    ValueError: micro_batch_size does not divide B, or the image tokens do not match the grids.
+  """
+  rows = batch['input_ids'].shape[0]
+  size = rows if not micro_batch_size or micro_batch_size >= rows else int(micro_batch_size)
+  if rows % size:
+    raise ValueError(f'micro_batch_size={size} does not divide the batch of {rows} rows')
+  if size == rows:
+    return [(batch, grid)]
+  return [take_rows(batch, grid, np.arange(lo, lo + size)) for lo in range(0, rows, size)]
+
+
+def mini_batch_rows(prompt_ids, mini_batch_prompts: int) -> list[np.ndarray]:
+  """Row indices of each mini-batch: groups (rows sharing a prompt_id) kept whole, `mini_batch_prompts` per part.
+
+  Groups are taken in the order of their first row; within a mini-batch rows stay in batch order (so one
+  mini-batch of everything is the batch itself). A prompt drawn twice in one batch is one group of 2G
+  (`grpo.prepare_batch`), so a mini-batch then holds more rows than the others.
+
+  Args:
+    prompt_ids: [B] the prompt id of each row.
+    mini_batch_prompts: groups per mini-batch; 0 (or >= the number of groups) = one mini-batch of all rows.
+  Returns:
+    list of sorted int64 arrays, together every row exactly once.
+  """
+  groups: dict = {}
+  for row, pid in enumerate(prompt_ids):
+    groups.setdefault(pid, []).append(row)
+  groups = list(groups.values())
+  size = mini_batch_prompts or len(groups)
+  return [np.sort(np.array(sum(groups[i:i + size], []), np.int64)) for i in range(0, len(groups), size)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Train–inference mismatch (DESIGN.md §6)
+# ----------------------------------------------------------------------------------------------------------------
+
+def rollout_logprob_rows(batch: dict) -> np.ndarray:
+  """bool [B]: rows whose engine log-probs are known.
+
+  `collate` writes 0 for a trajectory without `rollout_logprobs` (an engine that gave none, an expert trajectory),
+  so a row is known when any of its completion tokens has a non-zero rollout log-prob. (A row of only
+  probability-1 tokens reads as unknown; its weights would be ~1 anyway.)
+  """
+  rollout = batch.get('rollout_logprobs')
+  if rollout is None:
+    return np.zeros(batch['input_ids'].shape[0], bool)
+  return np.any((np.asarray(rollout) != 0) & np.asarray(batch['completion_mask'], bool), axis=1)
+
+
+def mismatch_metrics(old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, known_rows: np.ndarray,
+                     loss_mask: np.ndarray, tis_cap: float | None = None) -> dict[str, float]:
+  """The trainer-vs-engine log-prob gap over the loss tokens of rows with known rollout log-probs.
+
+  Args:
+    old_logprobs: log π_old from the trainer, float32 [B, K].
+    rollout_logprobs: log π_rollout from the engine, float32 [B, K].
+    known_rows: bool [B] (`rollout_logprob_rows`).
+    loss_mask: M, [B, K] (Eq. 10).
+    tis_cap: C of truncated importance sampling, or None / 0 (then no `tis_capped_frac`).
+  Returns:
+    logprob_mismatch_tokens (tokens compared), logprob_mismatch_abs_mean (mean |log π_rollout − log π_old|), and
+    of the ratio π_old / π_rollout = exp(old − rollout): logprob_mismatch_ratio_mean / _std / _max / _min; with
+    tis_cap, tis_capped_frac (tokens whose ratio exceeds C). All 0 when no token is compared.
+  """
+  on = (np.asarray(loss_mask) > 0) & np.asarray(known_rows, bool)[:, None]
+  diff = (np.asarray(old_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64))[on]
+  ratio = np.exp(diff)
+  any_ = diff.size > 0
+  out = {'logprob_mismatch_tokens': float(diff.size),
+         'logprob_mismatch_abs_mean': float(np.mean(np.abs(diff))) if any_ else 0.0,
+         'logprob_mismatch_ratio_mean': float(np.mean(ratio)) if any_ else 0.0,
+         'logprob_mismatch_ratio_std': float(np.std(ratio)) if any_ else 0.0,
+         'logprob_mismatch_ratio_max': float(np.max(ratio)) if any_ else 0.0,
+         'logprob_mismatch_ratio_min': float(np.min(ratio)) if any_ else 0.0}
+  if tis_cap:
+    out['tis_capped_frac'] = float(np.mean(ratio > tis_cap)) if any_ else 0.0
+  return out
+
+
+def tis_weights(old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, known_rows: np.ndarray,
+                loss_mask: np.ndarray, cap: float) -> np.ndarray:
+  """Truncated importance-sampling weights min(π_old / π_rollout, C) (verl's TIS; DESIGN.md §6).
+
+  Args:
+    old_logprobs, rollout_logprobs: float32 [B, K]; known_rows: bool [B]; loss_mask: [B, K]; cap: C > 0.
+  Returns:
+    float32 [B, K]: min(exp(old − rollout), C) on the loss tokens of known rows, 1 elsewhere (no correction where
+    the engine's log-probs are unknown).
+  """
+  on = (np.asarray(loss_mask) > 0) & np.asarray(known_rows, bool)[:, None]
+  diff = np.where(on, np.asarray(old_logprobs, np.float32) - np.asarray(rollout_logprobs, np.float32), 0.0)
+  return np.where(on, np.minimum(np.exp(diff), cap), 1.0).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Jitted pieces and the schedule
+# ----------------------------------------------------------------------------------------------------------------
+
+@nnx.jit(static_argnums=2)
+def logprob_fn(model, batch: dict, grid: tuple) -> jax.Array:
+  """Jitted: [B, K] float32 log-probs of `model` at the batch's loss positions (π_old, π_ref). `grid` is static."""
+  batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
+  return policy.loss_logprobs(model, batch)
+
+
+@nnx.jit
+def apply_fn(model, optimizer, grads) -> jax.Array:
+  """Jitted: one optimizer step with `grads` (in place); returns their global norm, before clipping. The updated
+  parameters and optimizer state keep the mesh rules' shardings (`policy.pin_placement`)."""
+  optimizer.update(model, grads)
+  policy.pin_placement(model, optimizer)
+  return optax.tree.norm(grads)
+
+
+def make_grad_fn(cfg: ml_collections.ConfigDict):
+  """Jitted (model, batch, grid, num_sequences, num_tokens) -> (grads, metrics) of −J (Eq. 12) on one micro-batch.
+
+  `num_sequences` (rows) and `num_tokens` (Σ M) are those of the mini-batch the micro-batch belongs to (float32
+  scalars), so the micro-batch gradients sum to the mini-batch gradient. The batch needs old_logprobs, advantages,
+  loss_mask (ref_logprobs when beta > 0; tis_weights [B, K] when TIS is on) beside `batching.collate`'s fields.
+  Loss settings from `cfg` (= config.grpo): eps_low, eps_high, beta, aggregation, clip_ratio_c; one function (and
+  compile cache) per distinct setting.
+  """
+  aggregation = cfg.get('aggregation', 'seq_mean_token_mean')
+  losses.AGGREGATIONS.get(aggregation)
+  clip_ratio_c = cfg.get('clip_ratio_c', None)
+  return _grad_fn(float(cfg.eps_low), float(cfg.eps_high), float(cfg.beta), aggregation,
+                  None if clip_ratio_c is None else float(clip_ratio_c))
+
+
+@functools.cache
+def _grad_fn(eps_low: float, eps_high: float, beta: float, aggregation: str, clip_ratio_c: float | None):
+
+  @nnx.jit(static_argnums=2)
+  def grad_fn(model, batch, grid, num_sequences, num_tokens):
+    batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
+
+    def loss_fn(model):
+      logprobs = policy.loss_logprobs(model, batch)
+      return losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
+                              ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
+                              eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
+                              num_tokens=num_tokens, clip_ratio_c=clip_ratio_c, tis_weights=batch.get('tis_weights'))
+
+    (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    return sharding.constrain_state(grads), dict(aux, loss=loss)  # placed like the parameters
+
+  return grad_fn
+
+
+def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequences: float,
+                     num_tokens: float) -> tuple[nnx.State, dict]:
+  """Σ over micro-batches of the gradient of −J, each normalised by the mini-batch: the mini-batch gradient.
+
+  Args:
+    parts: (placed batch, grid) micro-batches (`split_micro_batches`, then `place`).
+    grad_fn: `make_grad_fn(cfg)`.
+    num_sequences, num_tokens: rows and Σ M of the mini-batch.
+  Returns:
+    (grads as an nnx.State like the model's params, metrics reduced by `losses.GRPO_METRIC_REDUCTIONS`).
+  """
+  grads, metrics_list = None, []
+  f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
+  for batch, grid in parts:
+    g, m = grad_fn(model, batch, grid, f32(num_sequences), f32(num_tokens))
+    grads = g if grads is None else jax.tree.map(jax.numpy.add, grads, g)
+    metrics_list.append(jax.device_get(m))
+  return grads, metrics.reduce_metrics(metrics_list, losses.GRPO_METRIC_REDUCTIONS)
+
+
+def batch_logprobs(model, batch: dict, grid: tuple, micro_batch_size: int,
+                   place: Callable[[dict], dict]) -> np.ndarray:
+  """log π of `model` at the loss positions of the whole batch, float32 [B, K] on host, in micro-batches."""
+  rows = batch['input_ids'].shape[0]
+  parts = split_micro_batches(batch, grid, math.gcd(rows, micro_batch_size or rows))
+  return np.concatenate([np.asarray(jax.device_get(logprob_fn(model, place(b), g))) for b, g in parts])
+
+
+def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict] | None = None):
+  """The update of one rollout batch under the official schedule (module docstring), as a function.
+
+  Args:
+    cfg: config.grpo: mini_batch_prompts (0 = whole batch), ppo_epochs (default 1), micro_batch_size (0 = the
+      mini-batch), tis_cap (None / 0 = off), beta, and `make_grad_fn`'s loss settings.
+    place: host batch -> placed batch (e.g. sharded over a mesh), applied to every micro-batch; default identity.
+  Returns:
+    update(model, optimizer, batch, grid, prompt_ids, ref_model=None) -> (metrics, step_metrics):
+      batch / grid as `grpo.prepare_batch` returns them (without rewards / fatal_steps; host numpy), prompt_ids [B]
+      the prompt of each row, ref_model π_ref (needed when beta > 0). The model and optimizer are updated in place.
+      step_metrics: one dict per optimizer step (`grpo_loss`'s metrics + grad_norm, before clipping);
+      metrics: those reduced by `STEP_REDUCTIONS` (+ grad_norm_max), `mismatch_metrics`, optimizer_steps,
+      mini_batches, micro_batches (per mini-batch, the largest).
+  Raises (from update):
+    ValueError: prompt_ids not [B]; beta > 0 without ref_model.
+  """
+  place = place or (lambda b: b)
+  mini_prompts, epochs = int(cfg.get('mini_batch_prompts', 0) or 0), int(cfg.get('ppo_epochs', 1) or 1)
+  micro, tis_cap, beta = int(cfg.get('micro_batch_size', 0) or 0), cfg.get('tis_cap', None), float(cfg.beta)
+  grad_fn = make_grad_fn(cfg)
+
+  def update(model, optimizer, batch, grid, prompt_ids, ref_model=None):
+    rows = batch['input_ids'].shape[0]
+    if len(prompt_ids) != rows:
+      raise ValueError(f'prompt_ids has {len(prompt_ids)} entries for a batch of {rows} rows')
+    if beta and ref_model is None:
+      raise ValueError(f'grpo.beta={beta} needs ref_model')
+    batch = dict(batch)
+    batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, place)  # once (Eq. 12's π_old)
+    if beta:
+      batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, place)
+    known = rollout_logprob_rows(batch)
+    rollout = batch.get('rollout_logprobs', np.zeros_like(batch['old_logprobs']))
+    out = mismatch_metrics(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
+    if tis_cap:
+      batch['tis_weights'] = tis_weights(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
+    minis = mini_batch_rows(prompt_ids, mini_prompts)
+    steps, micro_batches = [], 0
+    for _ in range(epochs):
+      for mini_rows in minis:
+        n = len(mini_rows)
+        part, part_grid = (batch, grid) if n == rows else take_rows(batch, grid, mini_rows)
+        parts = [(place(b), g) for b, g in split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
+        micro_batches = max(micro_batches, len(parts))
+        grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(part['loss_mask'])))
+        step['grad_norm'] = float(apply_fn(model, optimizer, grads))
+        steps.append(step)
+    out.update(metrics.reduce_metrics([dict(s, grad_norm_max=s['grad_norm']) for s in steps], STEP_REDUCTIONS))
+    out.update(optimizer_steps=len(steps), mini_batches=len(minis), micro_batches=micro_batches)
+    return out, steps
+
+  return update

@@ -1,0 +1,170 @@
+"""The trainers' sharded step equals the one-device step (DESIGN.md §3: the training mains own the mesh).
+
+The tiny Qwen3-VL, dense and MoE, is created directly sharded by `policy.create` on a mesh of 8 simulated CPU
+devices (dense: fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4; MoE: fsdp=2 x expert=4), the batch placed by
+`policy.shard_batch` (rows over ('data', 'fsdp'), the image's patches replicated); the same model is created on the
+trivial one-device mesh as the reference. Then one GRPO update (`grpo_update.make_grad_fn` + `grpo_update.apply_fn`) and
+3 SFT steps (`sft.make_train_step`) run in both: the losses and gradients agree to a relative difference <= 1e-5,
+the parameters after the 4 updates too, and every device holds exactly 1/shards of each sharded parameter
+and Adam moment (read from `addressable_shards` against the PartitionSpec) -- after the updates as well.
+An orbax checkpoint of the fsdp=8 policy and optimizer restores onto fsdp=2 x tensor=4.
+
+Every mesh here uses all 8 devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (`make test`).
+"""
+
+import functools
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import config as config_lib
+from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.train import checkpoint, grpo_update, policy, sft
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8,
+                                reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
+
+B, T, K, STEPS = 8, 32, 8, 3
+IMAGE = config_lib.Qwen3VLConfig.tiny().image_token_id
+MOE = {'num_experts': 4, 'num_experts_per_tok': 2, 'moe_intermediate_size': 32}  # = Qwen3VLConfig.tiny_moe()
+
+
+def _config(kind: str) -> ml_collections.ConfigDict:
+  text = {'num_hidden_layers': 1, **(MOE if kind == 'moe' else {})}
+  return ml_collections.ConfigDict({
+      'seed': 0, 'model': {'name': 'tiny', 'hf_path': '', 'text': text},
+      'sft': {'lr': 1e-3, 'steps': 10, 'warmup_steps': 0, 'weight_decay': 0.0, 'grad_clip': 1.0},
+      'grpo': {'lr': 1e-3, 'steps': 10, 'eps_low': 0.2, 'eps_high': 0.28, 'beta': 0.0}})
+
+
+def _batch() -> tuple[dict, tuple]:
+  """B rows of T tokens, one 4x4-patch image (4 merged tokens) in row 0, row 1 right-padded; K loss positions."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, 1000, (B, T)).astype(np.int32)
+  ids[0, 3:7] = IMAGE
+  mask = np.ones((B, T), bool)
+  mask[1, -6:] = False
+  grid = np.array([[1, 4, 4]])
+  pos, _ = rope.get_rope_index(ids, grid, mask, image_token_id=IMAGE)
+  loss_positions = np.sort(rng.choice(np.arange(8, T - 7), (B, K)), axis=1).astype(np.int32)
+  completion = np.ones((B, K), bool)
+  completion[2, -3:] = False
+  batch = {
+      'input_ids': ids, 'attention_mask': mask, 'position_ids': np.asarray(pos),
+      'pixel_values': rng.standard_normal((16, 1536)).astype(np.float32),
+      'loss_positions': loss_positions, 'loss_targets': np.take_along_axis(ids, loss_positions + 1, axis=1),
+      'completion_mask': completion, 'loss_mask': completion.astype(np.float32),
+      'advantages': rng.normal(0, 1, B).astype(np.float32),
+      'old_logprobs': (-7.0 + rng.normal(0, 0.3, (B, K))).astype(np.float32)}  # ρ ≠ 1: the clip acts
+  return batch, tuple(map(tuple, grid.tolist()))
+
+
+def _leaves(tree) -> list[np.ndarray]:
+  return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def _relative(a: list, b: list) -> float:
+  diff = np.sqrt(sum(np.sum((x.astype(np.float64) - y) ** 2) for x, y in zip(a, b)))
+  return diff / np.sqrt(sum(np.sum(x.astype(np.float64) ** 2) for x in a))
+
+
+def _train(kind: str, mesh: jax.sharding.Mesh) -> dict:
+  """On `mesh`: the GRPO loss and gradient at the initial parameters, its update, then 3 SFT steps' losses and the
+  parameters after them."""
+  config = _config(kind)
+  model, optimizer = policy.create(config, mesh, 'sft')
+  batch, grid = _batch()
+  placed = policy.shard_batch(batch, mesh)
+  out = {'params_0': _leaves(nnx.state(model, nnx.Param)), 'sft_losses': []}
+  with sharding.use_mesh(mesh):
+    grads, metrics = grpo_update.make_grad_fn(config.grpo)(model, placed, grid, np.float32(B),
+                                                    np.float32(batch['loss_mask'].sum()))
+    out['grpo_loss'], out['grpo_clipped'] = float(metrics['loss']), float(metrics['clipped_tokens'])
+    out['grpo_grads'] = _leaves(grads)
+    grpo_update.apply_fn(model, optimizer, grads)
+    step = sft.make_train_step()
+    for _ in range(STEPS):
+      out['sft_losses'].append(float(step(model, optimizer, placed, grid)['loss']))
+  out['params'] = _leaves(nnx.state(model, nnx.Param))
+  out['model'], out['optimizer'] = model, optimizer
+  return out
+
+
+@functools.cache
+def _reference(kind: str) -> dict:
+  return _train(kind, sharding.make_mesh())  # the trivial mesh: the first device
+
+
+def _check_every_device_holds_its_shard(tree, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RULES) -> int:
+  """Asserts each array of `tree` has the rules' PartitionSpec and each device a 1/shards block; returns how many
+  arrays are sharded."""
+  expected = sharding.state_shardings(tree, mesh, rules)
+  sharded = 0
+  for (path, x), want in zip(jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(expected)):
+    assert x.sharding.is_equivalent_to(want, x.ndim), (jax.tree_util.keystr(path), x.sharding, want.spec)
+    block = list(x.shape)
+    for dim, axes in enumerate(want.spec):
+      for axis in (axes,) if isinstance(axes, str) else axes or ():
+        block[dim] //= mesh.shape[axis]
+    assert len(x.addressable_shards) == mesh.size
+    assert all(tuple(s.data.shape) == tuple(block) for s in x.addressable_shards), jax.tree_util.keystr(path)
+    sharded += tuple(block) != tuple(x.shape)
+  return sharded
+
+
+CASES = [('dense', {'fsdp': 8}), ('dense', {'data': 2, 'fsdp': 4}), ('dense', {'fsdp': 2, 'tensor': 4}),
+         ('moe', {'fsdp': 2, 'expert': 4})]
+
+
+@pytest.mark.parametrize('kind, mesh_kw', CASES, ids=[f'{k}-{"x".join(f"{a}{n}" for a, n in m.items())}'
+                                                      for k, m in CASES])
+def test_sharded_sft_and_grpo_steps_equal_the_one_device_steps(kind, mesh_kw):
+  ref = _reference(kind)
+  mesh = sharding.mesh_from_config(mesh_kw)
+  assert mesh.size == 8
+  got = _train(kind, mesh)
+  assert _relative(ref['params_0'], got['params_0']) == 0.0   # created sharded: the same initial values
+  assert got['grpo_loss'] == pytest.approx(ref['grpo_loss'], rel=1e-5)
+  assert got['grpo_clipped'] == ref['grpo_clipped'] > 0
+  assert _relative(ref['grpo_grads'], got['grpo_grads']) <= 1e-5
+  np.testing.assert_allclose(got['sft_losses'], ref['sft_losses'], rtol=1e-5)
+  assert ref['sft_losses'][-1] < ref['sft_losses'][0]         # the steps learn
+  assert _relative(ref['params'], got['params']) <= 1e-5     # after 1 GRPO + 3 SFT updates
+  # Placement after the updates: parameters and Adam moments still in the rules' shardings, 1/shards per device.
+  params = nnx.state(got['model'], nnx.Param)
+  n_params = len(jax.tree.leaves(params))
+  assert _check_every_device_holds_its_shard(params, mesh) >= n_params // 3
+  opt_state = nnx.state(got['optimizer'])
+  assert _check_every_device_holds_its_shard(opt_state, mesh) >= 2 * (n_params // 3)   # mu and nu
+  if 'expert' in mesh_kw:
+    experts = got['model'].language_model.layers[0].mlp.experts.gate_up_proj[...]
+    assert tuple(experts.sharding.spec)[:2] == ('expert', 'fsdp')     # [E, hidden, 2I]: one expert per device
+    assert experts.addressable_shards[0].data.shape == (1, 32, 64)
+
+
+def test_checkpoint_of_a_sharded_policy_restores_onto_another_mesh(tmp_path):
+  """Policy + optimizer saved from fsdp=8, restored into `policy.create` on fsdp=2 x tensor=4: same values, the new
+  placement (orbax reads each array into the target's sharding)."""
+  config = _config('dense')
+  saved_mesh, target_mesh = sharding.mesh_from_config({'fsdp': 8}), sharding.mesh_from_config({'fsdp': 2,
+                                                                                               'tensor': 4})
+  model, optimizer = policy.create(config, saved_mesh, 'sft')
+  grads = jax.tree.map(lambda x: 0.01 * np.sign(np.asarray(x) + 0.5), nnx.state(model, nnx.Param))
+  grpo_update.apply_fn(model, optimizer, grads)   # non-zero Adam moments and a step count of 1
+  checkpoint.save(checkpoint.manager(tmp_path, 'ckpt'), 1, model, optimizer, {'stage': 'test'})
+  config.seed = 1
+  target, target_opt = policy.create(config, target_mesh, 'sft')
+  assert _relative(_leaves(nnx.state(model)), _leaves(nnx.state(target))) > 0.1
+  meta = checkpoint.restore(checkpoint.manager(tmp_path, 'ckpt'), target, target_opt)
+  assert meta['step'] == 1 and int(target_opt.step[...]) == 1
+  for want, got in ((nnx.state(model), nnx.state(target)), (nnx.state(optimizer), nnx.state(target_opt))):
+    for a, b in zip(_leaves(want), _leaves(got)):
+      np.testing.assert_array_equal(a, b)
+  q = target.language_model.layers[0].self_attn.q_proj.kernel[...]
+  assert q.sharding.spec == jax.sharding.PartitionSpec('fsdp', 'tensor') and q.sharding.mesh.shape['tensor'] == 4
+  _check_every_device_holds_its_shard(nnx.state(target, nnx.Param), target_mesh)
+  _check_every_device_holds_its_shard(nnx.state(target_opt), target_mesh)

@@ -1,0 +1,262 @@
+"""The GRPO update schedule: mini-batches of whole groups, PPO epochs, micro-batches, old log-probs computed once,
+clip statistics, train–inference mismatch and TIS (osvl_jax/train/grpo_update.py; DESIGN.md §6).
+
+A rollout batch of B = 2 prompts × G = 2 real trajectories (tokenizer, an image per question, a crop image on one
+row), rows interleaved (p0, p1, p0, p1) so that grouping by prompt_id is exercised, through the tiny Qwen3-VL.
+"""
+
+import pathlib
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from osvl_jax import trajectory as tj
+from osvl_jax.models.qwen3_vl import config as config_lib
+from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.rl import losses
+from osvl_jax.train import grpo, grpo_update, policy
+from tools import base
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
+import demo as demo_config  # noqa: E402
+
+CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
+    'image': 'img_1', 'x': 0, 'y': 0, 'width': 16, 'height': 16}})
+RIGHT = tj.render_assistant_text('It is Agra.', response='Agra')
+WRONG = tj.render_assistant_text('It is Delhi, a city of the north.', response='Delhi')
+LR = 3e-3  # large: the first step moves the policy enough that the clip acts on the second
+
+
+def _trajectory(g: int, i: int) -> tj.Trajectory:
+  tokenizer = tj.load_tokenizer()
+  builder = tj.TrajectoryBuilder(tokenizer, tj.ImageProcessor(min_pixels=32 * 32, max_pixels=32 * 32), [])
+  builder.start(f'Which city is shown, case {g}?', np.full((32, 32, 3), 40 * g, np.uint8))
+  if g == 1 and i == 1:
+    builder.append_assistant_text(CROP)
+    builder.append_observation(base.ToolResult(ok=True, text='Cropped.', images=[np.zeros((32, 32, 3), np.uint8)]))
+  builder.append_assistant_text(RIGHT if (g + i) % 2 == 0 else WRONG)
+  return builder.finish(prompt_id=f'p{g}', sample_index=i, answers=['Agra'])
+
+
+def _cfg(**kw):
+  base_cfg = dict(alpha=0.8, num_generations=2, fatal_mode='mask_clamp', delta=1e-6, eps_low=0.2, eps_high=0.28,
+                  beta=0.0, aggregation='seq_mean_token_mean', length_multiple=64, loss_multiple=16,
+                  mini_batch_prompts=0, ppo_epochs=1, micro_batch_size=0, tis_cap=None)
+  return ml_collections.ConfigDict(dict(base_cfg, **kw))
+
+
+@pytest.fixture(scope='module')
+def setup():
+  trajectories = [_trajectory(g, i) for i in range(2) for g in range(2)]  # rows: p0, p1, p0, p1
+  batch, grid, _, _ = grpo.prepare_batch(trajectories, _cfg())
+  batch.pop('rewards'), batch.pop('fatal_steps')
+  assert np.all(batch['advantages'] != 0)
+  model = model_lib.Qwen3VLModel(config_lib.Qwen3VLConfig.tiny(), rngs=nnx.Rngs(0))
+  return model, batch, grid, [t.prompt_id for t in trajectories]
+
+
+def _fresh(model, tx=None):
+  """A copy of `model` and its optimizer: the trainer's AdamW at LR, or `tx`."""
+  model = nnx.clone(model)
+  return model, nnx.Optimizer(model, tx or policy.make_tx(LR, 10, warmup_steps=0, grad_clip=1.0), wrt=nnx.Param)
+
+
+def _sgd():
+  """Plain SGD: the step is −lr · g, so equal gradients give equal parameters (AdamW's g / (|g| + ε) would blow
+  float rounding of near-zero gradients up to a whole step)."""
+  return optax.sgd(1.0)
+
+
+def _params(model):
+  return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))]
+
+
+def _eq12_loss(new, old, adv, mask, eps_low=0.2, eps_high=0.28, weights=None):
+  """−J of Eq. 12 in numpy (float64): per-row token mean of min(ρÂ, clip(ρ)Â) (× TIS weight), mean over rows."""
+  new, old, mask = (np.asarray(x, np.float64) for x in (new, old, mask))
+  ratio = np.exp(np.where(mask > 0, new - old, 0.0))
+  adv = np.asarray(adv, np.float64)[:, None]
+  surrogate = np.minimum(ratio * adv, np.clip(ratio, 1 - eps_low, 1 + eps_high) * adv)
+  if weights is not None:
+    surrogate = surrogate * weights
+  row = (surrogate * mask).sum(1) / np.maximum(mask.sum(1), 1)
+  low = np.sum((mask > 0) & (ratio < 1 - eps_low) & (adv < 0))
+  high = np.sum((mask > 0) & (ratio > 1 + eps_high) & (adv > 0))
+  return -row.mean(), low / mask.sum(), high / mask.sum()
+
+
+def test_mini_batch_rows_keep_groups_whole():
+  assert [r.tolist() for r in grpo_update.mini_batch_rows(['a', 'b', 'a', 'b'], 1)] == [[0, 2], [1, 3]]
+  assert [r.tolist() for r in grpo_update.mini_batch_rows(['a', 'b', 'a', 'b'], 0)] == [[0, 1, 2, 3]]
+  # a prompt drawn twice is one group of 2G: it stays whole
+  assert [r.tolist() for r in grpo_update.mini_batch_rows(['c', 'a', 'a', 'c', 'a', 'a'], 1)] == [[0, 3],
+                                                                                                  [1, 2, 4, 5]]
+
+
+def test_take_rows_carries_each_rows_images(setup):
+  _, batch, grid, _ = setup
+  part, part_grid = grpo_update.take_rows(batch, grid, [3, 0])
+  # grids in row-major order: row 0 q-image, row 1 q-image, row 2 q-image, row 3 q-image + crop
+  assert len(grid) == 5 and part_grid == (grid[3], grid[4], grid[0])
+  patches = [int(np.prod(g)) for g in grid]
+  starts = np.cumsum([0] + patches)
+  want = np.concatenate([batch['pixel_values'][starts[3]:starts[5]], batch['pixel_values'][starts[0]:starts[1]]])
+  np.testing.assert_array_equal(part['pixel_values'], want)
+  np.testing.assert_array_equal(part['position_ids'], batch['position_ids'][:, [3, 0]])
+  np.testing.assert_array_equal(part['loss_mask'], batch['loss_mask'][[3, 0]])
+
+
+def test_two_mini_batches_two_steps_first_on_policy_second_clipped_as_eq12(setup):
+  model0, batch, grid, pids = setup
+  update = grpo_update.make_update_fn(_cfg(mini_batch_prompts=1))
+  model, optimizer = _fresh(model0)
+  out, steps = update(model, optimizer, batch, grid, pids)
+  assert len(steps) == out['optimizer_steps'] == out['mini_batches'] == 2
+  first, second = steps
+  assert first['clip_frac'] == first['clip_frac_low'] == first['clip_frac_high'] == 0.0  # ρ ≡ 1
+  assert abs(first['approx_kl']) < 1e-6 and first['ratio_mean'] == pytest.approx(1.0, abs=1e-6)
+  assert second['clip_frac'] > 0 and abs(second['approx_kl']) > 1e-3
+
+  # By hand: the policy after the first step alone (group p0 = rows 0, 2), then Eq. 12 on rows 1, 3 with
+  # π_old = the initial policy.
+  rows0, rows1 = np.array([0, 2]), np.array([1, 3])
+  model1, optimizer1 = _fresh(model0)
+  part0, grid0 = grpo_update.take_rows(batch, grid, rows0)
+  _, only_first = update(model1, optimizer1, part0, grid0, [pids[r] for r in rows0])
+  assert only_first[0]['grad_norm'] == pytest.approx(first['grad_norm'], rel=1e-5)  # the same first step
+  part1, grid1 = grpo_update.take_rows(batch, grid, rows1)
+  old = np.asarray(grpo_update.logprob_fn(model0, part1, grid1))
+  new = np.asarray(grpo_update.logprob_fn(model1, part1, grid1))
+  want, low, high = _eq12_loss(new, old, part1['advantages'], part1['loss_mask'])
+  assert second['loss'] == pytest.approx(want, rel=1e-4, abs=1e-6)
+  assert second['clip_frac_low'] == pytest.approx(low, abs=1e-6)
+  assert second['clip_frac_high'] == pytest.approx(high, abs=1e-6)
+  # the rollout-step record: step losses averaged, ratio_max the largest, grad norms averaged
+  assert out['loss'] == pytest.approx((first['loss'] + second['loss']) / 2, rel=1e-6)
+  assert out['ratio_max'] == max(first['ratio_max'], second['ratio_max'])
+  assert out['grad_norm'] == pytest.approx((first['grad_norm'] + second['grad_norm']) / 2, rel=1e-6)
+  assert out['grad_norm_max'] == max(first['grad_norm'], second['grad_norm']) > 0
+
+
+def test_whole_batch_one_epoch_is_the_one_step_update(setup):
+  model0, batch, grid, pids = setup
+  model, optimizer = _fresh(model0, _sgd())
+  out, steps = grpo_update.make_update_fn(_cfg())(model, optimizer, batch, grid, pids)
+  assert len(steps) == 1 and out['clip_frac'] == 0.0
+
+  # the one-step update written out (jitted, as the trainer's): old log-probs from the same weights, one step on −J
+  ref, ref_opt = _fresh(model0, _sgd())
+  full = dict(batch, image_grid_thw=np.array(grid, np.int32))
+  old = nnx.jit(lambda m: policy.loss_logprobs(m, full))(ref)  # the batch a closed-over constant
+
+  @nnx.jit
+  def step(m, opt):
+    loss_fn = lambda m: losses.grpo_loss(policy.loss_logprobs(m, full), old, full['advantages'],
+                                         full['loss_mask'])[0]
+    loss, grads = nnx.value_and_grad(loss_fn)(m)
+    opt.update(m, grads)
+    return loss, optax.tree.norm(grads)
+
+  loss, norm = step(ref, ref_opt)
+  assert steps[0]['loss'] == pytest.approx(float(loss), abs=1e-6)  # ρ = 1: −mean Â ≈ 0 (groups centred)
+  assert steps[0]['grad_norm'] == pytest.approx(float(norm), rel=1e-6)
+  for a, b in zip(_params(model), _params(ref)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+
+
+def test_two_epochs_give_twice_the_steps_and_micro_batches_the_same_update(setup):
+  model0, batch, grid, pids = setup
+  model, optimizer = _fresh(model0)
+  out, steps = grpo_update.make_update_fn(_cfg(mini_batch_prompts=1, ppo_epochs=2))(model, optimizer, batch,
+                                                                                     grid, pids)
+  assert len(steps) == out['optimizer_steps'] == 4 and out['mini_batches'] == 2
+  assert abs(steps[2]['approx_kl']) > 1e-3  # epoch 2 starts off-policy: π_old stays the rollout-time policy
+
+  plain, plain_opt = _fresh(model0, _sgd())
+  _, plain_steps = grpo_update.make_update_fn(_cfg(mini_batch_prompts=1))(plain, plain_opt, batch, grid, pids)
+  micro, micro_opt = _fresh(model0, _sgd())
+  out, micro_steps = grpo_update.make_update_fn(_cfg(mini_batch_prompts=1, micro_batch_size=1))(
+      micro, micro_opt, batch, grid, pids)
+  assert out['micro_batches'] == 2
+  for p, m in zip(plain_steps, micro_steps):
+    for key in ('loss', 'grad_norm', 'ratio_mean', 'approx_kl'):
+      assert m[key] == pytest.approx(p[key], rel=1e-5, abs=1e-7), key
+  for a, b in zip(_params(plain), _params(micro)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_tis_weights_the_first_steps_loss_by_min_ratio_cap(setup):
+  model0, batch, grid, pids = setup
+  old = np.asarray(grpo_update.logprob_fn(model0, batch, grid))
+  # engine log-probs: π_old / π_rollout = 3 on even tokens (capped at C = 2), 0.5 on odd ones; row 3 unknown (0s)
+  shift = np.where(np.arange(old.shape[1]) % 2 == 0, -np.log(3.0), np.log(2.0))[None, :]
+  rollout = np.where(batch['completion_mask'], old + shift, 0.0).astype(np.float32)
+  rollout[3] = 0.0
+  model, optimizer = _fresh(model0)
+  out, steps = grpo_update.make_update_fn(_cfg(mini_batch_prompts=1, tis_cap=2.0))(
+      model, optimizer, dict(batch, rollout_logprobs=rollout), grid, pids)
+  mask = batch['loss_mask']
+  weights = np.where(np.arange(old.shape[1]) % 2 == 0, 2.0, 0.5)[None, :] * np.ones_like(old)
+  rows0 = [0, 2]  # the first mini-batch: ρ ≡ 1, so −J = −mean_i Â_i · mean_t w_it
+  want, _, _ = _eq12_loss(old[rows0], old[rows0], batch['advantages'][rows0], mask[rows0], weights=weights[rows0])
+  assert steps[0]['loss'] == pytest.approx(want, rel=1e-5)
+  on = (mask > 0)[:3]
+  assert out['logprob_mismatch_tokens'] == on.sum()
+  ratio = np.where(np.arange(old.shape[1]) % 2 == 0, 3.0, 0.5)[None, :] * np.ones((3, old.shape[1]))
+  assert out['logprob_mismatch_ratio_max'] == pytest.approx(3.0, rel=1e-5)
+  assert out['logprob_mismatch_ratio_std'] == pytest.approx(np.std(ratio[on]), rel=1e-4)
+  assert out['tis_capped_frac'] == pytest.approx(np.mean(ratio[on] > 2.0))
+
+
+def test_mismatch_metrics_and_tis_weights_on_hand_made_logprobs():
+  old = np.log(np.array([[0.5, 0.25, 0.9], [0.5, 0.5, 0.5], [0.1, 0.2, 0.3]], np.float32))
+  rollout = np.log(np.array([[0.25, 0.5, 0.9], [0.5, 0.125, 1.0], [1.0, 1.0, 1.0]], np.float32))
+  rollout[2] = 0.0  # an engine without log-probs
+  mask = np.array([[1, 1, 0], [1, 1, 1], [1, 1, 1]], np.float32)
+  batch = {'input_ids': np.zeros((3, 4)), 'rollout_logprobs': rollout, 'completion_mask': mask > 0}
+  known = grpo_update.rollout_logprob_rows(batch)
+  assert known.tolist() == [True, True, False]
+  m = grpo_update.mismatch_metrics(old, rollout, known, mask, tis_cap=2.5)
+  # tokens: ratios 2, 0.5 (row 0); 1, 4, 0.5 (row 1); |Δ log p| = ln2, ln2, 0, ln4, ln2 -> 5 ln2 / 5 = ln 2
+  ratios = np.array([2.0, 0.5, 1.0, 4.0, 0.5])
+  assert m['logprob_mismatch_tokens'] == 5
+  assert m['logprob_mismatch_abs_mean'] == pytest.approx(np.log(2.0), rel=1e-6)
+  assert m['logprob_mismatch_ratio_max'] == pytest.approx(4.0, rel=1e-6)
+  assert m['logprob_mismatch_ratio_mean'] == pytest.approx(1.6, rel=1e-6)
+  assert m['logprob_mismatch_ratio_std'] == pytest.approx(np.std(ratios), rel=1e-6)
+  assert m['tis_capped_frac'] == pytest.approx(0.2)  # only the 4
+  w = grpo_update.tis_weights(old, rollout, known, mask, 2.5)  # masked and unknown tokens: 1
+  np.testing.assert_allclose(w, [[2.0, 0.5, 1.0], [1.0, 2.5, 0.5], [1.0, 1.0, 1.0]], rtol=1e-6)
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('mini_batch_prompts', 3, 'grpo.mini_batch_prompts=3 does not divide grpo.prompts_per_step=4'),
+    ('mini_batch_prompts', -1, 'grpo.mini_batch_prompts=-1'),
+    ('ppo_epochs', 0, 'grpo.ppo_epochs=0'),
+    ('tis_cap', -1.0, 'grpo.tis_cap=-1.0'), ('max_staleness', -1, 'grpo.max_staleness=-1'),
+    ('micro_batch_size', 3, 'grpo.micro_batch_size=3 does not divide a mini-batch of 8'),
+])
+def test_check_update_config_names_the_field(field, value, match):
+  c = demo_config.get_config()
+  grpo_update.check_update_config(c)  # the demo passes
+  c.grpo.prompts_per_step, c.grpo.num_generations, c.grpo.mini_batch_prompts = 4, 4, 2
+  grpo_update.check_update_config(c)  # 2 mini-batches of 2 prompts × 4 samples
+  c.grpo.tis_cap = 2.0
+  grpo_update.check_update_config(c)
+  c.grpo[field] = value
+  with pytest.raises(ValueError, match=match):
+    grpo_update.check_update_config(c)
+
+
+def test_update_refuses_prompt_ids_of_another_length_and_beta_without_reference(setup):
+  model0, batch, grid, pids = setup
+  model, optimizer = _fresh(model0, _sgd())
+  with pytest.raises(ValueError, match='prompt_ids has 3 entries for a batch of 4 rows'):
+    grpo_update.make_update_fn(_cfg())(model, optimizer, batch, grid, pids[:3])
+  with pytest.raises(ValueError, match='grpo.beta=0.1 needs ref_model'):
+    grpo_update.make_update_fn(_cfg(beta=0.1))(model, optimizer, batch, grid, pids)
