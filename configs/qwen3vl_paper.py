@@ -1,0 +1,146 @@
+"""The paper's official run settings (PAPER.md, "Official run settings"; DESIGN.md §6), shared by the six run configs
+`configs/{sft,grpo}_qwen3vl_{8b,30b_a3b,32b}.py`. Not a config itself: `get_config(stage, size)` builds one.
+
+What the paper fixes: SFT lr 2e-5, 8 epochs, 32k context, image max pixels 262,144; RL lr 1e-6, G = 8 samples per
+prompt (16 for 30B-A3B), 256 prompts per step in mini-batches of 64 prompts, one pass (ppo_epochs 1), clip
+(0.2, 0.28), no KL term, 4,096 new tokens per model call, up to 50 calls, a 70k-token response budget.
+
+What it does not fix, chosen here (override on the command line, e.g. `--config.sft.batch_size=64`):
+  * sft.batch_size: one 32k row per data-parallel shard of the slice; sft.steps = ceil(sft.epochs *
+    sft.num_examples / sft.batch_size) with num_examples = 36,592 (the paper's SFT set), kept in step by
+    ml_collections references: overriding epochs, num_examples or batch_size recomputes steps and warmup
+    (3% of steps); overriding sft.steps itself fixes it.
+  * rollout.max_total_tokens = 71,680 (70 x 1024, the 70k budget) for GRPO; 32,768 for SFT (= data.max_length).
+  * grpo.micro_batch_size: rows per gradient-accumulation micro-batch = the batch shards of the mesh (one row per
+    data-parallel shard); grpo.steps = 200 (the paper's training-dynamics run).
+  * image.min_pixels = 1,024 (LLaMA-Factory's default image_min_pixels).
+Placeholders the user sets: model.hf_path (the released weights), data.dir (the built / converted dataset),
+grpo.init_from (the SFT run's workdir); `model.hf_config` names the architecture for shapes-only tools
+(`python -m osvl_jax.plan`) without weights.
+"""
+
+import ml_collections
+
+from data_pipeline import build
+from osvl_jax.judges import registry as judges_registry
+
+# size -> (HF repo name, family entry of params_count.family_hf_dicts, TPU slice)
+SIZES = {
+    '8b': ('Qwen3-VL-8B-Instruct', '8B', 'v5p-64'),
+    '30b_a3b': ('Qwen3-VL-30B-A3B-Instruct', '30B-A3B', 'v5p-128'),
+    '32b': ('Qwen3-VL-32B-Instruct', '32B', 'v5p-128'),
+}
+# Mesh per (stage, size): -1 = the rest of the slice's chips. SFT: pure FSDP (one 32k row per chip). GRPO rows are
+# 70k tokens: the vocabulary / heads / mlp split over tensor=4 keeps the float32 logits at the loss positions in
+# HBM. 30B-A3B: its 128 experts over expert=8, batch rows over ('data', 'fsdp', 'expert').
+MESHES = {
+    ('sft', '8b'): dict(data=1, fsdp=-1, tensor=1, expert=1),
+    ('grpo', '8b'): dict(data=1, fsdp=-1, tensor=4, expert=1),
+    ('sft', '30b_a3b'): dict(data=1, fsdp=-1, tensor=1, expert=8),
+    ('grpo', '30b_a3b'): dict(data=1, fsdp=-1, tensor=4, expert=8),
+    ('sft', '32b'): dict(data=1, fsdp=-1, tensor=1, expert=1),
+    ('grpo', '32b'): dict(data=1, fsdp=-1, tensor=4, expert=1),
+}
+SFT_EXAMPLES = 36_592
+TOOLS = ('text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution', 'perspective_correct')
+
+
+def _chips(tpu: str) -> int:
+  """Chips of a 'v5p-N' / 'v4-N' slice (N counts TensorCores, 2 per chip) or a 'v6e-N' / 'v5e-N' one (N chips)."""
+  kind, n = tpu.split('-')
+  return int(n) // 2 if kind in ('v4', 'v5p') else int(n)
+
+
+def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
+  """The config of the paper's `stage` ('sft' | 'grpo') run of Qwen3-VL `size` ('8b' | '30b_a3b' | '32b').
+
+  Raises:
+    ValueError: an unknown stage or size.
+  """
+  if stage not in ('sft', 'grpo') or size not in SIZES:
+    raise ValueError(f'stage={stage!r}, size={size!r}: expected sft|grpo and one of {sorted(SIZES)}')
+  hf_name, family, tpu = SIZES[size]
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.stage = stage  # the trainer this config is for; `python -m osvl_jax.plan` sizes that trainer's step
+
+  # The slice and its mesh ('data', 'fsdp', 'tensor', 'expert'); -1 = the rest of the chips.
+  c.tpu = tpu
+  c.mesh = ml_collections.ConfigDict(MESHES[stage, size])
+  c.sharding_rules = ((('batch', ('data', 'fsdp', 'expert')),) if size == '30b_a3b' else ())
+
+  c.image = ml_collections.ConfigDict()
+  c.image.min_pixels = 32 * 32
+  c.image.max_pixels = 262_144  # 512 x 512: at most 256 image tokens per image
+
+  c.data = build.default_config()
+  c.data.dir = '/path/to/osvl_data'  # set: the dataset folder (data_pipeline.build, or the converted release)
+  c.data.min_pixels = c.image.get_ref('min_pixels')
+  c.data.max_pixels = c.image.get_ref('max_pixels')
+  c.data.max_length = 32_768  # the 32k SFT context (tokens per trajectory)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = hf_name
+  c.model.hf_path = f'/path/to/{hf_name}'  # set: the released HF folder (config.json + *.safetensors)
+  c.model.hf_config = family  # architecture without weights (params_count.family_hf_dicts name, or a config.json)
+  c.model.dtype = 'bfloat16'  # compute
+  c.model.param_dtype = 'float32'  # parameters, gradients; AdamW state is float32
+  c.model.scan_layers = True
+  c.model.remat = True
+
+  c.tools = ml_collections.ConfigDict()
+  c.tools.enabled = TOOLS
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_turns = 50
+  c.rollout.max_new_tokens = 4096
+  c.rollout.max_total_tokens = 71_680 if stage == 'grpo' else 32_768
+  c.rollout.fatal_k = 3
+  c.rollout.fatal_index = 'first'
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.lr = 2e-5
+  c.sft.epochs = 8
+  c.sft.num_examples = SFT_EXAMPLES
+  batch_shards = _chips(tpu) // (c.mesh.tensor * (1 if size == '30b_a3b' else c.mesh.expert))
+  c.sft.batch_size = batch_shards
+  epochs, examples, batch = c.sft.get_ref('epochs'), c.sft.get_ref('num_examples'), c.sft.get_ref('batch_size')
+  c.sft.steps = (epochs * examples + batch - 1) // batch
+  c.sft.warmup_steps = c.sft.get_ref('steps') * 3 // 100
+  c.sft.weight_decay = 0.0
+  c.sft.grad_clip = 1.0
+  c.sft.log_every = 10
+  c.sft.ckpt_every = 500
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_prompts = 16
+  c.eval.temperature = 0.7
+  c.eval.top_p = 0.8
+
+  c.grpo = ml_collections.ConfigDict()
+  c.grpo.steps = 200
+  c.grpo.prompts_per_step = 256
+  c.grpo.num_generations = 16 if size == '30b_a3b' else 8
+  c.grpo.mini_batch_prompts = 64  # one optimizer step per 64 prompts' groups: 4 steps per rollout batch
+  c.grpo.ppo_epochs = 1
+  c.grpo.micro_batch_size = batch_shards  # rows per gradient-accumulation micro-batch (one per batch shard)
+  c.grpo.lr = 1e-6
+  c.grpo.eps_low = 0.2
+  c.grpo.eps_high = 0.28
+  c.grpo.beta = 0.0
+  c.grpo.alpha = 0.8
+  c.grpo.delta = 1e-6
+  c.grpo.fatal_mode = 'mask_clamp'
+  c.grpo.estimator = 'grpo'
+  c.grpo.std_ddof = 1
+  c.grpo.aggregation = 'seq_mean_token_mean'
+  c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
+  c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)  # None = no truncated importance sampling
+  c.grpo.max_staleness = 0  # strictly on-policy
+  c.grpo.init_from = '/path/to/sft_workdir'  # set: the SFT run's workdir (its sft_ckpt)
+  c.grpo.temperature = 1.0
+  c.grpo.top_p = 1.0
+  c.grpo.ckpt_every = 10
+
+  c.judge = judges_registry.default_config()
+  return c

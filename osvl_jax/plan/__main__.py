@@ -1,0 +1,33 @@
+"""`python -m osvl_jax.plan --config=configs/grpo_qwen3vl_8b.py [--chip=v5p] [--compile] [--compile_tokens=2048]`
+
+Prints the per-chip memory plan of the config's training step on its slice (`config.tpu`, `config.mesh`), from
+abstract shapes only; the last line is
+  params_gb_per_chip=<x> optimizer_gb_per_chip=<y> activations_gb_per_chip=<z> fits=<true|false>   (GB = 1e9 B)
+`--compile` also compiles the SFT step of that config on the local devices (mesh fsdp=<device count>, e.g. 8
+simulated CPU devices with XLA_FLAGS=--xla_force_host_platform_device_count=8) for one row of `--compile_tokens`
+tokens per device, and prints XLA's memory analysis beside the estimate for that mesh and their ratio.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from osvl_jax import plan
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'ml_collections config file.')
+_CHIP = flags.DEFINE_string('chip', None, f'Chip whose HBM the plan is checked against ({sorted(plan.HBM_GIB)}); '
+                            'default: the chip of config.tpu.')
+_LOSS_TOKENS = flags.DEFINE_integer('loss_tokens', 0, 'Loss positions per row; 0 = every token (upper bound).')
+_COMPILE = flags.DEFINE_bool('compile', False, 'Also compile the SFT step on the local devices and compare.')
+_COMPILE_TOKENS = flags.DEFINE_integer('compile_tokens', 2048, 'Tokens per row of the --compile step.')
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  print(plan.run(config, chip=_CHIP.value, loss_tokens=_LOSS_TOKENS.value or None,
+                 compile_tokens=_COMPILE_TOKENS.value if _COMPILE.value else None), flush=True)
+
+
+if __name__ == '__main__':
+  flags.mark_flag_as_required('config')
+  app.run(main)
