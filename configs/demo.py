@@ -69,6 +69,17 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.max_concurrency = 64
   c.rollout.tool_workers = 1
   c.rollout.max_seconds = 600.0
+  # The rollout engine (osvl_jax/train/rollouts.py, DESIGN.md §6b): 'embedded' = the in-process JAX sampler;
+  # 'sglang' = servers of SGLang's native API at `urls` (SGLang on GPUs, `python -m osvl_jax.serve`, an
+  # sglang-router), updated at `admin_urls` (default: the urls; behind a router: its workers) from HF folders
+  # exported under `weights_dir` ('' = <workdir>/weights; must be a local folder the servers can read).
+  c.rollout.engine = 'embedded'
+  # One URL or a list (either type may be set here or on the command line).
+  c.rollout.urls = ml_collections.config_dict.placeholder(object)
+  c.rollout.admin_urls = ml_collections.config_dict.placeholder(object)
+  c.rollout.weights_dir = ''
+  c.rollout.weights_dtype = 'bfloat16'  # what SGLang serves; 'float32' = the trainer's log-probs exactly
+  c.rollout.weights_keep = 2  # exported versions kept on disk
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 450
@@ -110,7 +121,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.ppo_epochs = 1  # passes over the mini-batches of a rollout batch
   # Truncated importance sampling: each token's loss × min(π_old / π_rollout, C); None = off (DESIGN.md §6).
   c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)
-  c.grpo.max_staleness = 0  # async rollout: policy versions a trajectory may lag; 0 = strictly on-policy
+  # Policy versions a trajectory may lag (version = optimizer steps applied); 0 = strictly on-policy, 1 = the next
+  # batch rolls out (one version behind) while this one updates.
+  c.grpo.max_staleness = 0
   c.grpo.init_from = ''  # workdir holding sft_ckpt (policy init and π_ref); '' = this workdir
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0

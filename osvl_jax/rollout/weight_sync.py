@@ -4,7 +4,8 @@ SGLang servers (and `python -m osvl_jax.serve`) load new weights from disk: `pub
 folder `<root>/v<version>` (written to a temporary folder and renamed, so a server never reads a half-written
 one), then calls `/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the
 version, and deletes the oldest folders beyond `keep` (a server may still be reading the previous one). The
-embedded JAX sampler swaps weights in process (`JaxSampler.set_model`, no export) and takes the same version.
+embedded JAX sampler swaps weights in process (`JaxSampler.set_model` on a snapshot of the policy, no export)
+and takes the same version.
 
   sync = WeightSync(engine, root=workdir / 'weights', min_pixels=..., max_pixels=...)
   sync.publish(model, version=step)   # after the optimizer step that produced `version`
@@ -16,6 +17,8 @@ import os
 import pathlib
 import shutil
 import time
+
+from flax import nnx
 
 from osvl_jax import export_hf
 
@@ -112,8 +115,8 @@ class WeightSync:
     if self.remote:
       path = str(export_version(model, self.root, version, self.min_pixels, self.max_pixels, self.dtype, self.keep))
       answers = self.engine.update_weights_from_disk(path, weight_version=str(int(version)))
-    else:
-      self.engine.set_model(model)
+    else:  # a snapshot: the trainer updates `model`'s Variables in place, maybe while the sampler generates
+      self.engine.set_model(nnx.clone(model))  # new Variables over the same (immutable) arrays: no copy
       self.engine.weight_version = str(int(version))
     self.version = int(version)
     return {'version': int(version), 'path': path, 'seconds': time.time() - t0, 'servers': answers}

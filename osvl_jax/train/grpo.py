@@ -1,8 +1,11 @@
 """Multi-turn fatal-aware GRPO (Sec. 4.2, Eq. 9-12).
 
-Reads top to bottom: prompts, policy (from the SFT checkpoint), tools, sampler; then per step: roll out G
-samples per prompt with the current policy, score them (Eq. 9), group advantages (Eq. 11), post-fatal mask
-(Eq. 10), the clipped policy-gradient update (Eq. 12) under the official schedule, metrics, checkpoint.
+Reads top to bottom: prompts, policy (from the SFT checkpoint), tools, rollout engine; then per step: roll out G
+samples per prompt with the published policy version, score them (Eq. 9), group advantages (Eq. 11), post-fatal
+mask (Eq. 10), the clipped policy-gradient update (Eq. 12) under the official schedule, publish the new version
+to the engine, metrics, checkpoint. The engine is the in-process JAX sampler or SGLang-API servers
+(`config.rollout.engine`, `rollouts.RolloutRunner`); `grpo.max_staleness` 1 overlaps the next rollout with the
+update (`train`).
 
 The update (`grpo_update.make_update_fn`): old log-probs computed once for the rollout batch, then one optimizer
 step per mini-batch of `grpo.mini_batch_prompts` prompts' groups, `grpo.ppo_epochs` passes; each mini-batch's
@@ -12,12 +15,14 @@ micro-batching and the mesh size do not change it). Everything runs on the mesh 
 `policy.shard_batch`).
 
   .venv/bin/python -m osvl_jax.train.grpo --config=configs/demo.py --workdir=workdir/demo
+  ... --config.rollout.engine=sglang --config.rollout.urls=http://127.0.0.1:30000 --config.grpo.max_staleness=1
 
 The policy starts from the latest checkpoint in `<workdir>/sft_ckpt` (or `config.grpo.init_from`);
 rerunning with the same workdir resumes from `<workdir>/grpo_ckpt`.
 """
 
 import collections
+import concurrent.futures
 import pathlib
 import time
 
@@ -41,7 +46,7 @@ from osvl_jax.train import batching, checkpoint, data, grpo_update, metrics, pol
 
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None = None) -> None:
   """Fails fast, before anything is read or written, on a GRPO config the trainer cannot run.
 
   Raises:
@@ -50,7 +55,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       of one has no baseline), lr <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1],
       delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout
       max_turns / max_new_tokens / fatal_k < 1, max_total_tokens < max_new_tokens; micro_batch_size < 0 or not
-      dividing the group batch or not a multiple of the mesh's data x fsdp size (`config.mesh`).
+      dividing the group batch or not a multiple of the mesh's data x fsdp size (`config.mesh`); the rollout
+      engine's (`rollouts.check_engine_config`: engine, urls, admin_urls, weights_dir — a gs:// `workdir` needs
+      it set — weights_dtype, weights_keep).
   """
   sft.check_model_config(config)
   cfg = config.grpo
@@ -79,6 +86,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if total < config.rollout.max_new_tokens:
     raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_new_tokens={config.rollout.max_new_tokens}')
   grpo_update.check_update_config(config)  # mini_batch_prompts, ppo_epochs, tis_cap, max_staleness, micro-batch
+  rollouts.check_engine_config(config, workdir)
   rows = (cfg.get('mini_batch_prompts') or cfg.prompts_per_step) * cfg.num_generations  # one mini-batch
   micro = cfg.get('micro_batch_size') or rows
   shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
@@ -211,49 +219,102 @@ def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   return ref
 
 
+def drop_stale(trajectories: list, version: int, max_staleness: int) -> tuple[list, dict]:
+  """Drops what is too old to train on at policy `version` (DESIGN.md §6, Weight versions).
+
+  A trajectory whose `policy_version` < version − max_staleness is stale; a group (`prompt_id`) that loses any
+  member is dropped whole (its Eq. 11 baseline would be computed over a different set of samples).
+
+  Returns:
+    (kept trajectories in their order, {'stale_dropped': stale trajectories, 'groups_dropped': whole groups lost,
+     'staleness_mean', 'staleness_max': over all trajectories of version − policy_version}).
+  """
+  staleness = np.array([version - int(t.policy_version) for t in trajectories], np.int64)
+  stale_groups = {t.prompt_id for t, s in zip(trajectories, staleness) if s > max_staleness}
+  kept = [t for t in trajectories if t.prompt_id not in stale_groups]
+  return kept, {'stale_dropped': int((staleness > max_staleness).sum()), 'groups_dropped': len(stale_groups),
+                'staleness_mean': float(staleness.mean()) if staleness.size else 0.0,
+                'staleness_max': int(staleness.max()) if staleness.size else 0}
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
   """Runs (or resumes) GRPO; returns the policy. Checkpoints in `<workdir>/grpo_ckpt`.
 
   Config (config.grpo unless noted): fatal_mode (none | hard | mask | mask_clamp), rollout.fatal_index
   (first | kth), estimator (grpo | rloo | dr_grpo), aggregation (seq_mean_token_mean = Eq. 12 | token_mean |
   seq_mean_token_sum), eps_low / eps_high, beta (> 0 loads π_ref), micro_batch_size (0 = whole batch),
-  judge.name (rule | llm); config.mesh / config.sharding_rules place the policy and the batches.
+  judge.name (rule | llm); config.mesh / config.sharding_rules place the policy and the batches;
+  rollout.engine (embedded | sglang, `rollouts.RolloutRunner`).
+
+  Versions: the policy version is the number of GRPO steps whose update has been applied (0 = the SFT policy;
+  a step of several mini-batches counts once). It is published to the rollout engine before the first rollout and after each step's update.
+  max_staleness 0: step s rolls out with version s, then updates. max_staleness >= 1: the rollout of step s + 1
+  runs in a background thread (with version s) while step s updates, and is awaited before version s + 1 is
+  published; so from the second step on each batch is one version behind the update. Trajectories older than
+  version − max_staleness are dropped with their groups (`drop_stale`). A resumed run starts by rolling out
+  (no prefetched batch survives a restart); prompts and seeds depend only on the step.
   """
   workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.grpo
-  check_config(config)
+  check_config(config, workdir)
   prompts = data.load_prompts(config, workdir)
   mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
   model, optimizer, mngr, start = init_policy(config, workdir, mesh)
   ref_model = init_reference(config, workdir, mesh)
-  runner = rollouts.RolloutRunner(config, model)
+  runner = rollouts.RolloutRunner(config, model, workdir)
   judge = judges_registry.get_judge(config.get('judge'))
   writer = metrics.MetricWriter(workdir, 'grpo')
   update = grpo_update.make_update_fn(cfg, place=lambda b: policy.shard_batch(b, mesh, rules))
-  group = cfg.num_generations
+  group, max_staleness = cfg.num_generations, int(cfg.get('max_staleness') or 0)
 
-  for step in tqdm.trange(start, cfg.steps, desc='grpo', initial=start, total=cfg.steps):
+  def rollout(step: int) -> tuple[list, float]:
     t0 = time.time()
     items = [prompts[i] for i in prompt_indices(step, cfg.prompts_per_step, len(prompts), config.seed)]
     trajectories = runner.run(items, num_generations=group, temperature=cfg.temperature, top_p=cfg.top_p,
                               seed=config.seed * 100_003 + step)
-    rollout_seconds = time.time() - t0
-    batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, judge)
-    batch.pop('rewards')
-    fatal_steps = batch.pop('fatal_steps')
-    with sharding.use_mesh(mesh, rules):  # activation constraints on
-      # π_old once for the whole batch, then one optimizer step per mini-batch (grpo_update, DESIGN.md §6)
-      out, _ = update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)
-    writer.write(step + 1, {
-        **out,
-        **rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']),
-        'injected_tool_failures': dict(getattr(runner.env, 'injected_counts', None) or {}),  # cumulative
-        'batch_shards': sharding.batch_shards(mesh, rules),  # data x fsdp devices the rows are split over
-        'rollout_seconds': rollout_seconds,
-        'step_seconds': time.time() - t0,
-    })
-    if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-      checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'grpo', **sft.checkpoint_meta(config)})
+    return trajectories, time.time() - t0
+
+  publish_seconds = runner.publish(model, start)['seconds']  # version `start` (0: the SFT policy)
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='rollout')
+  pending = None  # the next step's rollout, running while this step updates (max_staleness >= 1)
+  try:
+    for step in tqdm.trange(start, cfg.steps, desc='grpo', initial=start, total=cfg.steps):
+      t0 = time.time()
+      trajectories, rollout_seconds = pending.result() if pending is not None else rollout(step)
+      pending = pool.submit(rollout, step + 1) if max_staleness and step + 1 < cfg.steps else None
+      versions = sorted({int(t.policy_version) for t in trajectories})
+      trajectories, stale = drop_stale(trajectories, step, max_staleness)
+      out = {}
+      if trajectories:
+        batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, judge)
+        batch.pop('rewards')
+        fatal_steps = batch.pop('fatal_steps')
+        with sharding.use_mesh(mesh, rules):  # activation constraints on
+          # π_old once for the whole batch, then one optimizer step per mini-batch (grpo_update, DESIGN.md §6)
+          out, _ = update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)
+        out.update(rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']))
+      else:
+        logging.warning('grpo step %d: every trajectory is staler than max_staleness=%d; no update', step,
+                        max_staleness)
+      if pending is not None:
+        concurrent.futures.wait([pending])  # its rollout used version `step`: publish only once it is done
+      info = runner.publish(model, step + 1)
+      writer.write(step + 1, {
+          **out,
+          **stale,
+          'injected_tool_failures': dict(getattr(runner.env, 'injected_counts', None) or {}),  # cumulative
+          'batch_shards': sharding.batch_shards(mesh, rules),  # data x fsdp devices the rows are split over
+          'weight_version': info['version'],  # published after this step's update
+          'policy_versions': versions,  # of the rollout batch, before drop_stale
+          'publish_seconds': publish_seconds + info['seconds'],
+          'rollout_seconds': rollout_seconds,
+          'step_seconds': time.time() - t0,
+      })
+      publish_seconds = 0.0
+      if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
+        checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'grpo', **sft.checkpoint_meta(config)})
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
   writer.close()
   return model
 
@@ -262,7 +323,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
-  check_config(_CONFIG.value)
+  check_config(_CONFIG.value, _WORKDIR.value)
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -1,16 +1,28 @@
-"""Rollouts with the embedded JAX sampler against the real tool environment, and their rewards (Eq. 9)."""
+"""Rollouts of the policy against the real tool environment, and their rewards (Eq. 9).
+
+The engine (`config.rollout.engine`, DESIGN.md §6b): 'embedded' (default) is the in-process `JaxSampler`;
+'sglang' is any server of SGLang's native API at `rollout.urls` (SGLang on GPUs, `python -m osvl_jax.serve`, an
+`sglang-router`), whose weights are updated at `rollout.admin_urls` (default: the urls) from HF folders exported
+under `rollout.weights_dir` (default `<workdir>/weights`; a local folder the servers can read). The agent loop is
+the same for both; `RolloutRunner.publish` hands each policy version to the engine (`weight_sync.WeightSync`).
+"""
 
 import concurrent.futures
+import pathlib
 
 import ml_collections
 import numpy as np
 
+from osvl_jax import config_checks as checks
 from osvl_jax import trajectory as trajectory_lib
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import rule as rule_judge
 from osvl_jax.rl import rewards
-from osvl_jax.rollout import agent_loop, jax_sampler
+from osvl_jax.rollout import agent_loop, jax_sampler, sglang_client, weight_sync
+from osvl_jax.train import storage
 from tools import env as tools_env
+
+ENGINES = ('embedded', 'sglang')
 
 
 def image_processor(config: ml_collections.ConfigDict) -> trajectory_lib.ImageProcessor:
@@ -21,46 +33,122 @@ def tool_env(config: ml_collections.ConfigDict) -> tools_env.ToolEnv:
   return tools_env.ToolEnv(config.get('tools'))
 
 
+def _url_list(config: ml_collections.ConfigDict, field: str) -> list[str]:
+  value = config.rollout.get(field) or ()
+  urls = [value] if isinstance(value, str) else list(value)
+  bad = [u for u in urls if not isinstance(u, str) or not u.startswith(('http://', 'https://'))]
+  if bad:
+    raise ValueError(f'rollout.{field}={value!r}: expected an http(s):// URL or a list of them, got {bad[0]!r}')
+  return urls
+
+
+def check_engine_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None = None) -> None:
+  """Checks the rollout engine fields (called by `grpo.check_config`).
+
+  Fields (config.rollout): engine ('embedded' default | 'sglang'); with 'sglang': urls (one URL or a list,
+  required), admin_urls (optional list), weights_dir (local folder; default `<workdir>/weights`), weights_dtype
+  ('bfloat16' default | 'float32'), weights_keep (int >= 1, default 2).
+
+  Raises:
+    ValueError: naming the field: an unknown engine; 'sglang' without urls, or a url that is not http(s)://;
+      a bad weights_dtype / weights_keep; weights_dir a URL, or unset while `workdir` is a URL (gs://...).
+  """
+  engine = checks.choice(config, 'rollout.engine', ENGINES) if config.rollout.get('engine') else 'embedded'
+  if engine != 'sglang':
+    return
+  if not _url_list(config, 'urls'):
+    raise ValueError("rollout.urls is empty: rollout.engine='sglang' needs the server (or router) URL(s)")
+  _url_list(config, 'admin_urls')
+  if config.rollout.get('weights_dtype'):
+    checks.choice(config, 'rollout.weights_dtype', weight_sync.DTYPES)
+  checks.number(config, 'rollout.weights_keep', integer=True, low=1, optional=True)
+  weights_dir(config, workdir)
+
+
+def weights_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None) -> pathlib.Path | None:
+  """Where HF folders are exported for the servers: `rollout.weights_dir`, else `<workdir>/weights`.
+
+  Raises:
+    ValueError: naming rollout.weights_dir: it is a URL, or it is unset and `workdir` is a URL (servers load
+      from a local or shared filesystem, never from gs://).
+  """
+  folder = config.rollout.get('weights_dir') or ''
+  if folder and storage.is_remote(folder):
+    raise ValueError(f'rollout.weights_dir={folder!r} is a URL: the servers load weights from a local folder')
+  if not folder and workdir is not None and storage.is_remote(workdir):
+    raise ValueError(f'workdir {workdir} is a URL: set rollout.weights_dir to a local folder the rollout servers '
+                     'can read (exported weights)')
+  if folder:
+    return pathlib.Path(folder)
+  return None if workdir is None else pathlib.Path(workdir) / 'weights'
+
+
 class RolloutRunner:
-  """Owns the tokenizer, image processor, tools and sampler for one policy.
+  """Owns the tokenizer, image processor, tools, rollout engine and weight sync for one policy.
 
   Args:
-    config: the job config (`image`, `tools`, `rollout` fields).
-    model: the live policy; updates to it in place are seen by the next `run`.
+    config: the job config (`image`, `tools`, `rollout` fields; `grpo.temperature` / `grpo.top_p` as the
+      server engine's defaults). `check_engine_config` must have accepted it.
+    model: the policy; the embedded engine starts on its weights.
+    workdir: the job folder (`<workdir>/weights` is the default export folder of the 'sglang' engine).
+  Attributes:
+    engine: the `JaxSampler` ('embedded') or `SGLangEngine` ('sglang').
+    sync: the `weight_sync.WeightSync` that `publish` goes through.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, model):
+  def __init__(self, config: ml_collections.ConfigDict, model, workdir: str | pathlib.Path | None = None):
     self.config = config
     self.tokenizer = trajectory_lib.load_tokenizer()
     self.image_processor = image_processor(config)
     self.env = tool_env(config)
-    r = config.rollout
-    self.sampler = jax_sampler.JaxSampler(model, self.tokenizer, self.image_processor,
-                                          max_new_tokens=r.max_new_tokens,
-                                          max_len=r.max_total_tokens + r.max_new_tokens)
-    self.model = model
+    r, grpo = config.rollout, config.get('grpo') or {}
+    remote = (r.get('engine') or 'embedded') == 'sglang'
+    if remote:
+      self.engine = sglang_client.SGLangEngine(
+          _url_list(config, 'urls'), self.tokenizer, max_new_tokens=r.max_new_tokens,
+          temperature=grpo.get('temperature', 1.0), top_p=grpo.get('top_p', 1.0),
+          admin_urls=_url_list(config, 'admin_urls') or None)
+    else:
+      self.engine = jax_sampler.JaxSampler(model, self.tokenizer, self.image_processor,
+                                           max_new_tokens=r.max_new_tokens,
+                                           max_len=r.max_total_tokens + r.max_new_tokens)
+    self.sync = weight_sync.WeightSync(self.engine, root=weights_dir(config, workdir) if remote else None,
+                                       min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels,
+                                       dtype=r.get('weights_dtype') or 'bfloat16', keep=r.get('weights_keep') or 2)
+
+  @property
+  def version(self) -> int | None:
+    """The last published policy version (None before the first `publish`)."""
+    return self.sync.version
+
+  def publish(self, model, version: int) -> dict:
+    """`WeightSync.publish`: `model`'s weights as `version` on the engine (every server for 'sglang')."""
+    return self.sync.publish(model, version)
 
   def make_builder(self) -> trajectory_lib.TrajectoryBuilder:
     return trajectory_lib.TrajectoryBuilder(self.tokenizer, self.image_processor, self.env.schemas())
 
   def run(self, items: list[dict], num_generations: int, temperature: float, top_p: float,
           seed: int) -> list[trajectory_lib.Trajectory]:
-    """`num_generations` episodes per item, grouped contiguously (item 0's G samples first).
+    """`num_generations` episodes per item, grouped contiguously (item 0's G samples first), with the weights of
+    the last `publish` (the construction model's for an embedded engine never published to).
 
     Args:
       items: dicts with prompt_id, question, image (uint8 [H, W, 3]), answers.
+      seed: the embedded sampler's PRNG seed (servers sample with their own).
     Returns:
-      len(items) * num_generations trajectories.
+      len(items) * num_generations trajectories; `policy_version` is the oldest emitted token's version as the
+      engine reports it (the last published version for prompt-only trajectories).
     """
     r = self.config.rollout
-    self.sampler.set_model(self.model)  # the policy's current weights
-    self.sampler.temperature, self.sampler.top_p = float(temperature), float(top_p)
-    self.sampler.reseed(seed)
-    return agent_loop.run_episodes(self.sampler, self.env, self.make_builder, items, num_generations=num_generations,
+    self.engine.temperature, self.engine.top_p = float(temperature), float(top_p)
+    if hasattr(self.engine, 'reseed'):
+      self.engine.reseed(seed)
+    return agent_loop.run_episodes(self.engine, self.env, self.make_builder, items, num_generations=num_generations,
                                    max_turns=r.max_turns, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
                                    max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
-                                   max_concurrency=r.get('max_concurrency'), tool_workers=r.get('tool_workers', 1),
-                                   max_seconds=r.get('max_seconds'))
+                                   policy_version=self.version or 0, max_concurrency=r.get('max_concurrency'),
+                                   tool_workers=r.get('tool_workers', 1), max_seconds=r.get('max_seconds'))
 
 
 _RULE_JUDGE = rule_judge.RuleJudge()

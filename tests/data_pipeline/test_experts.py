@@ -1,19 +1,12 @@
 """The model expert: K episodes per item through the agent loop, the two-stage rejection, the selection."""
 
-import os
-import pathlib
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
 from data_pipeline import experts, synthesize
 from osvl_jax import paths as osvl_paths
+from tests.serve.conftest import healthy, serve_process, wait_until
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY_PIXELS = dict(min_pixels=32 * 32, max_pixels=64 * 64)   # `osvl_jax.serve --tiny`'s image processor
 
 
@@ -113,42 +106,14 @@ def test_a_bad_synthesize_config_is_refused_naming_the_field():
     experts.check_config(model_config(min_process_score=1.5))
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope='module')
 def tiny_server(tmp_path_factory):
   """`python -m osvl_jax.serve --tiny` on 127.0.0.1 (a random model: it answers garbage)."""
-  port = _free_port()
   log = tmp_path_factory.mktemp('serve') / 'serve.log'
-  with open(log, 'w') as f:
-    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--max_len=2048',
-                             '--bucket=256', '--max_new_tokens=8', '--batch_window_ms=50'], cwd=REPO, stdout=f,
-                            stderr=subprocess.STDOUT, env=dict(os.environ))
-  url = f'http://127.0.0.1:{port}'
-  try:
-    deadline = time.time() + 180
-    while True:
-      if proc.poll() is not None:
-        raise RuntimeError(f'osvl_jax.serve exited {proc.returncode}: {log.read_text()[-2000:]}')
-      try:
-        if httpx.get(url + '/health', timeout=2).status_code == 200:
-          break
-      except httpx.HTTPError:
-        pass
-      if time.time() > deadline:
-        raise TimeoutError(f'osvl_jax.serve not ready: {log.read_text()[-2000:]}')
-      time.sleep(0.5)
+  with serve_process(log, '--max_len=2048', '--bucket=256', '--max_new_tokens=8', '--batch_window_ms=50') as (
+      url, proc):
+    wait_until(lambda: healthy(url), 180, 'osvl_jax.serve', proc, log)
     yield url
-  finally:
-    proc.terminate()
-    try:
-      proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-      proc.kill()
 
 
 def test_model_expert_against_a_real_server_rejects_garbage_with_reasons(graph, grounded_items, tiny_server):

@@ -2,17 +2,14 @@
 endpoint that refuses connections."""
 
 import json
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from data_pipeline import filter as filter_lib
 from data_pipeline import llm
 from osvl_jax import paths as osvl_paths
+from tests.serve.conftest import free_port, healthy, serve_process, wait_until
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 class ScriptedChatClient:
@@ -102,15 +99,9 @@ def test_bad_filter_config_is_refused_naming_the_field():
     filter_lib.check_config(_config(max_concurrency=0))
 
 
-def _free_port():
-  import socket
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
 
 def test_an_endpoint_that_refuses_connections_gives_per_item_reasons():
-  config = _config(base_url=f'http://127.0.0.1:{_free_port()}/v1', model='m', max_retries=1, retry_backoff_s=0.0)
+  config = _config(base_url=f'http://127.0.0.1:{free_port()}/v1', model='m', max_retries=1, retry_backoff_s=0.0)
   recs, counts = filter_lib.run_filters(_records(), config, osvl_paths.data_dir())
   assert [r['rejected'].split(':')[:2] for r in recs[:5]] == [['filter_a_error', ' connection']] * 5
   assert counts['llm']['requests'] == 10 and counts['llm']['retries'] == 5   # 5 items x (1 + 1 retry)
@@ -119,7 +110,7 @@ def test_an_endpoint_that_refuses_connections_gives_per_item_reasons():
 
 
 def test_request_budget_refuses_without_sending():
-  config = _config(base_url=f'http://127.0.0.1:{_free_port()}/v1', model='m', max_retries=0, max_requests=2,
+  config = _config(base_url=f'http://127.0.0.1:{free_port()}/v1', model='m', max_retries=0, max_requests=2,
                    max_concurrency=1)
   recs, counts = filter_lib.run_filters(_records(), config, osvl_paths.data_dir())
   assert counts['llm']['requests'] == 2 and counts['llm']['budget_refused'] == 3
@@ -130,38 +121,14 @@ def test_request_budget_refuses_without_sending():
 def test_against_a_real_tiny_policy_server(tmp_path):
   """`python -m osvl_jax.serve --tiny` started as tests/serve/conftest.py's `serve_process` does (random weights:
   its replies are garbage, so items pass unless a garbage reply happens to be unparseable)."""
-  import os
-  import time
-  import httpx
-  port = _free_port()
   log_path = tmp_path / 'serve.log'
-  with open(log_path, 'w') as log:
-    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--bucket=16',
-                             '--max_len=512', '--max_new_tokens=6', '--batch_window_ms=20'],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-  url = f'http://127.0.0.1:{port}'
-  try:
-    deadline = time.time() + 300
-    while True:
-      assert proc.poll() is None, log_path.read_text()[-3000:]
-      assert time.time() < deadline, 'server not healthy after 300 s\n' + log_path.read_text()[-3000:]
-      try:
-        if httpx.get(url + '/health', timeout=2).status_code == 200:
-          break
-      except httpx.HTTPError:
-        pass
-      time.sleep(0.5)
+  with serve_process(log_path, '--bucket=16', '--max_len=512', '--max_new_tokens=6') as (url, proc):
+    wait_until(lambda: healthy(url), 300, 'osvl_jax.serve', proc, log_path)
     config = _config(base_url=url + '/v1', model='osvl-jax', max_tokens=6, max_concurrency=4, timeout_s=300.0)
     recs, counts = filter_lib.run_filters(_records(), config, osvl_paths.data_dir())
     # A token budget of 1: the first request is sent, its usage spends the budget, the rest are refused unsent.
     config.update(max_concurrency=1, max_total_tokens=1)
     tight, tight_counts = filter_lib.run_filters(_records(), config, osvl_paths.data_dir())
-  finally:
-    proc.terminate()
-    try:
-      proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-      proc.kill()
   print('tiny server filter counts:', json.dumps(counts))
   assert counts['llm']['errors'] == 0, counts
   assert counts['checked'] == 5 and counts['llm']['requests'] == counts['llm']['replies']

@@ -49,12 +49,22 @@ def test_published_weights_give_the_trainers_logprobs(tmp_path, tokenizer, conte
              for a, b in zip(after, before))
 
 
-def test_embedded_engine_swaps_in_process(tokenizer):
+def test_embedded_engine_swaps_in_a_snapshot(tokenizer):
   sampler = jax_sampler.JaxSampler(model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0)), tokenizer,
                                    max_new_tokens=2, max_len=64)
   trained = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(7))
+  params = lambda m: jax.tree.leaves(jax.device_get(nnx.state(m, nnx.Param)))
+  published = params(trained)
   info = weight_sync.WeightSync(sampler).publish(trained, 4)
-  assert info['path'] == '' and sampler.weight_version == '4' and sampler._model is trained  # pylint: disable=protected-access
+  served = sampler._model  # pylint: disable=protected-access
+  assert info['path'] == '' and sampler.weight_version == '4'
+  for a, b in zip(params(served), published):
+    np.testing.assert_array_equal(a, b)
+  # The trainer's next in-place update (a rollout may be running: max_staleness 1) does not reach the sampler.
+  nnx.update(trained, jax.tree.map(lambda x: x + 1, nnx.state(trained, nnx.Param)))
+  assert not np.array_equal(params(trained)[0], published[0])
+  for a, b in zip(params(served), published):
+    np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize('kwargs, match', [
