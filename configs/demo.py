@@ -122,7 +122,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Truncated importance sampling: each token's loss × min(π_old / π_rollout, C); None = off (DESIGN.md §6).
   c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)
   # Policy versions a trajectory may lag (version = optimizer steps applied); 0 = strictly on-policy, 1 = the next
-  # batch rolls out (one version behind) while this one updates.
+  # batch rolls out (one version behind) while this one updates (one rollout is in flight at most, so larger values
+  # act as 1).
   c.grpo.max_staleness = 0
   c.grpo.init_from = ''  # workdir holding sft_ckpt (policy init and π_ref); '' = this workdir
   c.grpo.temperature = 1.0

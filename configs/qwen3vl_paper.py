@@ -39,7 +39,7 @@ MESHES = {
     ('sft', '30b_a3b'): dict(data=1, fsdp=-1, tensor=1, expert=8),
     ('grpo', '30b_a3b'): dict(data=1, fsdp=-1, tensor=4, expert=8),
     ('sft', '32b'): dict(data=1, fsdp=-1, tensor=1, expert=1),
-    ('grpo', '32b'): dict(data=1, fsdp=-1, tensor=4, expert=1),
+    ('grpo', '32b'): dict(data=1, fsdp=-1, tensor=8, expert=1),  # 64 chips: 8 batch shards = G (a group splits)
 }
 SFT_EXAMPLES = 36_592
 TOOLS = ('text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution', 'perspective_correct')
@@ -97,6 +97,10 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout.max_total_tokens = 71_680 if stage == 'grpo' else 32_768
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
+  # 256 prompts x G episodes run concurrently against the SGLang servers; tool calls (web search, OCR, ...) in a
+  # pool of threads, so one slow search does not hold the others (the agent loop's defaults are for the demo).
+  c.rollout.max_concurrency = 512
+  c.rollout.tool_workers = 64
 
   c.sft = ml_collections.ConfigDict()
   c.sft.lr = 2e-5

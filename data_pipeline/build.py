@@ -72,7 +72,8 @@ def default_config() -> ml_collections.ConfigDict:
   """Pipeline settings.
 
   Fields:
-    source: the `wiki` stage's input: 'wikispeedia' (the shared TSVs) or the path of a pages-articles .xml.bz2.
+    source: the `wiki` stage's input: 'wikispeedia' (the shared TSVs) or the path of a pages-articles .xml.bz2
+      (only the wiki stage reads it so far: the item stages walk the Wikispeedia graph).
     num_items: walks attempted (one per item; landmarks round-robin).
     seed: every random choice derives from it and the item index.
     hop_choices, hop_probs: h ~ Cat(hop_choices; hop_probs).
@@ -311,6 +312,10 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   stages = tqdm.tqdm(total=len(STAGES), desc='data_pipeline', unit='stage')
   stats['wiki'] = _wiki_stage(config, out / 'wiki', data_dir)
   print(f'[data_pipeline] wiki: {json.dumps(stats["wiki"])}', file=sys.stderr)
+  if config.source != 'wikispeedia':  # the item stages do not read the wiki stage's graph yet (issue 14)
+    print(f'[data_pipeline] note: source={config.source} fed the wiki stage (articles, links, CSR graph under '
+          f'{out / "wiki"}); the paths .. sft stages still walk the Wikispeedia graph from the landmark photos',
+          file=sys.stderr)
   stages.update()
   recs = stage('paths', lambda: paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, config))
   stages.update()

@@ -126,6 +126,10 @@ class AsyncChatClient:
         if attempt:
           self._counts['retries'] += 1
           await asyncio.sleep(float(self.config.retry_backoff_s) * 2 ** (attempt - 1))
+          refused = self._budget_left()  # another request may have spent the budget while this one slept
+          if refused is not None:
+            self._counts['budget_refused'] += 1
+            return Reply(error=refused)
         self._counts['requests'] += 1
         try:
           resp = await self._client.chat.completions.create(

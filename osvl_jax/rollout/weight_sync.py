@@ -42,7 +42,8 @@ def export_version(model, root: str | os.PathLike, version: int, min_pixels: int
     version: the weight version (int >= 0).
     min_pixels, max_pixels: the image processor budget of the policy (its preprocessor_config.json).
     dtype: 'bfloat16' (what SGLang serves) or 'float32' (bit-exact log-probs against the trainer).
-    keep: versions kept on disk, the new one included (>= 1).
+    keep: versions kept on disk, the new one included (>= 1): the newest older ones stay; versions above
+      `version` (written before a resume went back to an older checkpoint) are deleted.
   Returns:
     The new folder.
   Raises:
@@ -67,7 +68,9 @@ def export_version(model, root: str | os.PathLike, version: int, min_pixels: int
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
   versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith('v') and p.name[1:].isdigit())
-  for old in versions[:-int(keep)]:
+  older = [p for p in versions if int(p.name[1:]) < int(version)]
+  newer = [p for p in versions if int(p.name[1:]) > int(version)]  # left by a run that went further (a resume)
+  for old in newer + older[:max(len(older) - (int(keep) - 1), 0)]:
     shutil.rmtree(old, ignore_errors=True)
   return out
 

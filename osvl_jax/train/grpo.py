@@ -93,6 +93,13 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   if micro % shards:
     raise ValueError(f'grpo.micro_batch_size={micro} (rows per micro-batch) is not a multiple of the {shards} '
                      'data x fsdp devices of config.mesh')
+  if cfg.num_generations % shards:  # mini-batches are whole groups; their size varies (a prompt drawn twice, a
+    # dropped stale group), so only a group size that splits over the devices keeps every micro-batch placeable
+    raise ValueError(f'grpo.num_generations={cfg.num_generations} is not a multiple of the {shards} data x fsdp '
+                     'devices of config.mesh')
+  if jax.process_count() > 1:
+    raise ValueError(f'GRPO runs in one process for now ({jax.process_count()} processes): every host would roll '
+                     'out and publish on its own; use one host (its local devices), or SFT for multi-host runs')
 
 
 def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
@@ -192,10 +199,11 @@ def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: 
     return model, optimizer, mngr, meta['step']
   init_dir = _init_dir(config, workdir)
   sft_meta = checkpoint.restore(checkpoint.manager(init_dir, 'sft_ckpt'), model)
-  if sft_meta is None and not config.model.get('hf_path'):
+  if sft_meta is None and (config.grpo.get('init_from') or not config.model.get('hf_path')):
     raise FileNotFoundError(f'grpo: no SFT checkpoint in {init_dir / "sft_ckpt"}; run osvl_jax.train.sft first '
-                            'or set config.grpo.init_from')
-  print(f"grpo: policy initialised from {init_dir / 'sft_ckpt'}", flush=True)
+                            'or set config.grpo.init_from (leave it empty to start from model.hf_path)')
+  source = init_dir / 'sft_ckpt' if sft_meta is not None else config.model.hf_path
+  print(f'grpo: policy initialised from {source}', flush=True)
   return model, optimizer, mngr, 0
 
 

@@ -42,19 +42,20 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   """Checks the update-schedule fields of `config.grpo` (called by `grpo.check_config`).
 
   Fields (all optional): mini_batch_prompts (int >= 0; 0 = the whole rollout batch, one step), ppo_epochs (int >= 1,
-  default 1), tis_cap (None or 0 = off, else > 0), max_staleness (int >= 0; 0 = strictly on-policy; read by the
+  default 1), tis_cap (None or 0 = off, else >= 1), max_staleness (int >= 0; 0 = strictly on-policy; read by the
   async rollout), micro_batch_size (must divide the rows of a mini-batch, mini_batch_prompts × num_generations).
 
   Raises:
     ValueError: naming the field: mini_batch_prompts < 0 or not dividing grpo.prompts_per_step, ppo_epochs < 1,
-      tis_cap < 0, max_staleness < 0, micro_batch_size not dividing the mini-batch rows (or a non-int count).
+      tis_cap in (0, 1) or < 0, max_staleness < 0, micro_batch_size not dividing the mini-batch rows (or a non-int count).
   """
   prompts = checks.positive_int(config, 'grpo.prompts_per_step')
   mini = checks.number(config, 'grpo.mini_batch_prompts', integer=True, low=0, optional=True) or prompts
   if prompts % mini:
     raise ValueError(f'grpo.mini_batch_prompts={mini} does not divide grpo.prompts_per_step={prompts}')
   checks.number(config, 'grpo.ppo_epochs', integer=True, low=1, optional=True)
-  checks.number(config, 'grpo.tis_cap', low=0, optional=True)
+  if config.grpo.get('tis_cap'):  # None / 0 = off; a cap below 1 would scale every token down
+    checks.number(config, 'grpo.tis_cap', low=1)
   checks.number(config, 'grpo.max_staleness', integer=True, low=0, optional=True)
   rows = mini * checks.number(config, 'grpo.num_generations', integer=True, low=1)
   micro = checks.number(config, 'grpo.micro_batch_size', integer=True, low=0, optional=True) or rows

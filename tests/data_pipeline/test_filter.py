@@ -140,3 +140,16 @@ def test_against_a_real_tiny_policy_server(tmp_path):
   assert tight_counts['llm']['requests'] == 1 and tight_counts['llm']['tokens'] > 1
   assert tight_counts['llm']['budget_refused'] >= 4
   assert sum(r['rejected'] == 'filter_a_error: budget: tokens' for r in tight) == 4
+
+
+def test_filter_b_without_a_search_hit_rejects_with_the_reason(monkeypatch):
+  """An item whose image search failed was never asked Filter B's question: it cannot pass as hard."""
+  def failed_search(todo, records, images, tools_config):
+    return {**{i: None for i in todo}, **{('kind', i): 'no_result' for i in todo}}, {'no_result': len(todo)}
+
+  monkeypatch.setattr(filter_lib, '_image_search', failed_search)
+  client = ScriptedChatClient({'Q-hard?': {'a': '<answer>Lusaka</answer>'}})
+  records = [r for r in _records() if r['prompt_id'] == 'hard']
+  recs, counts = filter_lib.run_filters(records, _config(), osvl_paths.data_dir(), client=client)
+  assert recs[0]['rejected'] == 'filter_b_error: image_search no_result'
+  assert [c[0] for c in client.calls] == ['a'] and counts['rejected'] == {'filter_b_error': 1}

@@ -81,3 +81,17 @@ def test_an_http_engine_needs_a_root_and_a_pixel_budget(tokenizer):
     weight_sync.WeightSync(engine)
   with pytest.raises(ValueError, match='min_pixels=0'):
     weight_sync.WeightSync(engine, root='/tmp/x')
+
+
+def test_a_resumed_run_republishing_an_older_version_keeps_it(tmp_path):
+  """Versions are published every step, checkpoints every few: a resume re-publishes an older version than the
+  folders on disk. The new folder must survive the pruning; the newer ones (a future that was rolled back) go."""
+  model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
+  export = lambda v: weight_sync.export_version(model, tmp_path, v, 1024, 4096, dtype='float32', keep=2)
+  for version in (10, 11, 12):
+    export(version)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['v00000011', 'v00000012']
+  assert export(10).is_dir()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['v00000010']
+  export(11)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['v00000010', 'v00000011']
