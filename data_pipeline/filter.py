@@ -107,9 +107,9 @@ async def _filter_all(records, todo, client, judge, images, searches, filter_b: 
     rec, trace = records[i], {}
     reason = await _ask(client, judge, rec, PROMPT_A.format(question=rec['question']), images[i], 'filter_a', trace)
     if reason is None and filter_b:
-      search = searches[i]
-      if search is None:  # no hit to give the policy: it was not asked, the item cannot be certified as hard
-        return f'filter_b_error: image_search {searches.get(("kind", i), "error")}', trace
+      found, search = searches[i]
+      if not found:  # no hit to give the policy: it was not asked, the item cannot be certified as hard
+        return f'filter_b_error: image_search {search}', trace
       prompt = PROMPT_B.format(search=search, question=rec['question'])
       reason = await _ask(client, judge, rec, prompt, images[i], 'filter_b', trace)
     return reason, trace
@@ -120,17 +120,15 @@ async def _filter_all(records, todo, client, judge, images, searches, filter_b: 
 
 
 def _image_search(todo, records, images, tools_config: dict) -> tuple[dict, dict]:
-  """The text of one `image_search` call per item (`ToolEnv`, top hit; None when the call failed or found
-  nothing, with the error kind under the key ('kind', i)), and counts by outcome."""
+  """Per item, (True, the text of one `image_search` call: `ToolEnv`, top hit) or (False, the error kind when the
+  call failed or found nothing), and counts by outcome."""
   from tools import env as env_lib  # pylint: disable=import-outside-toplevel
   env = env_lib.ToolEnv(dict(tools_config, enabled=('image_search',)))
   texts, counts = {}, {'ok': 0, 'no_result': 0, 'error': 0}
   for i in todo:
     result = env.call('image_search', {'image': 'img_1'}, [images[i]])
     found = result.ok and result.error_kind is None
-    texts[i] = result.text if found else None
-    if not found:
-      texts[('kind', i)] = result.error_kind or 'error'
+    texts[i] = (True, result.text) if found else (False, result.error_kind or 'error')
     counts['ok' if result.ok and result.error_kind is None else result.error_kind if result.ok else 'error'] += 1
   return texts, counts
 

@@ -192,7 +192,13 @@ class JaxSampler(engine_lib.Engine):
   # -------------------------------------------------------------------------------------------------------------
 
   def set_model(self, model) -> None:
-    """Uses `model`'s current weights from now on (same architecture: compiled programs are reused)."""
+    """Uses `model`'s current weights from now on (same architecture: compiled programs are reused).
+
+    The sampler keeps a snapshot (`nnx.clone`: new Variables over the same immutable arrays, nothing copied), so a
+    trainer's later in-place update of `model` (e.g. while a rollout runs, `grpo.max_staleness` 1) does not reach
+    it until the next `set_model`.
+    """
+    model = nnx.clone(model)
     graphdef, state = nnx.split(model)
     if getattr(self, '_graphdef', None) is not None and graphdef != self._graphdef:
       self._jit_cache = {}

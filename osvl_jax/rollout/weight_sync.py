@@ -18,7 +18,6 @@ import pathlib
 import shutil
 import time
 
-from flax import nnx
 
 from osvl_jax import export_hf
 
@@ -119,7 +118,7 @@ class WeightSync:
       path = str(export_version(model, self.root, version, self.min_pixels, self.max_pixels, self.dtype, self.keep))
       answers = self.engine.update_weights_from_disk(path, weight_version=str(int(version)))
     else:  # a snapshot: the trainer updates `model`'s Variables in place, maybe while the sampler generates
-      self.engine.set_model(nnx.clone(model))  # new Variables over the same (immutable) arrays: no copy
+      self.engine.set_model(model)  # the sampler keeps a snapshot (`JaxSampler.set_model`)
       self.engine.weight_version = str(int(version))
     self.version = int(version)
     return {'version': int(version), 'path': path, 'seconds': time.time() - t0, 'servers': answers}

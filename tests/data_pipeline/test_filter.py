@@ -145,7 +145,7 @@ def test_against_a_real_tiny_policy_server(tmp_path):
 def test_filter_b_without_a_search_hit_rejects_with_the_reason(monkeypatch):
   """An item whose image search failed was never asked Filter B's question: it cannot pass as hard."""
   def failed_search(todo, records, images, tools_config):
-    return {**{i: None for i in todo}, **{('kind', i): 'no_result' for i in todo}}, {'no_result': len(todo)}
+    return {i: (False, 'no_result') for i in todo}, {'no_result': len(todo)}
 
   monkeypatch.setattr(filter_lib, '_image_search', failed_search)
   client = ScriptedChatClient({'Q-hard?': {'a': '<answer>Lusaka</answer>'}})
