@@ -27,6 +27,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.benchmark_files = ml_collections.ConfigDict()
   c.image_roots = ml_collections.ConfigDict()
   c.data_dir = ''
+  # The pipeline dataset the policy was trained on (its folder, e.g. `<W>/data`, holding build_config.json), or ''.
+  # When that build merged external corpora (data.merge_external), those benchmarks are evaluated on their
+  # held-out part only (`osvl_jax.data.benchmarks.held_out_items`): the other items may be in the training set.
+  c.train_data = ''
 
   # Modes: agentic (the agent loop with tools), direct (no tools, one turn), rag (text-search results for the
   # question in the user turn, one turn), degrade (agentic on blurred / downscaled / skewed images).

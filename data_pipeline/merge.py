@@ -8,7 +8,7 @@ question (also as canonical_question: it is not rewritten), answers (gold first,
 absolute path of its local image), no path (hops 0), landmark None, answer_attribute 'external', plus `source`
 (the benchmark) in this stage's own split. An item is not merged, with the reason counted, when:
   held_out   it falls in the held-out part: `merge_holdout` of each corpus by a deterministic hash of
-             '<benchmark>/<id>' (sha256, `holdout_key`), kept for evaluation so a trained model never saw it;
+             '<benchmark>/<id>' (sha256, `benchmarks.holdout_key`), kept for evaluation so a trained model never saw it;
   no_image   it has no usable local image (the adapter's `problems`: a URL not fetched offline, an image that is
              not in this release); the pool's items are visual questions whose image is searched;
   no_answer  it has no answer, or its question is empty;
@@ -17,7 +17,6 @@ The shipped samples: FVQA has its images; LiveVQA's are URLs and WebQA's image i
 offline only FVQA items are merged (the others are counted under no_image).
 """
 
-import hashlib
 import os
 import pathlib
 from collections.abc import Sequence
@@ -26,12 +25,6 @@ from osvl_jax.data import benchmarks
 
 SOURCES = ('fvqa', 'livevqa_official', 'webqa_img')
 EXTERNAL_ATTRIBUTE = 'external'  # the answer_attribute of a merged item (its answer is not an infobox attribute)
-
-
-def holdout_key(benchmark: str, item_id: str) -> float:
-  """A deterministic number in [0, 1) per item: the first 8 bytes of sha256('<benchmark>/<id>') / 2**64."""
-  digest = hashlib.sha256(f'{benchmark}/{item_id}'.encode('utf-8')).digest()
-  return int.from_bytes(digest[:8], 'big') / 2.0 ** 64
 
 
 def _fold(text: str) -> str:
@@ -76,7 +69,7 @@ def merge(records: list[dict], data_dir: str | os.PathLike, sources: Sequence[st
     for item in benchmarks.load_benchmark(name, data_dir=data_dir):
       c['read'] += 1
       local = [im for im in item.images if isinstance(im, str) and pathlib.Path(im).is_file()]
-      if holdout_key(name, item.id) < holdout:
+      if benchmarks.holdout_key(name, item.id) < holdout:
         c['held_out'] += 1
       elif item.problems or not local:
         c['no_image'] += 1

@@ -30,6 +30,7 @@ trailing components (so `browsecomp-vl/images/level1/x.jpg` is found under an `i
 """
 
 import dataclasses
+import hashlib
 import os
 import pathlib
 from collections.abc import Callable, Sequence
@@ -281,6 +282,35 @@ def benchmark_files(name: str, data_dir: str | os.PathLike | None = None) -> lis
     raise ValueError(f'benchmark {name!r} is not one of {sorted(BENCHMARKS)}')
   root = pathlib.Path(data_dir) if data_dir else paths.data_dir()
   return [root / 'benchmarks' / f for f in BENCHMARKS[name].files]
+
+
+def holdout_key(benchmark: str, item_id: str) -> float:
+  """A deterministic number in [0, 1) per item: the first 8 bytes of sha256('<benchmark>/<id>') / 2**64.
+
+  The pipeline's `merge` stage merges an external corpus's items with key >= `merge_holdout` into the training
+  pool and keeps the rest (key < holdout) for evaluation (`held_out_items`).
+  """
+  digest = hashlib.sha256(f'{benchmark}/{item_id}'.encode('utf-8')).digest()
+  return int.from_bytes(digest[:8], 'big') / 2.0 ** 64
+
+
+def held_out_items(name: str, items: Sequence[EvalItem], train_settings: dict) -> tuple[list[EvalItem], int]:
+  """The items of benchmark `name` a policy trained on a pipeline dataset has not seen.
+
+  Args:
+    name: the benchmark.
+    items: its items.
+    train_settings: the dataset's `build_config.json` (`data_pipeline.build.build_settings`): when
+      `merge_external` is true and `name` is in `merge_sources`, only items with `holdout_key < merge_holdout`
+      were held out of training.
+  Returns:
+    (the unseen items in order, how many were left out as possibly trained on).
+  """
+  if not train_settings.get('merge_external') or name not in tuple(train_settings.get('merge_sources') or ()):
+    return list(items), 0
+  holdout = float(train_settings.get('merge_holdout', 0.0))
+  kept = [it for it in items if holdout_key(name, str(it.id)) < holdout]
+  return kept, len(items) - len(kept)
 
 
 def load_benchmark(name: str, files: Sequence[str | os.PathLike] | str | None = None,

@@ -156,6 +156,21 @@ class ResultStore:
 # Policy and environment
 # ----------------------------------------------------------------------------------------------------------------
 
+def train_settings(train_data: str | os.PathLike) -> dict:
+  """The build settings (`build_config.json`) of the dataset folder `train_data`; {} when `train_data` is ''.
+
+  Raises:
+    FileNotFoundError: naming `train_data` when it has no build_config.json (not a pipeline dataset folder).
+  """
+  if not train_data:
+    return {}
+  path = pathlib.Path(train_data) / 'build_config.json'
+  if not path.is_file():
+    raise FileNotFoundError(f'train_data={train_data}: no build_config.json there (expected the dataset folder '
+                            'the policy was trained on, e.g. <workdir>/data)')
+  return json.loads(path.read_text())
+
+
 def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, str]:
   """(workdir, checkpoint folder name) of `path`: a `*_ckpt` folder, or a workdir holding grpo_ckpt / sft_ckpt.
 
@@ -256,14 +271,20 @@ class Evaluator:
     loaded, not_run = {}, {}
     files = dict(self.config.get('benchmark_files') or {})
     roots = dict(self.config.get('image_roots') or {})
+    settings = train_settings(self.config.get('train_data') or '')
+    limit = int(self.config.max_items_per_benchmark or 0)
+    self.trained_on = {}
     for name in self.config.benchmarks:
       try:
         items = bench_lib.load_benchmark(name, files=files.get(name), image_root=roots.get(name) or None,
-                                         limit=int(self.config.max_items_per_benchmark or 0),
                                          data_dir=self.config.get('data_dir') or None)
       except (FileNotFoundError, ValueError) as e:
         not_run[name] = f'{type(e).__name__}: {e}'
         continue
+      items, left_out = bench_lib.held_out_items(name, items, settings)
+      if left_out:
+        self.trained_on[name] = left_out
+      items = items[:limit] if limit > 0 else items
       if items:
         loaded[name] = items
       else:
@@ -401,6 +422,7 @@ class Evaluator:
                  'torn_result_lines': self.store.torn_lines, 'time': time.strftime('%Y-%m-%d %H:%M:%S')},
         'runs': report_lib.summarize(records, [run.key for run in runs]),
         'benchmarks_not_run': not_run, 'problems': problems,
+        'left_out_as_trained_on': dict(getattr(self, 'trained_on', {})),
         'benchmarks': sorted(loaded), 'items': len(wanted)}
     sweep = [{'budget': run.max_tool_calls, 'mean_tool_calls': rep['runs'][run.key]['all']['tool_calls']['mean'],
               'pass_at_1': rep['runs'][run.key]['average_pass_at_1']}

@@ -13,7 +13,7 @@ from osvl_jax.data import benchmarks
 
 def test_holdout_key_is_the_sha256_fraction():
   digest = hashlib.sha256(b'fvqa/abc').hexdigest()
-  assert merge.holdout_key('fvqa', 'abc') == int(digest[:16], 16) / 2 ** 64
+  assert benchmarks.holdout_key('fvqa', 'abc') == int(digest[:16], 16) / 2 ** 64
 
 
 def test_only_usable_not_held_out_items_are_merged_with_their_source():

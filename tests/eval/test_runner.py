@@ -172,3 +172,28 @@ def test_tool_usage_keys_are_tool_names_or_unknown_tool():
   assert runner._tool_label(step('crop', tools_base.error('bad_arguments', 'box'))) == 'crop'
   assert runner._tool_label(step('text_search', tools_base.ToolResult(ok=True, error_kind=None, text='x', images=[],
                                                                       seconds=0.0))) == 'text_search'
+
+
+def test_benchmarks_merged_into_the_training_set_are_evaluated_on_their_held_out_part(tmp_path, tokenizer, env):
+  from osvl_jax.data import benchmarks
+  data = tmp_path / 'data'
+  data.mkdir()
+  (data / 'build_config.json').write_text(json.dumps(
+      {'merge_external': True, 'merge_sources': ['fvqa'], 'merge_holdout': 0.3}))
+  all_fvqa = benchmarks.load_benchmark('fvqa')
+  unseen = [it.id for it in all_fvqa if benchmarks.holdout_key('fvqa', str(it.id)) < 0.3]
+  assert 0 < len(unseen) < len(all_fvqa)
+  ev = runner.Evaluator(small_config(train_data=str(data), max_items_per_benchmark=0), tmp_path / 'ev',
+                        engine=engine_lib.ScriptedEngine([SCRIPT[1]], tokenizer), judge=CountingJudge(), env=env,
+                        tokenizer=tokenizer)
+  loaded, _ = ev.load_items()
+  assert [it.id for it in loaded['fvqa']] == unseen  # the merged (possibly trained-on) items are left out
+  assert ev.trained_on == {'fvqa': len(all_fvqa) - len(unseen)}
+  assert len(loaded['mmsearch']) == len(benchmarks.load_benchmark('mmsearch'))  # not merged: all items
+  # The limit applies after the held-out cut; a build without merge_external leaves every benchmark whole.
+  ev.config.max_items_per_benchmark = 2
+  assert [it.id for it in ev.load_items()[0]['fvqa']] == unseen[:2]
+  (data / 'build_config.json').write_text(json.dumps({'merge_external': False, 'merge_sources': ['fvqa']}))
+  assert len(ev.load_items()[0]['fvqa']) == 2 and ev.trained_on == {}
+  with pytest.raises(FileNotFoundError, match='train_data='):
+    runner.train_settings(tmp_path / 'nowhere')
