@@ -36,12 +36,14 @@ path, an HF-datasets `{"bytes": ..., "path": ...}` dict, or a uint8 [H, W, 3] ar
 import json
 import os
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from osvl_jax import trajectory as traj_lib
+from osvl_jax.data import records as records_lib
+from osvl_jax.data.records import read_records
 from tools import image_io
 from tools.base import ToolResult
 
@@ -49,22 +51,6 @@ IMAGE_PLACEHOLDER = '<image>'
 HUMAN_ROLES = ('human', 'user')
 ASSISTANT_ROLES = ('gpt', 'assistant', 'function_call')
 OBSERVATION_ROLES = ('observation', 'tool')
-
-
-def read_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-  """(line number or list index, record) of a .jsonl file (blank lines skipped) or a .json list."""
-  path = pathlib.Path(path)
-  text = path.read_text(encoding='utf-8')
-  if path.suffix == '.json':
-    data = json.loads(text)
-    yield from enumerate(data if isinstance(data, list) else [data])
-    return
-  for line_no, line in enumerate(text.splitlines(), 1):
-    if line.strip():
-      try:
-        yield line_no, json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{line_no}: not JSON: {e}') from e
 
 
 def load_image(entry: Any, image_root: str | os.PathLike | None) -> np.ndarray:
@@ -211,7 +197,8 @@ def load_sft(path: str | os.PathLike, tokenizer, image_processor: traj_lib.Image
 
 
 def load_rl_prompts(path: str | os.PathLike, image_root: str | os.PathLike | None = None) -> list[dict]:
-  """RL prompts of a {question, answer, images} JSON-lines file.
+  """RL prompts of a {question, answer, images} JSON-lines file (the image field may also be `image` or
+  `image_path`: one path / base64 string or a list of them).
 
   Returns:
     [{'prompt_id': str, 'question': str (<image> placeholders removed), 'image': uint8 [H, W, 3] | None (a
@@ -231,7 +218,8 @@ def load_rl_prompts(path: str | os.PathLike, image_root: str | os.PathLike | Non
       if answers is None or answers == '' or answers == []:
         raise ValueError('no "answer"')
       answers = [str(a) for a in answers] if isinstance(answers, (list, tuple)) else [str(answers)]
-      images = [load_image(im, root) for im in (record.get('images') or [])]
+      images = [load_image(im, root) for im in records_lib.image_entries(records_lib.first_field(
+          record, ('images', 'image', 'image_path')))]
       pid = str(next((record[k] for k in ('id', 'prompt_id', 'uid') if record.get(k) is not None),
                      f'{path.stem}-{where}'))
       if pid in seen:

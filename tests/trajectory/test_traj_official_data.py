@@ -116,3 +116,18 @@ def test_rl_prompts_with_generated_images_and_errors(tmp_path):
   official.write_jsonl([{'question': 'Q?', 'answer': 'a', 'images': ['missing.png']}], tmp_path / 'bad.jsonl')
   with pytest.raises(ValueError, match=r"bad.jsonl:1: image 'missing.png' not found"):
     official.load_rl_prompts(tmp_path / 'bad.jsonl')
+
+
+def test_rl_prompts_read_image_or_image_path_fields(tmp_path):
+  Image.fromarray(np.full((8, 6, 3), 200, np.uint8)).save(tmp_path / 'a.png')
+  (tmp_path / 'p.jsonl').write_text(
+      json.dumps({'id': 'x', 'question': '<image>What?', 'answer': 'A', 'image_path': 'a.png'}) + '\n' +
+      json.dumps({'id': 'y', 'question': 'Why?', 'answer': 'B', 'image': ['a.png', 'a.png']}) + '\n' +
+      json.dumps({'id': 'z', 'question': 'No image?', 'answer': 'C'}) + '\n')
+  got = official.load_rl_prompts(tmp_path / 'p.jsonl')
+  assert got[0]['image'].shape == (8, 6, 3) and int(got[0]['image'][0, 0, 0]) == 200
+  assert isinstance(got[1]['image'], list) and len(got[1]['image']) == 2
+  assert got[2]['image'] is None
+  (tmp_path / 'q.jsonl').write_text(json.dumps({'question': 'Q', 'answer': 'A', 'image_path': 'gone.png'}) + '\n')
+  with pytest.raises(ValueError, match='q.jsonl:1'):
+    official.load_rl_prompts(tmp_path / 'q.jsonl')
