@@ -4,8 +4,10 @@ skew) paired with the repairing tool").
 
 Kinds (`KINDS`), their parameters (all recorded, so `apply(original, kind, params)` reproduces the saved image
 bit for bit) and repair tools (`REPAIR_TOOLS`, names of `tools.schema.TOOLS`):
-  blur         Gaussian (`sigma` px, odd `ksize`) or motion (`length` px, `angle` degrees, a line kernel) ->
-               `sharpen`
+  blur         Gaussian (`sigma` px, odd `ksize`) -> `sharpen`. Only the blur the repair tool undoes: on the
+               27 shared landmark / CC0 photos, `sharpen` (amount 1.5, sigma 1 px) raised PSNR against the original
+               for 81/81 Gaussian blurs (+0.39 dB mean) but lowered it for 78/81 motion blurs (-0.37 dB), so
+               motion blur is not drawn (an item whose repair tool cannot repair it teaches the wrong habit)
   downsample   `factor` in {2, 3, 4}, area interpolation (the image is saved at the small size) ->
                `super_resolution` (argument `scale` = factor)
   perspective  the 4 image corners moved inward by `corner_offsets` ([4, 2] fractions of W, H; TL, TR, BR, BL),
@@ -42,34 +44,20 @@ def draw_params(kind: str, rng: np.random.Generator) -> dict:
     kind: one of `KINDS`.
     rng: the item's generator.
   Returns:
-    blur: {'blur': 'gaussian', 'sigma': float px in [1.5, 3], 'ksize': odd int} or {'blur': 'motion', 'length':
-    odd int px in [7, 15], 'angle': float degrees in [0, 180)}; downsample: {'factor': int}; perspective:
-    {'corner_offsets': [[dx, dy] x 4] fractions, inward, TL TR BR BL}.
+    blur: {'blur': 'gaussian', 'sigma': float px in [1.5, 3], 'ksize': odd int}; downsample: {'factor': int};
+    perspective: {'corner_offsets': [[dx, dy] x 4] fractions, inward, TL TR BR BL}.
   Raises:
     ValueError: naming an unknown kind.
   """
   if kind == 'blur':
-    if rng.random() < 0.5:
-      sigma = round(float(rng.uniform(1.5, 3.0)), 3)
-      return {'blur': 'gaussian', 'sigma': sigma, 'ksize': 2 * int(np.ceil(3 * sigma)) + 1}
-    return {'blur': 'motion', 'length': int(rng.choice([7, 9, 11, 13, 15])),
-            'angle': round(float(rng.uniform(0, 180)), 2)}
+    sigma = round(float(rng.uniform(1.5, 3.0)), 3)
+    return {'blur': 'gaussian', 'sigma': sigma, 'ksize': 2 * int(np.ceil(3 * sigma)) + 1}
   if kind == 'downsample':
     return {'factor': int(rng.choice(DOWNSAMPLE_FACTORS))}
   if kind == 'perspective':
     off = rng.uniform(MIN_CORNER_OFFSET, MAX_CORNER_OFFSET, size=(4, 2))
     return {'corner_offsets': [[round(float(x), 4), round(float(y), 4)] for x, y in off]}
   raise ValueError(f'degradation kind {kind!r} is not one of {KINDS}')
-
-
-def motion_kernel(length: int, angle: float) -> np.ndarray:
-  """float32 [length, length] line kernel through the centre at `angle` degrees (0 = horizontal), sum 1."""
-  k = np.zeros((length, length), np.float32)
-  c = (length - 1) / 2
-  dx, dy = np.cos(np.radians(angle)), np.sin(np.radians(angle))
-  for t in np.linspace(-c, c, 4 * length):
-    k[int(round(c - t * dy)), int(round(c + t * dx))] = 1.0
-  return k / k.sum()
 
 
 def perspective_quad(shape: tuple[int, ...], corner_offsets) -> np.ndarray:
@@ -92,10 +80,7 @@ def apply(image: np.ndarray, kind: str, params: dict) -> np.ndarray:
     if params['blur'] == 'gaussian':
       k = int(params['ksize'])
       return cv2.GaussianBlur(image, (k, k), float(params['sigma']), borderType=cv2.BORDER_REFLECT)
-    if params['blur'] == 'motion':
-      return cv2.filter2D(image, -1, motion_kernel(int(params['length']), float(params['angle'])),
-                          borderType=cv2.BORDER_REFLECT)
-    raise ValueError(f"blur type {params['blur']!r} is not 'gaussian' or 'motion'")
+    raise ValueError(f"blur type {params['blur']!r} is not 'gaussian'")
   if kind == 'downsample':
     f = int(params['factor'])
     h, w = image.shape[:2]

@@ -74,13 +74,6 @@ def test_recorded_params_reproduce_the_saved_image_exactly(tmp_path):
   assert kinds == set(degrade.KINDS)
 
 
-def test_motion_kernel_is_a_normalised_line():
-  k = degrade.motion_kernel(7, 0.0)
-  np.testing.assert_allclose(k[3], np.full(7, 1 / 7), rtol=1e-6)   # horizontal: the middle row only
-  assert k.sum() == pytest.approx(1.0) and k[[0, 1, 2, 4, 5, 6]].sum() == 0
-  np.testing.assert_allclose(degrade.motion_kernel(5, 90.0)[:, 2], np.full(5, 0.2), rtol=1e-6)
-
-
 def _psnr(image, reference):
   if image.shape != reference.shape:
     image = cv2.resize(image, (reference.shape[1], reference.shape[0]), interpolation=cv2.INTER_CUBIC)
@@ -97,7 +90,7 @@ def test_the_paired_repair_tool_brings_the_image_closer_to_the_original(kind, pa
   Measured (PSNR dB, degraded -> repaired): Gaussian sigma 2 + `sharpen` +0.3 to +0.5 on every photo here;
   perspective + `perspective_correct` 7-10 -> 16-23 where the quad is found (big-ben: no quad is found, the tool
   says so and returns no image, so it is left out). Motion blur + `sharpen` LOWERS PSNR by 0.1-0.3 dB (an
-  unsharp mask does not invert a line kernel); downsample x3 + FSRCNN equals bicubic upsampling within 0.1 dB.
+  unsharp mask does not invert a line kernel), which is why the stage draws Gaussian blurs only; downsample x3 + FSRCNN equals bicubic upsampling within 0.1 dB.
   """
   env = env_lib.ToolEnv({'enabled': ('sharpen', 'super_resolution', 'perspective_correct')})
   for stem in STEMS[1:]:
