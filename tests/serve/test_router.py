@@ -13,7 +13,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import sglang_client as sc
 from osvl_jax.train import checkpoint as ckpt_lib
-from tests.serve.conftest import NEW, free_port, healthy, reference_sampler, serve_process, wait_until
+from tests.serve.conftest import MAX_LEN, NEW, free_port, healthy, reference_sampler, serve_process, wait_until
 
 
 @pytest.fixture(scope='module')
@@ -86,3 +86,25 @@ def test_update_weights_from_disk(cluster, tokenizer, contexts, tmp_path):
   with pytest.raises(sc.EngineError):
     one.update_weights_from_disk(str(tmp_path / 'missing'))
   assert one.model_info()['weight_version'] == '42'
+
+
+def test_grpo_through_the_router_publishes_to_every_worker(cluster, tokenizer, tmp_path, monkeypatch):
+  """GRPO rolls out through the router (`rollout.urls`) and publishes each version to both workers
+  (`rollout.admin_urls`): after 2 steps both serve version 2, with the trainer's log-probs."""
+  from tests.serve.test_weight_sync import trainer_logprobs
+  from tests.train import test_grpo_serve as grpo_test
+  from osvl_jax.train import grpo, metrics
+  router, workers = cluster
+  workdir = grpo_test.make_workdir(tmp_path, monkeypatch)
+  c = grpo_test._config(router)
+  c.rollout.update(admin_urls=tuple(workers), max_new_tokens=NEW, max_total_tokens=MAX_LEN - NEW - 8)
+  c.grpo.steps = c.grpo.ckpt_every = 2
+  model = grpo.train(c, workdir)
+  rows = metrics.read_metrics(workdir, 'grpo')
+  assert [r['weight_version'] for r in rows] == [1, 2] and [r['policy_versions'] for r in rows] == [[0], [1]]
+  prompt = np.random.default_rng(4).integers(100, 150000, size=9).astype(np.int32)
+  for w in workers:
+    engine = sc.SGLangEngine(w, tokenizer, max_new_tokens=NEW, temperature=0.0)
+    assert engine.model_info()['weight_version'] == '2'
+    gen = engine.generate([(prompt, [])])[0]
+    np.testing.assert_allclose(gen.logprobs, trainer_logprobs(model, prompt, np.asarray(gen.ids)), atol=1e-4)

@@ -52,6 +52,10 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
+  return make_workdir(tmp_path, monkeypatch)
+
+
+def make_workdir(tmp_path, monkeypatch):
   """An SFT checkpoint that is not the server's initial weights (seed 5), and two prompts with 64x64 images."""
   c = _config()
   checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1,
