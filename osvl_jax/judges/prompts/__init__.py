@@ -13,6 +13,10 @@ report can name exactly the prompt it used). Judge prompts are `str.format` temp
                      abstain with 'cannot determine'
   agent_direct_v1    no-tool answering (eval mode `direct`)
   agent_rag_v1       one pass over search results given in the user turn (eval mode `rag`)
+  canonical_question_v1  the pipeline's `qa` stage: one fluent question naming every path node, asking for the
+                     answer node's attribute, in a <question> tag (`data_pipeline.llm_questions`)
+  unique_referent_v1 Eq. 6 (ii): given only the rewritten question, does it pick out exactly one entity / answer
+                     (JSON verdict yes / no + reason; `data_pipeline.llm_questions.unique_referent`)
 """
 
 import functools
