@@ -4,7 +4,8 @@ oracle expert SFT trajectories, offline.
 Run:
   .venv/bin/python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=workdir/data_wikispeedia
   (override any field, e.g. `--config.data.num_items=200 --config.data.seed=1`, or
-  `--config.data.source=/path/enwiki-latest-pages-articles.xml.bz2` for the `wiki` stage's link graph; the
+  `--config.data.source=/path/enwiki-latest-pages-articles.xml.bz2` to build from a pages-articles dump: every
+  stage then walks its graph, the seeds' infobox images looked up under `--config.data.image_dir=DIR`; the
   dataset goes to `<workdir>/data` unless `--config.data.dir=DIR`; rerunning with the same workdir resumes)
 
 Filters A/B run against a policy endpoint when one is given (`--config.data.filter.base_url=http://HOST:PORT/v1
@@ -23,9 +24,9 @@ External corpora (stage `merge`): `--config.data.merge_external=True` adds FVQA 
 ships its images, so only FVQA items are merged (the others are counted as `no_image`).
 
 The Table 3a ablations: `--config.data.filter.enabled=False` (no filtering), `--config.data.degrade=False` (no
-degradation subset). Not yet switches: no rewriting (canonical questions; the `ground` stage's leak check would
-reject every canonical question, which names v0) and the answer-anchored image (the shared photos show landmark
-articles, the walks' v0, not answer entities).
+degradation subset), `--config.data.rewrite=False` (no fuzzy rewriting: the canonical question, v0 replaced by
+the image's referring expression), `--config.data.anchor=answer` (the answer node's image; on Wikispeedia only
+the 12 landmark articles have one, so most such items are rejected at `ground` with the reason counted).
 
 The trainers read the same `data` section (`osvl_jax.data.pipeline.dataset_dir`); `configs/demo.py` has one too,
 so `--config=configs/demo.py --workdir=workdir/demo` builds exactly the demo's dataset.
@@ -41,4 +42,6 @@ def get_config() -> ml_collections.ConfigDict:
   # Pipeline settings (`data_pipeline.build.default_config()`): item count, seed, hop distribution, oracle
   # search depth, the image budget of the trajectories' image tokens, tool overrides, output folder.
   c.data = build.default_config()
+  build.wikispeedia_walks(c.data)  # tau = 300, seed in-degree window [2, 300] (the figures are there)
   return c
+

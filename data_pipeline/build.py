@@ -12,10 +12,14 @@ folder to redo it and everything after it is recomputed only if missing too):
            (`wiki.py`, parquet tables under `wiki/`) + the resolved link graph as CSR arrays (`graph.py`,
            `wiki/graph/{indptr,indices,in_degree}.npy`, open with `graph.load_csr`); its counts: reader, link
            resolution (missing targets dropped), CSR (self-loops, duplicates), hubs, excluded pages, domains
-  paths    constrained random walks from the landmark articles (`paths.py`)
+  paths    Appendix D.1 walks on the wiki stage's CSR graph (`paths.py`, through `wiki_graph.WikiGraph`, the
+           same for both sources): stratified seeds with an image, hub tau, exclusions, no revisits, retries;
+           per-path checks (mention, unique referent, leak, answer) counted by reason; relations per hop
   qa       answer from the answer node's infobox + canonical question (`qa.py`)
-  rewrite  farthest-to-nearest fuzzy rewrite + non-leakage check (`rewrite.py`)
-  ground   landmark photo as the source anchor, v0 -> referring expression, leak check again (`ground.py`)
+  rewrite  farthest-to-nearest fuzzy rewrite from the hops' relations + non-leakage check (`rewrite.py`;
+           `data.rewrite=False`: the canonical question)
+  ground   the seed's image as the source anchor (`data.anchor='answer'`: the answer node's), v0 -> referring
+           expression by domain, leak check again, missing image file rejected (`ground.py`)
   merge    `data.merge_external`: FVQA / LiveVQA / WebQA items added to the pool through the benchmark
            adapters, a held-out part of each corpus excluded, their source recorded (`merge.py`); off by
            default (the offline oracle expert has no path to walk for them)
@@ -30,7 +34,8 @@ folder to redo it and everything after it is recomputed only if missing too):
   sft      expert trajectories (`synthesize.py`: the oracle, or K samples of a model behind SGLang's /generate,
            `experts.py`, run by `osvl_jax.rollout.agent_loop`; degraded items repaired before the image search)
            after the two-stage rejection (answer judge, process-quality judge; reasons counted), rows of
-           `Trajectory.to_record()`; also written as `<dataset>/sft_sharegpt.jsonl` (+ `sft_sharegpt_images/`),
+           `Trajectory.to_record()` (XML source: skipped with a counted reason, the oracle's text_search corpus is
+           Wikispeedia's); also written as `<dataset>/sft_sharegpt.jsonl` (+ `sft_sharegpt_images/`),
            the official release's ShareGPT SFT format (`osvl_jax.data.official.write_sft`)
 
 `<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
@@ -51,7 +56,7 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
-from data_pipeline import experts
+from data_pipeline import clip_ground, experts, llm_questions
 from data_pipeline import filter as filter_lib
 from data_pipeline import merge as merge_lib
 from osvl_jax import config_checks as checks
@@ -72,13 +77,19 @@ def default_config() -> ml_collections.ConfigDict:
   """Pipeline settings.
 
   Fields:
-    source: the `wiki` stage's input: 'wikispeedia' (the shared TSVs) or the path of a pages-articles .xml.bz2
-      (only the wiki stage reads it so far: the item stages walk the Wikispeedia graph).
-    num_items: walks attempted (one per item; landmarks round-robin).
+    source: the `wiki` stage's input: 'wikispeedia' (the shared TSVs) or the path of a pages-articles .xml.bz2;
+      every item stage reads the wiki stage's output.
+    num_items: walk items attempted (seeds stratified over the domains).
     seed: every random choice derives from it and the item index.
     hop_choices, hop_probs: h ~ Cat(hop_choices; hop_probs).
     max_retries: fresh walks per item before it is dropped.
-    hub_in_degree: in-degree above which a node is a hub and skipped (see `paths.py` for the scaling).
+    hub_in_degree: tau, in-degree above which a node is a hub and skipped (10,000: full English Wikipedia;
+      configs/data_wikispeedia.py uses 300, see `paths.py` for the in-degree figures).
+    min_seed_in_degree: lower end of the seed in-degree window [min_seed_in_degree, tau] (paper: 50).
+    image_dir: folder of the article images (relative to the data folder, or absolute): Wikispeedia's landmark
+      photos are `images/landmarks/<stem>.jpg`; an XML infobox image is looked up here by its file name.
+    anchor: 'source' (v0's image) | 'answer' (the answer node's image: the Table 3a ablation).
+    rewrite: False = the Table 3a "no fuzzy rewriting" ablation (the canonical question is the question).
     data_dir: shared data folder; '' = `osvl_jax.paths.data_dir()`.
     synthesize: the `sft` stage (`experts.default_config()`): enabled, expert ('oracle' offline | 'model' behind
       SGLang's /generate), K samples, the two-stage rejection's judge and threshold, limits.
@@ -90,6 +101,11 @@ def default_config() -> ml_collections.ConfigDict:
     merge_external: add the external VQA corpora `merge_sources` to the pool (stage `merge`).
     merge_sources: `osvl_jax.data.benchmarks.BENCHMARKS` names (default `merge.SOURCES`).
     merge_holdout: fraction of each external corpus held out for evaluation (never merged), in [0, 1).
+    llm_questions: the LLM of `qa` (canonical question, template kept when its reply fails the checks) and of
+      `rewrite` (Eq. 6 (ii) unique-referent judge) (`data_pipeline.llm_questions.default_config()`; base_url ''
+      = offline: templates, nothing judged, counted as skipped).
+    clip_ground: `ground`'s CLIP model (`data_pipeline.clip_ground.default_config()`; clip_path '' = the
+      infobox image is kept).
     filter: the policy endpoint and limits of Filters A/B (`data_pipeline.filter.default_config()`;
       `filter.enabled=False` = the Table 3a "no filtering" ablation; `filter.base_url=''` = offline, skipped).
     dir: the dataset folder; '' = `<workdir>/data` (read by `main` and the trainers, not by `build_dataset`).
@@ -101,7 +117,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.hop_choices = (2, 3, 4)
   c.hop_probs = (0.4, 0.4, 0.2)
   c.max_retries = 10
-  c.hub_in_degree = 300
+  c.hub_in_degree = 10_000
+  c.min_seed_in_degree = 50
+  c.image_dir = 'images/landmarks'
+  c.anchor = 'source'
+  c.rewrite = True
   c.data_dir = ''
   c.synthesize = experts.default_config()
   c.top_k = 5
@@ -114,9 +134,21 @@ def default_config() -> ml_collections.ConfigDict:
   c.merge_external = False
   c.merge_sources = merge_lib.SOURCES
   c.merge_holdout = 0.2
+  c.llm_questions = llm_questions.default_config()
+  c.clip_ground = clip_ground.default_config()
   c.filter = filter_lib.default_config()
   c.dir = ''
   return c
+
+
+def wikispeedia_walks(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Sets the walk settings of the 4,598-article Wikispeedia graph on a `data` section (and returns it):
+  tau = 300 (in-degree p99 = 294, so the top ~1% are hubs: United_States 1,551, France, Europe, ...) and a seed
+  window [2, 300] that admits all 12 landmark articles with a photo (in-degree 2: Giza_pyramid_complex,
+  Leaning_Tower_of_Pisa ... 76: Toronto; the paper's lower end 50 would admit Toronto alone)."""
+  config.hub_in_degree = 300
+  config.min_seed_in_degree = 2
+  return config
 
 
 def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> None:
@@ -128,14 +160,15 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   Raises:
     ValueError: naming the field: num_items / top_k / hub_in_degree not ints >= 1, a non-int seed, max_retries
       < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
-      limits not ints >= 1 with min <= max, source neither 'wikispeedia' nor an existing .bz2 file,
-      degrade_fraction outside [0, 1], a bad `filter` or `synthesize` section (`filter.check_config`,
-      `experts.check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
+      limits not ints >= 1 with min <= max, min_seed_in_degree not an int >= 1, image_dir not a string, anchor
+      not 'source' / 'answer', rewrite not a bool, source neither 'wikispeedia' nor an existing .bz2 file,
+      degrade_fraction outside [0, 1], a bad `filter`, `llm_questions`, `clip_ground` or `synthesize` section
+      (their `check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
   """
   from data_pipeline import wiki
   wiki.check_source(config.get('source', 'wikispeedia'), f'{prefix}.source')
   root = {prefix: config}
-  for field in ('num_items', 'top_k', 'hub_in_degree'):
+  for field in ('num_items', 'top_k', 'hub_in_degree', 'min_seed_in_degree'):
     checks.positive_int(root, f'{prefix}.{field}')
   checks.number(root, f'{prefix}.seed', integer=True)
   checks.number(root, f'{prefix}.max_retries', integer=True, low=0)
@@ -147,10 +180,20 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
     raise ValueError(f'{prefix}.hop_probs={probs}: expected {len(choices)} probabilities >= 0 (one per '
                      f'{prefix}.hop_choices={choices}) summing to 1')
   checks.pixel_limits(root, prefix)
+  from data_pipeline import ground
+  if config.get('anchor', 'source') not in ground.ANCHORS:
+    raise ValueError(f"{prefix}.anchor={config.get('anchor')!r}: expected one of {ground.ANCHORS}")
+  if not isinstance(config.get('rewrite', True), bool):
+    raise ValueError(f"{prefix}.rewrite={config.get('rewrite')!r}: expected True or False")
+  if not isinstance(config.get('image_dir', ''), str) or not config.get('image_dir', 'x'):
+    raise ValueError(f"{prefix}.image_dir={config.get('image_dir')!r}: expected a folder (relative to the data "
+                     'folder, or absolute)')
   fraction = config.get('degrade_fraction', 0.1)
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
     raise ValueError(f'{prefix}.degrade_fraction={fraction!r}: expected a fraction in [0, 1]')
   filter_lib.check_config(config.get('filter', filter_lib.default_config()), f'{prefix}.filter')
+  llm_questions.check_config(config.get('llm_questions', llm_questions.default_config()), f'{prefix}.llm_questions')
+  clip_ground.check_config(config.get('clip_ground', clip_ground.default_config()), f'{prefix}.clip_ground')
   experts.check_config(config.get('synthesize', experts.default_config()), f'{prefix}.synthesize')
   merge_lib.check_settings(tuple(config.get('merge_sources', merge_lib.SOURCES)), config.get('merge_holdout', 0.2),
                            prefix)
@@ -199,8 +242,8 @@ def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None
   if records:
     ds = datasets.Dataset.from_list(records, features=features)
   else:
-    ds = datasets.Dataset.from_dict({'prompt_id': []}) if features is None else datasets.Dataset.from_list(
-        [], features=features)
+    ds = datasets.Dataset.from_dict({'prompt_id': []} if features is None else {k: [] for k in features},
+                                    features=features)
   ds.save_to_disk(str(tmp))
   (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1, default=str))
   shutil.rmtree(folder, ignore_errors=True)
@@ -282,17 +325,13 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
     ValueError: from `check_config` (before anything is written), or a folder built with other settings.
   """
   check_config(config)
-  from data_pipeline import degrade, ground, paths, qa, rewrite
+  from data_pipeline import degrade, ground, paths, qa, rewrite, wiki_graph
   from osvl_jax import paths as osvl_paths
-  from tools import corpus as corpus_lib
-  from tools import landmarks
 
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   _check_resume(out, build_settings(config))
   data_dir = pathlib.Path(config.data_dir) if config.data_dir else osvl_paths.data_dir()
-  corpus = corpus_lib.load_wikispeedia(data_dir)
-  graph = paths.Graph(corpus, hub_in_degree=config.hub_in_degree)
   stats = {}
 
   def stage(name, fn, features=None):
@@ -312,18 +351,27 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   stages = tqdm.tqdm(total=len(STAGES), desc='data_pipeline', unit='stage')
   stats['wiki'] = _wiki_stage(config, out / 'wiki', data_dir)
   print(f'[data_pipeline] wiki: {json.dumps(stats["wiki"])}', file=sys.stderr)
-  if config.source != 'wikispeedia':  # the item stages do not read the wiki stage's graph yet (issue 14)
-    print(f'[data_pipeline] note: source={config.source} fed the wiki stage (articles, links, CSR graph under '
-          f'{out / "wiki"}); the paths .. sft stages still walk the Wikispeedia graph from the landmark photos',
-          file=sys.stderr)
+  graph = wiki_graph.WikiGraph.open(out / 'wiki')
   stages.update()
-  recs = stage('paths', lambda: paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, config))
+  recs = stage('paths', lambda: paths.sample_paths(graph, config, config.image_dir))
   stages.update()
-  recs = stage('qa', lambda: qa.add_qa(recs, graph, config.seed))
+  def then(first, name, fn):  # a stage's second step (an LLM / CLIP pass), its counts under `name`
+    records, counts = first
+    records, counts[name] = fn(records)
+    return records, counts
+
+  llm_cfg = config.llm_questions
+  recs = stage('qa', lambda: then(qa.add_qa(recs, graph, config.seed), 'llm_questions',
+                                  lambda r: llm_questions.canonical_questions(r, llm_cfg, aliases=graph.aliases)))
   stages.update()
-  recs = stage('rewrite', lambda: rewrite.rewrite(recs, graph.all_titles, config.seed))
+  recs = stage('rewrite', lambda: then(then(
+      rewrite.rewrite(recs, graph, config.rewrite), 'unique_referent',
+      lambda r: llm_questions.unique_referent(r, llm_cfg)), 'obfuscate',
+      lambda r: llm_questions.obfuscate_answers(r, llm_cfg.obfuscate_fraction, config.seed)))
   stages.update()
-  recs = stage('ground', lambda: ground.ground(recs, graph.all_titles))
+  recs = stage('ground', lambda: then(ground.ground(recs, graph, data_dir, config.image_dir, config.anchor,
+                                                    config.rewrite), 'clip',
+                                      lambda r: clip_ground.ground_by_clip(r, config.clip_ground, data_dir)))
   stages.update()
   recs = stage('merge', lambda: merge_lib.merge(recs, data_dir, tuple(config.merge_sources), config.merge_holdout,
                                                 config.merge_external))
@@ -354,6 +402,10 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
     from osvl_jax import trajectory as traj_lib
 
     def make_sft():
+      if config.source != 'wikispeedia':  # the oracle's text_search reads the Wikispeedia corpus (tools.corpus)
+        n = sum(not r['rejected'] for r in items)
+        return [], {'expert': config.synthesize.expert, 'in': n, 'kept': 0, 'rejected': n,
+                    'reasons': {'skipped: xml source (text_search corpus is Wikispeedia)': n} if n else {}}
       processor = traj_lib.ImageProcessor(min_pixels=config.min_pixels, max_pixels=config.max_pixels)
       return synthesize.synthesize(items, graph, data_dir, config.tools.to_dict(), config.top_k, processor,
                                    progress=lambda it: tqdm.tqdm(it, desc='expert', leave=False),

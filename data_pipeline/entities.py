@@ -1,6 +1,7 @@
 """Entity helpers shared by the stages: names and aliases, category descriptors, infobox attributes.
 
-Everything here is a pure function of a Wikispeedia title and the `tools.corpus.WikiCorpus` it comes from.
+Everything here is a pure function of a title, a text or category paths (the `wiki_graph.WikiGraph` view calls
+these per node, for Wikispeedia and XML articles alike).
 
 Names and aliases (Wikispeedia has no redirect table, so aliases are derived from the title):
   * the display title (`Great_Wall_of_China` -> `Great Wall of China`);
@@ -172,6 +173,8 @@ _INFOBOX_MAX_LINES = 150
 
 def fold(text: str) -> str:
   """Accent-folded, lower-cased text (`Éire` -> `eire`) for name matching."""
+  if text.isascii():
+    return text.lower()
   norm = unicodedata.normalize('NFKD', text)
   return ''.join(c for c in norm if not unicodedata.combining(c)).lower()
 
@@ -198,6 +201,35 @@ def aliases(title: str) -> list[str]:
     if n and n not in out:
       out.append(n)
   return out
+
+
+def name_tokens(text: str) -> list[str]:
+  """Folded word tokens of a name or a text: accents and case folded, `&` read as `and`, any other punctuation a
+  break (`St. Louis` -> ['st', 'louis'], `AT&T` -> ['at', 'and', 't'], `São Paulo` -> ['sao', 'paulo'])."""
+  return re.findall(r'[^\W_]+', fold(text).replace('&', ' and '))
+
+
+MAX_NAME_TOKENS = 8  # longest token run `names_in_text` compares
+
+
+def names_in_text(text: str, names) -> list[str]:
+  """The names of `names` that occur in `text` up to case, diacritics, punctuation and spacing (Eq. 6 (iii)).
+
+  A name occurs when its tokens (`name_tokens`) joined without spaces equal the joined tokens of a run of at most
+  `MAX_NAME_TOKENS` consecutive tokens of the text: 'Sao Paulo' is found in 'the São Paulo metro', 'St Louis' in
+  'St. Louis', 'AT&T' in 'AT & T', 'Beijing' in 'Bei jing', 'Taj Mahal' in "the Taj Mahal's dome"; a name is
+  never found inside a longer word ('Ur' is not in 'Uruguay').
+
+  Args:
+    text: the question (any string).
+    names: candidate names (titles, redirects, aliases).
+  Returns:
+    The names found, in the order given.
+  """
+  tokens = name_tokens(text)
+  runs = {''.join(tokens[i:j]) for i in range(len(tokens))
+          for j in range(i + 1, min(i + MAX_NAME_TOKENS, len(tokens)) + 1)}
+  return [n for n in names if ''.join(name_tokens(n)) in runs and name_tokens(n)]
 
 
 _YEARLIKE = re.compile(r'^(\d+(s|th|st|nd|rd)?(_century)?(_BC)?|\d+s_\w+|January|February|March|April|May|June|'

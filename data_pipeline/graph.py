@@ -15,7 +15,9 @@ Walks (`sample_walks`), all constraints of DESIGN.md §7.2 / Appendix D.1:
   * seeds: in-degree in [`min_seed_in_degree` (50), tau], not excluded, a domain, stratified over the five
     domains (`stratified_seeds`);
   * h ~ Cat({2, 3, 4}; 0.4, 0.4, 0.2) per item; a walk that dead-ends (no allowed unvisited out-neighbour) is
-    retried from the same seed with the same h, up to `max_retries` (10) times, then the item is given up.
+    retried from the same seed with the same h, up to `max_retries` (10) times, then the item is given up;
+  * optional masks of the caller (the `paths` stage): `final` [N] (the h-th node, e.g. one with an answerable
+    attribute) and `edge_ok` [E] (edges the walk may follow, e.g. those stated in a sentence of their source).
 The next node is uniform over the current node's allowed, unvisited out-neighbours: each step draws uniform
 out-edges for all walks at once and rejects disallowed / visited ones (`tries` rounds), and the few walks still
 undecided scan their neighbour list exactly, so the choice stays exactly uniform and a dead end is real.
@@ -148,12 +150,13 @@ def draw_hops(num: int, rng: np.random.Generator, choices=HOP_CHOICES, probs=HOP
 
 def stratified_seeds(domains: np.ndarray, candidates: np.ndarray, num: int,
                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-  """`num` seeds split as evenly as possible over the domains that have candidates, uniform within a domain.
+  """`num` seeds split as evenly as possible over the domains that have candidates, and within a domain over its
+  candidates (shuffled passes over them: each is used floor or ceil of share / candidates times).
 
   Args:
     domains: [N] int8 domain index per node (`wiki.node_domains`; -1 = none).
     candidates: [N] bool nodes allowed as seeds.
-    num: seeds to draw (with replacement within a domain).
+    num: seeds to draw (a candidate repeats only once every candidate of its domain has been drawn).
   Returns:
     (seeds [num] int32, seed domains [num] int8), shuffled.
   Raises:
@@ -167,16 +170,19 @@ def stratified_seeds(domains: np.ndarray, candidates: np.ndarray, num: int,
   seeds, doms = [], []
   for d, k in zip(present, share):
     pool = np.flatnonzero(candidates & (domains == d))
-    seeds.append(pool[rng.integers(0, len(pool), size=k)])
+    laps = -(-int(k) // len(pool))  # shuffled passes over the pool: every candidate used equally (+-1)
+    seeds.append(np.concatenate([rng.permutation(pool) for _ in range(laps)] or [pool[:0]])[:k])
     doms.append(np.full(k, d, np.int8))
   order = rng.permutation(num)
   return np.concatenate(seeds).astype(np.int32)[order], np.concatenate(doms)[order]
 
 
 def _walk_once(graph: CSRGraph, allowed: np.ndarray, seeds: np.ndarray, hops: np.ndarray,
-               rng: np.random.Generator, tries: int) -> tuple[np.ndarray, np.ndarray]:
-  """One walk per (seed, h), all at once. Returns (paths [B, max h + 1] int32, -1 past h or after a dead end;
-  ok [B] bool = reached h hops)."""
+               rng: np.random.Generator, tries: int, final: np.ndarray,
+               edge_ok: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+  """One walk per (seed, h), all at once (the h-th node also in `final`, every edge in `edge_ok`).
+
+  Returns (paths [B, max h + 1] int32, -1 past h or after a dead end; ok [B] bool = reached h hops)."""
   b = len(seeds)
   path = np.full((b, int(hops.max()) + 1), -1, np.int32)
   path[:, 0] = seeds
@@ -196,12 +202,17 @@ def _walk_once(graph: CSRGraph, allowed: np.ndarray, seeds: np.ndarray, hops: np
         break
       j = start[pend] + np.minimum((rng.random(pend.size) * deg[pend]).astype(np.int64), deg[pend] - 1)
       v = graph.indices[j]
-      ok = allowed[v] & ~(seen[pend] == v[:, None]).any(1)
+      ok = allowed[v] & (final[v] | (hops[act[pend]] != t)) & ~(seen[pend] == v[:, None]).any(1)
+      if edge_ok is not None:
+        ok &= edge_ok[j]
       chosen[pend[ok]] = v[ok]
       pend = pend[~ok]
     for k in pend:  # Exact fallback: uniform over the allowed unvisited neighbours, or a real dead end.
       nb = np.asarray(graph.indices[start[k]:start[k] + deg[k]])
-      nb = nb[allowed[nb] & ~np.isin(nb, seen[k])]
+      keep = allowed[nb] & (final[nb] | (hops[act[k]] != t)) & ~np.isin(nb, seen[k])
+      if edge_ok is not None:
+        keep &= np.asarray(edge_ok[start[k]:start[k] + deg[k]])
+      nb = nb[keep]
       if nb.size:
         chosen[k] = nb[rng.integers(nb.size)]
     path[act, t] = chosen
@@ -211,7 +222,8 @@ def _walk_once(graph: CSRGraph, allowed: np.ndarray, seeds: np.ndarray, hops: np
 
 def sample_walks(graph: CSRGraph, allowed: np.ndarray, seeds: np.ndarray, hops: np.ndarray,
                  rng: np.random.Generator, max_retries: int = 10, tries: int = 8,
-                 batch: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+                 batch: int = 1 << 16, final: np.ndarray | None = None, edge_ok: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
   """Constrained walks for items (seed_i, h_i), each retried after a dead end up to `max_retries` times.
 
   Args:
@@ -222,6 +234,10 @@ def sample_walks(graph: CSRGraph, allowed: np.ndarray, seeds: np.ndarray, hops: 
     max_retries: fresh walks after the first one before an item is given up.
     tries: rejection rounds per step before the exact neighbour scan.
     batch: walks advanced together.
+    final: [N] bool nodes a walk may end on (its h-th node; the `paths` stage: nodes with an answerable infobox
+      attribute); None = any allowed node.
+    edge_ok: [E] bool edges (positions in `graph.indices`) a walk may follow (the `paths` stage: the link is
+      stated in a sentence of its source and can pick its target out); None = every edge.
   Returns:
     (paths [M, max h + 1] int32 (-1 padded; all -1 past v0 for given-up items), ok [M] bool,
      attempts [M] int8 walks tried per item, counts {'attempted', 'walked', 'given_up', 'retries',
@@ -232,6 +248,7 @@ def sample_walks(graph: CSRGraph, allowed: np.ndarray, seeds: np.ndarray, hops: 
   seeds, hops = np.asarray(seeds, np.int32), np.asarray(hops, np.int64)
   if seeds.shape != hops.shape or (hops < 1).any():
     raise ValueError(f'sample_walks: seeds {seeds.shape} and hops {hops.shape} must match and hops be >= 1')
+  final = np.ones(len(allowed), bool) if final is None else np.asarray(final, bool)
   m = len(seeds)
   paths = np.full((m, int(hops.max(initial=1)) + 1), -1, np.int32)
   paths[:, 0] = seeds
@@ -245,7 +262,7 @@ def sample_walks(graph: CSRGraph, allowed: np.ndarray, seeds: np.ndarray, hops: 
     done = np.zeros(pending.size, bool)
     for a in range(0, pending.size, batch):
       items = pending[a:a + batch]
-      got, good = _walk_once(graph, allowed, seeds[items], hops[items], rng, tries)
+      got, good = _walk_once(graph, allowed, seeds[items], hops[items], rng, tries, final, edge_ok)
       paths[items[good], :got.shape[1]] = got[good]
       done[a:a + batch] = good
     ok[pending[done]] = True

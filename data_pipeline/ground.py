@@ -1,15 +1,35 @@
 """Stage `ground`: source-anchor grounding (DESIGN.md §7.5).
 
-The image is the landmark photo of v0 (the start of the path, never the answer entity), so one reverse image
-search identifies v0 and nothing more. Offline there is no CLIP model, so the anchor is the photo the walk was
-rooted at (the "infobox image otherwise" branch of §7.5); its path, relative to the data folder, is in
-`image_path`. The mention of v0 is replaced by a referring expression (`REFERRING_EXPRESSIONS`, per photo,
-default "the landmark in the image"), and the non-leakage check runs again over every path node, v0 included.
+The image is the seed article's image (v0, the start of the path, never the answer entity), so one reverse image
+search identifies v0 and nothing more. Offline there is no CLIP model, so the anchor is the image the walk was
+seeded from (the "infobox image otherwise" branch of §7.5): a landmark photo (Wikispeedia) or the infobox image
+file looked up under `data.image_dir` (XML); its path, relative to the data folder or absolute, is in
+`image_path`, and an item whose file is missing is rejected ('ground: image file missing'). The mention of v0 is
+replaced by a referring expression chosen by v0's domain (`DOMAIN_REFERRING`: 'the person in the image', 'the
+building in the image', ...; the landmark photos keep their own, `REFERRING_EXPRESSIONS`), and the non-leakage
+check runs again over every path node, v0 included.
+
+`data.anchor='answer'` (the Table 3a "answer-anchored image" ablation): the image is vh's, v0 stays named in the
+question (the leak check then skips v0); an answer node without an image is rejected ('ground: answer node has no
+image'). With `data.rewrite=False` the canonical question names v1..vh by design, so only v0 and the answer are
+checked.
 """
 
+import pathlib
+
+from data_pipeline import entities
 from data_pipeline import rewrite as rewrite_lib
 
-DEFAULT_REFERRING = 'the landmark in the image'
+ANCHORS = ('source', 'answer')
+DEFAULT_REFERRING = 'the subject of the image'
+# Domain of v0 (`wiki.DOMAINS`) -> referring expression.
+DOMAIN_REFERRING: dict[str, str] = {
+    'Person': 'the person in the image',
+    'Building-Place': 'the building in the image',
+    'Location': 'the place in the image',
+    'Organism': 'the organism in the image',
+    'Artifact': 'the object in the image',
+}
 
 # Photo file stem -> referring expression for its article (the article may cover more than the photo shows).
 REFERRING_EXPRESSIONS: dict[str, str] = {
@@ -28,22 +48,38 @@ REFERRING_EXPRESSIONS: dict[str, str] = {
 }
 
 
-def referring_expression(stem: str) -> str:
-  """How the question refers to v0 for the photo `stem`."""
-  return REFERRING_EXPRESSIONS.get(stem, DEFAULT_REFERRING)
+def referring_expression(stem: str, domain: str = '') -> str:
+  """How the question refers to v0: the photo's own expression (`REFERRING_EXPRESSIONS[stem]`), else by v0's
+  domain (`DOMAIN_REFERRING`), else `DEFAULT_REFERRING`."""
+  return REFERRING_EXPRESSIONS.get(stem) or DOMAIN_REFERRING.get(domain, DEFAULT_REFERRING)
 
 
-def ground(records: list[dict], all_titles: tuple[str, ...]) -> tuple[list[dict], dict]:
-  """Replaces v0 by its referring expression and re-checks leakage over the whole path.
+def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = 'source',
+           rewritten: bool = True) -> tuple[list[dict], dict]:
+  """Sets the anchor image and the final question; re-checks leakage over the whole path.
 
   Args:
     records: output of `rewrite.rewrite`.
-    all_titles: corpus titles.
+    graph: the `wiki_graph.WikiGraph`.
+    data_dir: the shared data folder (relative image paths are under it).
+    image_dir: folder of the article images (relative to `data_dir`, or absolute), for `anchor='answer'`.
+    anchor: 'source' (v0's image) | 'answer' (vh's image, the ablation).
+    rewritten: whether the `rewrite` stage rewrote (False: canonical questions, v1..vh named by design).
   Returns:
-    (records with the final `question`, `anchor_expression`; counts {'in', 'grounded', 'rejected_leak',
-    'skipped'}).
+    (records with the final `question`, `anchor_expression`, `image_path`; counts {'in', 'grounded',
+    'rejected' (reason -> n), 'skipped', 'anchor'}).
+  Raises:
+    ValueError: `anchor` not in `ANCHORS`.
   """
-  out, counts = [], {'in': len(records), 'grounded': 0, 'rejected_leak': 0, 'skipped': 0}
+  if anchor not in ANCHORS:
+    raise ValueError(f'data.anchor={anchor!r}: expected one of {ANCHORS}')
+  out, counts = [], {'in': len(records), 'grounded': 0, 'rejected': {}, 'skipped': 0, 'anchor': anchor}
+
+  def reject(rec, reason):
+    rec['rejected'] = 'ground: ' + reason
+    key = reason.split(' (')[0].split(':')[0]
+    counts['rejected'][key] = counts['rejected'].get(key, 0) + 1
+
   for rec in records:
     rec = dict(rec)
     if rec.get('rejected'):
@@ -51,14 +87,28 @@ def ground(records: list[dict], all_titles: tuple[str, ...]) -> tuple[list[dict]
       rec['anchor_expression'] = ''
       out.append(rec)
       continue
-    expr = referring_expression(rec['landmark'])
+    path = rec['path']
+    if anchor == 'source':
+      expr = referring_expression(rec['landmark'], rec.get('domain') or graph.domain(path[0]))
+      skip = ()
+    else:
+      images = graph.images(path[-1])
+      if not images:
+        reject(rec, 'answer node has no image')
+        rec['anchor_expression'] = ''
+        out.append(rec)
+        continue
+      rec.update(image_path=f'{image_dir.rstrip("/")}/{images[0]}', landmark=images[0].rsplit('.', 1)[0])
+      expr, skip = entities.display(path[0]), (path[0],)
     question = rec['question_template'].replace('{E0}', expr)
-    rec.update(question=question, anchor_expression=expr,
+    rec.update(question=question, anchor_expression=expr if anchor == 'source' else '',
                rewrite_trace=list(rec['rewrite_trace']) + [question])
-    leaks = rewrite_lib.find_leaks(question, rec['path'], all_titles, rec['answers'])
+    checked = [t for t in path if t not in skip] if rewritten else [t for t in path[:1] if t not in skip]
+    leaks = rewrite_lib.find_leaks(question, checked, graph, rec['answers'])
     if leaks:
-      rec['rejected'] = 'ground: leak: ' + '; '.join(leaks)
-      counts['rejected_leak'] += 1
+      reject(rec, 'leak: ' + '; '.join(leaks))
+    elif not (pathlib.Path(data_dir) / rec['image_path']).is_file():
+      reject(rec, f"image file missing ({rec['image_path']})")
     else:
       counts['grounded'] += 1
     out.append(rec)

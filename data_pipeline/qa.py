@@ -141,12 +141,12 @@ def canonical_question(path: list[str], attribute: str, rng: np.random.Generator
   return f'{capitalize(chain)}. {capitalize(ask)}'
 
 
-def add_qa(records: list[dict], graph: paths_lib.Graph, seed: int) -> tuple[list[dict], dict]:
+def add_qa(records: list[dict], graph, seed: int) -> tuple[list[dict], dict]:
   """Adds answer_attribute, answers, answer_evidence and canonical_question to each walk record.
 
   Args:
     records: output of `paths.sample_paths`.
-    graph: the `paths.Graph` the walks came from.
+    graph: the `wiki_graph.WikiGraph` the walks came from.
     seed: template choices are drawn from `default_rng([seed, 1, item index])`.
   Returns:
     (records with QA, counts {'in', 'answered', 'no_answer', 'accepted', 'rejected_answer_type' (attribute ->

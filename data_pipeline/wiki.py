@@ -4,7 +4,8 @@ Two readers fill it: `wiki_xml.read_pages_articles` (a MediaWiki pages-articles 
 mwparserfromhell) and `wiki_tsv.read_wikispeedia` (the Wikispeedia TSVs behind `tools.corpus`). Both give a
 `WikiData`:
 
-  articles   id (= position), title, infobox type, infobox attributes, image refs, categories, disambiguation flag
+  articles   id (= position), title, infobox type, infobox attributes, image refs, categories, disambiguation flag,
+             plain text
   redirects  alias -> title of the redirect target (as written; chains are followed when links are resolved)
   links      (src article id, dst title as written, anchor text, the sentence the link sits in)
 
@@ -57,6 +58,7 @@ _DOMAIN_RULES = tuple((d, re.compile(p)) for d, p in (
 ))
 _DISAMBIGUATION = re.compile(r'\(disambiguation\)$|disambiguation', re.I)
 _COUNTS = 'reader_counts.json'
+_IMAGE_FIELD = re.compile(r'^(image|img|photo|logo|cover)(_?\w*)?$', re.I)  # infobox image parameters
 _LIST_TITLE = re.compile(r'^(List|Lists|Index|Outline|Timeline) of[ _]', re.I)
 
 
@@ -73,6 +75,8 @@ class Article:
     images: image file names (infobox image fields first, then `[[File:..]]`), without the namespace prefix.
     categories: category names (`1945 novels`; Wikispeedia: `subject.Countries`).
     disambiguation: the page is a disambiguation page (a `{{disambiguation}}`-family template).
+    text: the article's plain text (Wikispeedia: the cleaned plaintext; XML: mwparserfromhell `strip_code()` of
+      the body), read by the item stages (mentions, relations) and the oracle expert.
   """
   id: int
   title: str
@@ -81,6 +85,7 @@ class Article:
   images: list = dataclasses.field(default_factory=list)
   categories: list = dataclasses.field(default_factory=list)
   disambiguation: bool = False
+  text: str = ''
 
 
 @dataclasses.dataclass
@@ -192,11 +197,18 @@ def exclusion_mask(data: WikiData) -> np.ndarray:
 def seed_mask(data: WikiData, require_infobox_image: bool) -> np.ndarray:
   """[N] bool: articles that may start a walk besides the in-degree window (DESIGN.md §7.2: infobox + image).
 
-  With `require_infobox_image=False` (Wikispeedia: no infobox markup, no image refs) every article qualifies.
+  With `require_infobox_image=True` (XML) the first image must be the infobox's own (an image field of the
+  infobox names it: `wiki_xml.infobox` puts those first), not a `[[File:..]]` of the body. With False
+  (Wikispeedia: no infobox markup) an image alone qualifies (the landmark articles with a photo, `wiki_tsv`).
   """
   if not require_infobox_image:
-    return np.ones(len(data.articles), bool)
-  return np.fromiter((bool(a.infobox_type) and bool(a.images) for a in data.articles), bool, len(data.articles))
+    return np.fromiter((bool(a.images) for a in data.articles), bool, len(data.articles))
+
+  def boxed(a):
+    first = a.images[0].replace('_', ' ').lower() if a.images else ''
+    return bool(a.infobox_type and first) and any(
+        _IMAGE_FIELD.match(k) and v.replace('_', ' ').lower().endswith(first) for k, v in a.attributes.items())
+  return np.fromiter((boxed(a) for a in data.articles), bool, len(data.articles))
 
 
 def _schemas():
@@ -206,7 +218,7 @@ def _schemas():
       'articles': pa.schema([('id', pa.int32()), ('title', string), ('infobox_type', string),
                              ('attributes', pa.list_(pa.struct([('name', string), ('value', string)]))),
                              ('images', pa.list_(string)), ('categories', pa.list_(string)),
-                             ('disambiguation', pa.bool_())]),
+                             ('disambiguation', pa.bool_()), ('text', string)]),
       'redirects': pa.schema([('alias', string), ('title', string)]),
       'links': pa.schema([('src', pa.int32()), ('dst', string), ('anchor', string), ('sentence', string)])}
 
@@ -226,7 +238,7 @@ def save(data: WikiData, folder: str | pathlib.Path) -> None:
                    'infobox_type': [a.infobox_type for a in arts],
                    'attributes': [[{'name': k, 'value': v} for k, v in a.attributes.items()] for a in arts],
                    'images': [list(a.images) for a in arts], 'categories': [list(a.categories) for a in arts],
-                   'disambiguation': [a.disambiguation for a in arts]},
+                   'disambiguation': [a.disambiguation for a in arts], 'text': [a.text for a in arts]},
       'redirects': {'alias': list(data.redirects), 'title': list(data.redirects.values())},
       'links': {'src': np.fromiter((l.src for l in links), np.int32, len(links)), 'dst': [l.dst for l in links],
                 'anchor': [l.anchor for l in links], 'sentence': [l.sentence for l in links]}}
@@ -250,11 +262,12 @@ def load(folder: str | pathlib.Path) -> WikiData:
       raise FileNotFoundError(f'{path}: no saved wiki {name} (data_pipeline.wiki.save)')
     tables[name] = pq.read_table(path).to_pydict()
   arts, red, lk = tables['articles'], tables['redirects'], tables['links']
+  texts = arts.get('text') or [''] * len(arts['id'])  # a folder saved before texts were kept
   articles = [Article(id=i, title=t, infobox_type=ib, attributes={x['name']: x['value'] for x in at},
-                      images=im, categories=ca, disambiguation=di)
-              for i, t, ib, at, im, ca, di in zip(arts['id'], arts['title'], arts['infobox_type'],
-                                                  arts['attributes'], arts['images'], arts['categories'],
-                                                  arts['disambiguation'])]
+                      images=im, categories=ca, disambiguation=di, text=tx)
+              for i, t, ib, at, im, ca, di, tx in zip(arts['id'], arts['title'], arts['infobox_type'],
+                                                      arts['attributes'], arts['images'], arts['categories'],
+                                                      arts['disambiguation'], texts)]
   links = [Link(*row) for row in zip(lk['src'], lk['dst'], lk['anchor'], lk['sentence'])]
   counts_path = folder / _COUNTS
   counts = json.loads(counts_path.read_text()) if counts_path.is_file() else {}

@@ -181,7 +181,7 @@ def parse_article(text: str) -> dict:
 
   Returns:
     {'infobox_type', 'attributes', 'images', 'categories', 'disambiguation',
-     'links': [(dst title, anchor, sentence)]}.
+     'links': [(dst title, anchor, sentence)], 'text' (`plain_text`)}.
   """
   code = mwparserfromhell.parse(text)
   parser = _PageParser()
@@ -192,7 +192,15 @@ def parse_article(text: str) -> dict:
                for t in code.filter_templates(recursive=False))
   return {'infobox_type': kind, 'attributes': attrs, 'images': list(dict.fromkeys(box_images + parser.images)),
           'categories': list(dict.fromkeys(parser.categories)), 'disambiguation': disamb,
-          'links': [tuple(l) for l in parser.links]}
+          'links': [tuple(l) for l in parser.links], 'text': plain_text(code)}
+
+
+def plain_text(code) -> str:
+  """The body as plain text: `strip_code(normalize=True, collapse=True)` with refs and templates dropped,
+  bold/italic quotes removed, one paragraph per block separated by a blank line (the article text the item
+  stages and the oracle read; `relations.mention_sentence` splits sentences at blank lines too)."""
+  text = code.strip_code(normalize=True, collapse=True).replace("'''", '').replace("''", '')
+  return '\n\n'.join(' '.join(line.split()) for line in text.split('\n') if line.strip())
 
 
 def read_pages_articles(path: str | pathlib.Path, max_pages: int | None = None) -> wiki.WikiData:
@@ -233,7 +241,8 @@ def read_pages_articles(path: str | pathlib.Path, max_pages: int | None = None) 
         parsed = parse_article(text)
         art = wiki.Article(id=len(articles), title=title, infobox_type=parsed['infobox_type'],
                            attributes=parsed['attributes'], images=parsed['images'],
-                           categories=parsed['categories'], disambiguation=parsed['disambiguation'])
+                           categories=parsed['categories'], disambiguation=parsed['disambiguation'],
+                           text=parsed['text'])
         links.extend(wiki.Link(art.id, *l) for l in parsed['links'])
         articles.append(art)
         counts['articles'] += 1

@@ -32,7 +32,7 @@ BUILD_COMMAND = 'python -m data_pipeline.build --config=configs/data_wikispeedia
 
 ITEM_COLUMNS = ('prompt_id', 'question', 'canonical_question', 'answers', 'image_path', 'path', 'hops',
                 'rejected', 'landmark', 'descriptors', 'answer_attribute', 'answer_evidence', 'anchor_expression',
-                'rewrite_trace', 'degradation', 'original_image_path')
+                'rewrite_trace', 'degradation', 'original_image_path', 'relations')
 
 
 def items_features():
@@ -46,7 +46,7 @@ def items_features():
       'answer_attribute': v('string'), 'answer_evidence': v('string'), 'anchor_expression': v('string'),
       'rewrite_trace': seq('string'),
       'degradation': {'kind': v('string'), 'params': v('string'), 'repair_tool': v('string')},
-      'original_image_path': v('string'),
+      'original_image_path': v('string'), 'relations': seq('string'),
   })
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Wikispeedia corpus and its walk graph (loaded once per session)."""
+"""Shared fixtures: the real Wikispeedia corpus, its wiki-stage graph view and 6 real grounded items (once per
+session)."""
 
 import pytest
 
@@ -10,15 +11,20 @@ def corpus():
 
 
 @pytest.fixture(scope='session')
-def graph(corpus):
-  from data_pipeline import paths
-  return paths.Graph(corpus)
+def graph():
+  """`wiki_graph.WikiGraph` over the Wikispeedia wiki stage (built in memory: `wiki_tsv` + `graph.build_csr`)."""
+  from data_pipeline import graph as graph_lib
+  from data_pipeline import wiki, wiki_graph, wiki_tsv
+  data = wiki_tsv.read_wikispeedia()
+  src, dst, _, _ = wiki.resolve_links(data)
+  csr, _ = graph_lib.build_csr(src, dst, len(data.articles))
+  return wiki_graph.WikiGraph(data, csr)
 
 
 @pytest.fixture(scope='session')
 def small_config():
   from data_pipeline import build
-  c = build.default_config()
+  c = build.wikispeedia_walks(build.default_config())
   c.num_items = 6
   c.seed = 0
   return c
@@ -28,9 +34,9 @@ def small_config():
 def grounded_items(graph, small_config):
   """paths -> qa -> rewrite -> ground on 6 real walks."""
   from data_pipeline import ground, paths, qa, rewrite
-  from tools import landmarks
-  recs, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
+  from osvl_jax import paths as osvl_paths
+  recs, _ = paths.sample_paths(graph, small_config, small_config.image_dir)
   recs, _ = qa.add_qa(recs, graph, small_config.seed)
-  recs, _ = rewrite.rewrite(recs, graph.all_titles, small_config.seed)
-  recs, _ = ground.ground(recs, graph.all_titles)
+  recs, _ = rewrite.rewrite(recs, graph)
+  recs, _ = ground.ground(recs, graph, osvl_paths.data_dir(), small_config.image_dir)
   return recs

@@ -5,6 +5,7 @@ import json
 import pathlib
 
 import datasets
+import ml_collections
 import pytest
 
 from data_pipeline import build, graph, wiki
@@ -12,7 +13,7 @@ from osvl_jax.data import pipeline as pipeline_data
 
 
 def test_build_writes_items_and_sft_and_resumes(tmp_path):
-  config = build.default_config()
+  config = build.wikispeedia_walks(build.default_config())
   config.num_items = 3
   stats = build.build_dataset(config, tmp_path)
   items = datasets.load_from_disk(str(tmp_path / 'items'))
@@ -26,6 +27,9 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   assert len(trajectories) == len(sft) and trajectories[0].prompt_id == sft[0]['prompt_id']
   prompts = pipeline_data.load_prompts(tmp_path)
   assert len(prompts) == stats['items']['accepted'] and prompts[0]['image'].ndim == 3
+  # Every stage's counts, with the reasons items were dropped.
+  assert stats['paths']['attempted'] == 3 and stats['paths']['seed_candidates'] == 12
+  assert stats['paths']['walked'] + stats['paths']['given_up'] == 3
   # Stage `wiki`: Wikispeedia's 4,598 articles, 119,879 links (110 self-links), all targets present.
   assert stats['wiki']['graph'] == {'nodes': 4598, 'edges_in': 119879, 'self_loops': 110, 'duplicates': 0,
                                     'edges': 119769}
@@ -102,6 +106,8 @@ def test_data_config_and_dataset_dir():
   spec.loader.exec_module(module)
   config = module.get_config()
   assert config.data.num_items == build.default_config().num_items
+  assert (config.data.hub_in_degree, config.data.min_seed_in_degree) == (300, 2)  # the small graph's window
+  assert (build.default_config().hub_in_degree, build.default_config().min_seed_in_degree) == (10_000, 50)
   assert pipeline_data.dataset_dir(config, '/w') == pathlib.Path('/w/data')
   config.data.dir = '/elsewhere'
   assert str(pipeline_data.dataset_dir(config, '/w')) == '/elsewhere'
@@ -119,7 +125,7 @@ def test_an_older_recorded_config_without_a_new_field_resumes_at_its_default(tmp
 
 
 def test_degrade_and_filter_switches_and_their_counts(tmp_path):
-  config = build.default_config()
+  config = build.wikispeedia_walks(build.default_config())
   config.num_items, config.synthesize.enabled, config.degrade_fraction = 12, False, 0.5
   stats = build.build_dataset(config, tmp_path / 'on')
   items = datasets.load_from_disk(str(tmp_path / 'on' / 'items')).to_list()
@@ -142,5 +148,86 @@ def test_a_bad_source_is_refused_naming_the_field(tmp_path):
   config = build.default_config()
   config.source = str(tmp_path / 'missing.xml.bz2')
   with pytest.raises(ValueError, match='data.source=.*missing.xml.bz2'):
+    build.build_dataset(config, tmp_path / 'out')
+  assert not (tmp_path / 'out').exists()
+
+
+def _page(title, text, redirect=None):
+  from xml.sax.saxutils import escape
+  red = f'<redirect title="{escape(redirect)}" />' if redirect else ''
+  return (f'<page><title>{escape(title)}</title><ns>0</ns><id>{len(title)}</id>{red}<revision><id>1</id>'
+          f'<text xml:space="preserve">{escape(text)}</text></revision></page>')
+
+
+def test_an_xml_dump_builds_end_to_end(tmp_path):
+  import bz2
+  from PIL import Image
+  pages = [
+      _page('Eiffel Tower', "{{Infobox building\n| name = Eiffel Tower\n| image = Eiffel tower.jpg\n}}\nThe '''Eiffel "
+            "Tower''' is a lattice tower. It stands in [[Paris]]. It was designed by [[Gustave Eiffel|Eiffel]]."),
+      _page('Paris', '{{Infobox settlement\n| name = Paris\n}}\nParis is part of [[France]]. The [[Eiffel Tower]] '
+            'stands here.'),
+      _page('Gustave Eiffel', '{{Infobox person\n| name = Gustave Eiffel\n}}\nGustave Eiffel was an engineer born '
+            'in [[Dijon]]. He worked in [[France]].'),
+      _page('France', '{{Infobox country\n| capital = [[Paris]]\n}}\nFrance is a country.'),
+      _page('Dijon', '{{Infobox settlement\n| name = Dijon\n}}\nDijon is a city in [[France]].'),
+      _page('Paris (disambiguation)', "'''Paris''' may refer to [[Paris]].\n{{disambiguation}}"),
+      _page('Eiffel', '#REDIRECT [[Gustave Eiffel]]', redirect='Gustave Eiffel')]
+  dump = tmp_path / 'dump.xml.bz2'
+  dump.write_bytes(bz2.compress(('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/"><siteinfo>'
+                                 '<namespaces><namespace key="0" /></namespaces></siteinfo>' + ''.join(pages) +
+                                 '</mediawiki>').encode()))
+  (tmp_path / 'img').mkdir()
+  Image.new('RGB', (64, 64), (120, 90, 60)).save(tmp_path / 'img' / 'Eiffel tower.jpg')
+  config = build.default_config()
+  config.update(dict(source=str(dump), num_items=4, hop_choices=(2,), hop_probs=(1.0,), min_seed_in_degree=1,
+                     image_dir=str(tmp_path / 'img')))
+  stats = build.build_dataset(config, tmp_path / 'out')
+  # One seed (Eiffel Tower: infobox image, in-degree 1). h = 2 walks: -> Paris -> France answers Paris, a path
+  # node ('no answer'); -> Gustave Eiffel -> France (capital Paris) is the one item; the other 3 repeat it.
+  assert stats['paths']['seed_candidates'] == 1 and stats['paths']['walked'] == 1
+  assert set(stats['paths']['rejected']) <= {'no answer', 'duplicate'} and stats['paths']['rejected']['duplicate']
+  (item,) = datasets.load_from_disk(str(tmp_path / 'out' / 'items')).to_list()
+  assert item['path'] == ['Eiffel Tower', 'Gustave Eiffel', 'France'] and item['answers'][0] == 'Paris'
+  assert item['question'] == ('What is the capital of the country mentioned in the article on the person who '
+                              'designed the building in the image?')
+  assert item['image_path'] == f"{tmp_path / 'img'}/Eiffel tower.jpg" and item['rejected'] is None
+  paths_split = datasets.load_from_disk(str(tmp_path / 'out' / 'paths')).to_list()
+  assert paths_split[0]['relations'] == ['designed by', 'mentioned in']
+  assert stats['items']['accepted'] == 1 and stats['ground']['grounded'] == 1
+  assert stats['sft']['kept'] == 0 and list(stats['sft']['reasons']) == [
+      'skipped: xml source (text_search corpus is Wikispeedia)']
+  texts = {a.title: a.text for a in wiki.load(tmp_path / 'out' / 'wiki').articles}
+  assert texts['Eiffel Tower'] == 'The Eiffel Tower is a lattice tower. It stands in Paris. It was designed by Eiffel.'
+  assert set(build.STAGES) <= set(json.loads((tmp_path / 'out' / 'stats.json').read_text()))
+  # No image file under image_dir: the item is rejected at `ground` with the reason counted, nothing crashes.
+  config.image_dir = str(tmp_path / 'none')
+  stats = build.build_dataset(config, tmp_path / 'out2')
+  assert stats['ground']['rejected'] == {'image file missing': 1} and stats['items']['accepted'] == 0
+  assert stats['summary']['sft_trajectories'] == 0
+
+
+def test_an_xml_dump_with_no_seed_gives_zero_items_with_reasons(tmp_path):
+  from osvl_jax import paths as osvl_paths
+  config = build.default_config()   # tau 10,000, seeds need in-degree >= 50: none in the 2-article sample
+  config.source = str(osvl_paths.data_dir() / 'wikipedia' / 'wikipedia2vec' / 'enwiki-pages-articles-sample.xml.bz2')
+  config.num_items = 5
+  stats = build.build_dataset(config, tmp_path)
+  assert stats['paths']['rejected'] == {'no seed candidate': 5} and stats['items']['items'] == 0
+  assert stats['summary'] == {'accepted_items': 0, 'landmarks': 0, 'sft_trajectories': 0}
+  assert set(build.STAGES) <= set(json.loads((tmp_path / 'stats.json').read_text()))
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('anchor', 'image', "data.anchor='image'"), ('rewrite', 'no', "data.rewrite='no'"),
+    ('image_dir', '', "data.image_dir=''"), ('min_seed_in_degree', 0, 'data.min_seed_in_degree'),
+])
+def test_walk_and_ablation_switches_are_checked_and_recorded(tmp_path, field, value, match):
+  settings = build.build_settings(build.default_config())
+  assert {k: settings[k] for k in ('anchor', 'rewrite', 'hub_in_degree', 'min_seed_in_degree', 'image_dir')} == {
+      'anchor': 'source', 'rewrite': True, 'hub_in_degree': 10_000, 'min_seed_in_degree': 50,
+      'image_dir': 'images/landmarks'}   # content settings: a rerun with another value is refused
+  config = ml_collections.ConfigDict({**build.default_config().to_dict(), field: value})  # any type, as a flag
+  with pytest.raises(ValueError, match=match):
     build.build_dataset(config, tmp_path / 'out')
   assert not (tmp_path / 'out').exists()

@@ -120,6 +120,10 @@ def test_stratified_seeds_even_split_and_error():
   seeds, doms = graph.stratified_seeds(domains, cand, 10, np.random.default_rng(0))
   assert sorted(np.bincount(doms).tolist()) == [3, 3, 4]  # 10 over the 3 domains with candidates
   assert set(seeds.tolist()) <= {0, 1, 2, 3, 4} and (domains[seeds] == doms).all()
+  # Within a domain every candidate is drawn equally often (+-1): domain 0's 3 or 4 seeds use 0, 1, 2 each once+.
+  for d in (0, 1, 2):
+    uses = np.bincount(seeds[doms == d], minlength=7)[np.flatnonzero(cand & (domains == d))]
+    assert uses.max() - uses.min() <= 1 and uses.sum() == (doms == d).sum()
   with pytest.raises(ValueError, match='no seed candidate'):
     graph.stratified_seeds(domains, np.zeros(7, bool), 5, np.random.default_rng(0))
 

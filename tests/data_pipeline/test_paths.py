@@ -1,4 +1,4 @@
-"""Walks: real links, no cycles, landmark roots, hub skipping, answerable last node."""
+"""Stage `paths` on the real Wikispeedia wiki stage: walks on the CSR graph, stratified seeds, the semantic checks."""
 
 import numpy as np
 
@@ -7,46 +7,48 @@ from data_pipeline import paths
 from tools import landmarks
 
 
-def test_walks_follow_real_links_without_cycles(graph, corpus, small_config):
-  recs, counts = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
-  assert counts['walked'] == len(recs) >= 5
+def test_walks_follow_graph_edges_without_cycles_from_photographed_seeds(graph, corpus, small_config):
+  recs, counts = paths.sample_paths(graph, small_config, small_config.image_dir)
+  assert counts['walked'] == len(recs) >= 5 and counts['seed_candidates'] == 12
+  stems = {t: s for s, t in landmarks.LANDMARK_ARTICLES.items()}
   for r in recs:
     p = r['path']
     assert len(set(p)) == len(p), p
     for a, b in zip(p, p[1:]):
-      assert b in corpus.links[a], (a, b)
-    assert paths.is_valid_walk(corpus, p)
+      assert b in corpus.links[a], (a, b)  # a real links.tsv edge
+    assert paths.is_valid_walk(graph, p)
     assert r['hops'] == len(p) - 1 in (2, 3, 4)
-    assert p[0] == landmarks.LANDMARK_ARTICLES[r['landmark']]
-    assert r['image_path'] == f"images/landmarks/{r['landmark']}.jpg"
+    assert r['landmark'] == stems[p[0]] and r['image_path'] == f"images/landmarks/{r['landmark']}.jpg"
+    assert len(r['relations']) == len(r['descriptors']) == r['hops']
 
 
-def test_walks_skip_hubs_and_end_on_an_answerable_node(graph, small_config):
-  recs, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
+def test_walks_skip_hubs_and_excluded_pages_and_end_on_an_answerable_node(graph, small_config):
+  recs, _ = paths.sample_paths(graph, small_config, small_config.image_dir)
   for r in recs:
     for t in r['path'][1:]:
-      assert graph.corpus.in_degree[t] <= small_config.hub_in_degree, t
-      assert not entities.is_excluded(t)
+      assert graph.in_degree[graph.ids[t]] <= small_config.hub_in_degree == 300, t
+      assert not entities.is_excluded(t) and graph.usable[graph.ids[t]]
     assert paths.answer_attribute(graph, r['path']) is not None
+    for (a, b), d, rel in zip(zip(r['path'], r['path'][1:]), r['descriptors'], r['relations']):
+      assert graph.link(a, b)[1]  # b is named in a sentence of a
+      assert d == graph.referent(a, b) and rel == graph.relation(a, b)
 
 
-def test_is_valid_walk_rejects_cycles_and_non_links(corpus):
-  assert paths.is_valid_walk(corpus, ['Taj_Mahal', 'Agra'] if 'Agra' in corpus else ['Taj_Mahal', 'Akbar'])
-  assert not paths.is_valid_walk(corpus, ['Taj_Mahal', 'Akbar', 'Taj_Mahal'])
-  assert not paths.is_valid_walk(corpus, ['Taj_Mahal', 'Zebra'])
+def test_is_valid_walk_rejects_cycles_and_non_links(graph):
+  assert paths.is_valid_walk(graph, ['Taj_Mahal', 'Akbar'])
+  assert not paths.is_valid_walk(graph, ['Taj_Mahal', 'Akbar', 'Taj_Mahal'])
+  assert not paths.is_valid_walk(graph, ['Taj_Mahal', 'Zebra'])
 
 
 def test_walks_are_deterministic_in_the_seed_and_differ_across_seeds(graph, small_config):
   """Same seed -> the same records; other seeds -> other paths (a sampler ignoring its seed fails here)."""
-  sample = lambda seed: paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, _with_seed(small_config, seed))[0]
+  sample = lambda seed: paths.sample_paths(graph, _with_seed(small_config, seed), 'images/landmarks')[0]
   seed = small_config.seed
   a, b = sample(seed), sample(seed)
   assert [r['path'] for r in a] == [r['path'] for r in b] and a
-  assert [r['hops'] for r in a] == [r['hops'] for r in b]
   others = [sample(seed + 1), sample(seed + 2)]
   for other in others:
     assert other and [r['path'] for r in other] != [r['path'] for r in a]
-  assert [r['path'] for r in others[0]] != [r['path'] for r in others[1]]
   assert {r['prompt_id'] for r in a}.isdisjoint(r['prompt_id'] for r in others[0])
 
 
@@ -56,28 +58,25 @@ def _with_seed(config, seed):
   return c
 
 
-def test_hop_counts_follow_the_configured_categorical(graph, small_config):
-  """h ~ Cat({2, 3, 4}; 0.4, 0.4, 0.2): over n items of the fixed seed, each count is within 4 binomial standard
-  deviations of n p (the seed is fixed, so this is deterministic); `sample_paths` uses exactly these draws."""
-  assert tuple(small_config.hop_choices) == (2, 3, 4) and tuple(small_config.hop_probs) == (0.4, 0.4, 0.2)
-  n = 3000
-  hops = [paths.draw_hops(small_config, paths.item_rng(small_config.seed, i)) for i in range(n)]
-  for h, p in zip((2, 3, 4), (0.4, 0.4, 0.2)):
-    count = hops.count(h)
-    assert abs(count - n * p) <= 4 * np.sqrt(n * p * (1 - p)), (h, count, n * p)
-  assert set(hops) == {2, 3, 4}
-  other = [paths.draw_hops(small_config, paths.item_rng(small_config.seed + 1, i)) for i in range(n)]
-  assert other != hops  # the draws depend on the seed
-  recs, _ = paths.sample_paths(graph, landmarks.LANDMARK_ARTICLES, small_config)
-  for r in recs:  # each record's h is its item's draw
-    assert r['hops'] == hops[int(r['prompt_id'].rsplit('-', 1)[1])]
+def test_seeds_are_the_landmark_articles_in_the_in_degree_window(graph, small_config):
+  # Landmark in-degrees (links.tsv): Giza_pyramid_complex 2, Leaning_Tower_of_Pisa 2, ..., Toronto 76.
+  cand = paths.seed_candidates(graph, 300, 2, require_infobox_image=False)
+  assert sorted(graph.titles[i] for i in np.flatnonzero(cand)) == sorted(landmarks.LANDMARK_ARTICLES.values())
+  assert [graph.titles[i] for i in np.flatnonzero(paths.seed_candidates(graph, 300, 50, False))] == ['Toronto']
+  assert not paths.seed_candidates(graph, 75, 50, False).any()
+  c = small_config.copy_and_resolve_references()
+  c.min_seed_in_degree, c.hub_in_degree = 77, 300
+  recs, counts = paths.sample_paths(graph, c, 'images/landmarks')
+  assert recs == [] and counts['rejected'] == {'no seed candidate': 6}
 
 
-def test_unique_descriptor_picks_out_one_out_link(graph):
-  # Every out-link of the source other than the destination lacks the chosen descriptor.
-  rng = np.random.default_rng(0)
-  got = next(g for g in (paths.walk_once(graph, 'Stonehenge', 2, rng) for _ in range(20)) if g is not None)
-  path, descs = got
-  for (src, dst), d in zip(zip(path, path[1:]), descs):
-    assert d in graph.descriptors(dst)
-    assert all(d not in graph.descriptors(w) for w in graph.out_links(src) if w != dst)
+def test_relations_on_real_hops(graph):
+  # Bamako.txt: "It is located on the Niger River, near ..." (the plaintext wraps lines; a sentence spans them).
+  anchor, sentence = graph.link('Bamako', 'Niger_River')
+  assert anchor == 'Niger River' and sentence.startswith('It is located on the Niger River, near')
+  assert graph.relation('Bamako', 'Niger_River') == 'located on'
+  # Clifton_Suspension_Bridge.txt: "Designed by Isambard Kingdom Brunel, it is a distinctive landmark ...".
+  assert graph.relation('Clifton_Suspension_Bridge', 'Isambard_Kingdom_Brunel') == 'designed by'
+  # No relation phrase before the name: the fallback of the destination's domain (Person: 'named in').
+  assert graph.domain('Adolf_Hitler') == 'Person'
+  assert graph.relation('Taj_Mahal', 'Adolf_Hitler') == 'named in'

@@ -1,0 +1,224 @@
+"""The item stages' view of the `wiki` stage's output (DESIGN.md §7.1-7.5), for either source.
+
+`WikiGraph.open(<dataset>/wiki)` reads the articles, redirects and links (`wiki.load`) and the CSR link graph
+(`graph.load_csr`, memory-mapped); `WikiGraph(data, csr)` wraps ones in memory (tests). Per node it gives what
+`paths`, `qa`, `rewrite`, `ground` and the oracle expert read:
+
+  titles / ids      node id <-> title (Wikispeedia `Taj_Mahal`, XML `Computer accessibility`)
+  aliases           the title's surface forms (`entities.aliases`) + the redirects that lead to it (dereferenced)
+  text              the plain text the wiki stage kept
+  descriptors       category phrases (`entities.descriptors`), the infobox type, else a domain noun
+  attributes        typed infobox attributes (`entities.infobox_attributes`): Wikispeedia reads the plaintext's
+                    infobox lines; XML renders its parsed infobox parameters as `Key value` lines first
+  out_links         CSR out-neighbours as titles
+  link(src, dst)    (anchor, sentence) of the link: the first one with a sentence in the links table, else the
+                    first sentence of src's text that names dst (`relations.mention_sentence`; all Wikispeedia)
+  relation          `relations.relation` of that anchor and sentence, by dst's domain when none is read
+  domain            `wiki.DOMAINS` name from infobox type and categories ('' = none)
+  images            image file names (XML: infobox image first; Wikispeedia: the landmark photo)
+and the [N] masks the walks need: `excluded`, `usable` (text + descriptor) and `answerable` (an attribute).
+"""
+
+import functools
+import pathlib
+
+import numpy as np
+
+from data_pipeline import entities
+from data_pipeline import graph as graph_lib
+from data_pipeline import relations
+from data_pipeline import wiki
+
+# XML infobox parameter -> the key `entities.ATTRIBUTES` reads (`Capital  Montgomery`).
+XML_ATTRIBUTE_KEYS: dict[str, str] = {
+    'capital': 'Capital', 'currency': 'Currency', 'author': 'Author', 'largest city': 'Largest city',
+    'constellation': 'Constellation', 'country': 'Country', 'birth date': 'Born', 'death date': 'Died',
+    'founded': 'Founded', 'established': 'Founded', 'foundation': 'Founded', 'calling code': 'Calling code',
+    'cctld': 'Internet TLD'}
+# Domain -> descriptor of an article that has no more specific one.
+DOMAIN_NOUNS: dict[str, str] = {'Person': 'person', 'Building-Place': 'building', 'Location': 'place',
+                                'Organism': 'organism', 'Artifact': 'work'}
+
+
+class WikiGraph:
+  """Read-only view of a wiki stage folder (see the module docstring); per-node facts memoised.
+
+  Attributes:
+    data: the `wiki.WikiData`; csr: the `graph.CSRGraph`; titles: tuple of N titles; ids: title -> id;
+    domains: [N] int8 (`wiki.node_domains`); excluded: [N] bool (`wiki.exclusion_mask`); in_degree: [N] int32.
+  """
+
+  def __init__(self, data: wiki.WikiData, csr: graph_lib.CSRGraph):
+    if csr.num_nodes != len(data.articles):
+      raise ValueError(f'WikiGraph: the CSR graph has {csr.num_nodes} nodes but the wiki data '
+                       f'{len(data.articles)} articles')
+    self.data, self.csr = data, csr
+    self.titles = tuple(a.title for a in data.articles)
+    self.ids = {t: i for i, t in enumerate(self.titles)}
+    self.domains = wiki.node_domains(data)
+    self.excluded = wiki.exclusion_mask(data)
+    self.in_degree = np.asarray(csr.in_degree)
+    self._redirects = {}
+    for alias, target in data.redirects.items():
+      t = wiki.resolve_title(target, data.redirects, self.ids)
+      if t is not None:
+        self._redirects.setdefault(t, []).append(alias)
+    self._links = {}  # (src id, dst id) -> (anchor, sentence), the first link with a sentence
+    memo = {}
+    for link in data.links:
+      if not link.sentence:
+        continue
+      if link.dst not in memo:
+        memo[link.dst] = wiki.resolve_title(link.dst, data.redirects, self.ids)
+      if memo[link.dst] is not None:
+        self._links.setdefault((link.src, self.ids[memo[link.dst]]), (link.anchor, link.sentence))
+
+  @classmethod
+  def open(cls, folder: str | pathlib.Path) -> 'WikiGraph':
+    """The view of `<dataset>/wiki` (`wiki.save` tables + `graph/` CSR arrays, memory-mapped).
+
+    Raises:
+      FileNotFoundError: naming the missing table or array.
+    """
+    folder = pathlib.Path(folder)
+    return cls(wiki.load(folder), graph_lib.load_csr(folder / 'graph'))
+
+  def __contains__(self, title: str) -> bool:
+    return title in self.ids
+
+  def article(self, title: str) -> wiki.Article:
+    """The `wiki.Article` of `title`.
+
+    Raises:
+      KeyError: naming an unknown title.
+    """
+    if title not in self.ids:
+      raise KeyError(f'{title!r}: no such article in the wiki stage output')
+    return self.data.articles[self.ids[title]]
+
+  def text(self, title: str) -> str:
+    """The article's plain text ('' when it has none)."""
+    return self.article(title).text
+
+  @functools.lru_cache(maxsize=None)
+  def aliases(self, title: str) -> tuple[str, ...]:
+    """Surface names: `entities.aliases(title)` then those of each redirect to it (chains dereferenced)."""
+    names = list(entities.aliases(title))
+    for alias in sorted(self._redirects.get(title, ())):
+      names += [n for n in entities.aliases(alias) if n not in names]
+    return tuple(names)
+
+  def domain(self, title: str) -> str:
+    """The `wiki.DOMAINS` name of `title`, '' when none."""
+    d = int(self.domains[self.ids[title]])
+    return wiki.DOMAINS[d] if d >= 0 else ''
+
+  @functools.lru_cache(maxsize=None)
+  def descriptors(self, title: str) -> tuple[str, ...]:
+    """Descriptor phrases, most specific first: category phrases, the infobox type (XML), else a domain noun."""
+    art = self.article(title)
+    out = list(entities.descriptors(art.categories))
+    kind = art.infobox_type.strip()
+    if kind and kind.isascii() and len(kind.split()) <= 3 and kind not in out:
+      out.append(kind)
+    noun = DOMAIN_NOUNS.get(self.domain(title))
+    if not out and noun:
+      out.append(noun)
+    return tuple(out)
+
+  @functools.lru_cache(maxsize=None)
+  def attributes(self, title: str) -> dict:
+    """Typed infobox attributes, name -> {'answer', 'aliases', 'line'} (`entities.infobox_attributes`)."""
+    art = self.article(title)
+    if art.infobox_type or art.attributes:
+      lines = [f'{XML_ATTRIBUTE_KEYS[k]}  {v}' for k, v in (
+          (' '.join(key.replace('_', ' ').split()).lower(), val) for key, val in art.attributes.items())
+               if k in XML_ATTRIBUTE_KEYS]
+      return entities.infobox_attributes('\n'.join(lines), art.categories)
+    return entities.infobox_attributes(art.text, art.categories)
+
+  @functools.lru_cache(maxsize=None)
+  def out_links(self, title: str) -> tuple[str, ...]:
+    """Out-neighbours in the CSR graph (redirects resolved, no self-loops), as titles."""
+    return tuple(self.titles[int(v)] for v in self.csr.neighbors(self.ids[title]))
+
+  @functools.lru_cache(maxsize=None)
+  def link(self, src: str, dst: str) -> tuple[str, str]:
+    """(anchor, sentence) of the link src -> dst; ('', '') when src's text never names dst."""
+    got = self._links.get((self.ids[src], self.ids[dst]))
+    if got is not None:
+      return got
+    return relations.mention_sentence(self.text(src), list(self.aliases(dst)))
+
+  def relation(self, src: str, dst: str) -> str:
+    """The relation phrase of the hop src -> dst (`relations.relation`)."""
+    anchor, sentence = self.link(src, dst)
+    return relations.relation(anchor, sentence, self.domain(dst))
+
+  @functools.lru_cache(maxsize=None)
+  def referent(self, src: str, dst: str) -> str | None:
+    """A descriptor that picks `dst` out among the out-links of `src`, or None (unique referent, Eq. 6 (ii)).
+
+    The most specific descriptor of dst that no other out-link of src has; else, when the hop's relation is one
+    `relations.extract` read, one that no other out-link has under the same relation ("the architect who
+    designed X": no other architect linked from X's article is said to have designed it).
+    """
+    others = [w for w in self.out_links(src) if w != dst]
+    taken = {d for w in others for d in self.descriptors(w)}
+    for d in self.descriptors(dst):
+      if d not in taken:
+        return d
+    rel = self.relation(src, dst)
+    if rel not in relations.RELATIONS:
+      return None
+    for d in self.descriptors(dst):
+      if not any(d in self.descriptors(w) and self.relation(src, w) == rel for w in others):
+        return d
+    return None
+
+  def names_in(self, phrase: str, title: str) -> bool:
+    """Whether `phrase` holds an alias or a distinctive word of `title` (the leak rule, `rewrite.find_leaks`)."""
+    return bool(entities.names_in_text(phrase, self.aliases(title) +
+                                       tuple(entities.distinctive_words(title, self.titles))))
+
+  def images(self, title: str) -> list[str]:
+    """The article's image file names (XML: infobox image fields first)."""
+    return list(self.article(title).images)
+
+  @functools.cached_property
+  def usable(self) -> np.ndarray:
+    """[N] bool: nodes a walk may step onto besides the hub rule: not excluded, with text and a descriptor."""
+    return np.fromiter((not self.excluded[i] and bool(a.text) and bool(self.descriptors(a.title))
+                        for i, a in enumerate(self.data.articles)), bool, len(self.titles))
+
+  @functools.cached_property
+  def answerable(self) -> np.ndarray:
+    """[N] bool: usable nodes with a typed infobox attribute (where a walk may end)."""
+    usable = self.usable
+    return np.fromiter((bool(usable[i]) and bool(self.attributes(t)) for i, t in enumerate(self.titles)), bool,
+                       len(self.titles))
+
+  @functools.cached_property
+  def walk_edges(self) -> np.ndarray:
+    """[E] bool (positions in `csr.indices`): edges src -> dst a walk may follow: dst usable, named in a sentence
+    of src (`link`), and with a descriptor no other out-link of src has or a relation `relations.extract` reads
+    (the cheap part of `referent`, which `paths.check_path` then applies in full)."""
+    ok = np.zeros(self.csr.num_edges, bool)
+    usable, indptr = self.usable, np.asarray(self.csr.indptr, np.int64)
+    for i, art in enumerate(self.data.articles):
+      if not art.text or indptr[i] == indptr[i + 1]:
+        continue
+      nbrs = self.out_links(art.title)
+      seen = {}
+      for w in nbrs:
+        for d in self.descriptors(w):
+          seen[d] = seen.get(d, 0) + 1
+      for k, w in enumerate(nbrs):
+        if not usable[self.ids[w]]:
+          continue
+        anchor, sentence = self.link(art.title, w)
+        if sentence and (any(seen[d] == 1 for d in self.descriptors(w))
+                         or relations.extract(anchor, sentence) is not None):
+          ok[indptr[i] + k] = True
+    return ok
+
