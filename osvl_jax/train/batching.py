@@ -99,3 +99,40 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
       'loss_step': loss_step,
       'rollout_logprobs': rollout_logprobs,
   }
+
+
+def shard_images(input_ids, pixel_values, shards: int, merge_size: int = 2,
+                 image_token_id: int = traj_lib.IMAGE_PAD_ID) -> tuple[np.ndarray, np.ndarray]:
+  """Lays a batch's image patches out per batch shard, so each device's vision tower sees its own rows' images.
+
+  Shard s holds rows [s*B/S, (s+1)*B/S) (the row blocks of `policy.shard_batch`); its rows' images are one
+  contiguous run of the flat patches (images follow the rows), which becomes its block of the output, zero-padded
+  to the patch count P of the fullest shard.
+
+  Args:
+    input_ids: int [B, T]; a row's images have merge_size**2 patches per `image_token_id` token.
+    pixel_values: float32 [N, D], all images of all rows in row order (`collate`).
+    shards: S, the number of batch shards (`sharding.batch_shards`); must divide B.
+    merge_size: the vision tower's spatial_merge_size.
+    image_token_id: the `<|image_pad|>` id.
+  Returns:
+    pixel_values float32 [S, P, D] and patch_index int32 [S, P]: the flat index of each patch, -1 on padding.
+  Raises:
+    ValueError: S does not divide B, or the image tokens need a different number of patches than N.
+  """
+  input_ids, pixel_values = np.asarray(input_ids), np.asarray(pixel_values, np.float32)
+  rows = input_ids.shape[0]
+  if shards < 1 or rows % shards:
+    raise ValueError(f'shard_images: {rows} rows do not split into {shards} shards')
+  per_shard = merge_size ** 2 * np.sum(input_ids == image_token_id, axis=1).reshape(shards, -1).sum(1)
+  if per_shard.sum() != pixel_values.shape[0]:
+    raise ValueError(f'shard_images: the image tokens of input_ids need {int(per_shard.sum())} patches, '
+                     f'pixel_values has {pixel_values.shape[0]}')
+  width = int(per_shard.max())
+  starts = np.cumsum(per_shard) - per_shard
+  patch_index = np.full((shards, width), -1, np.int32)
+  out = np.zeros((shards, width, pixel_values.shape[1]), np.float32)
+  for s, (start, count) in enumerate(zip(starts, per_shard)):
+    patch_index[s, :count] = np.arange(start, start + count)
+    out[s, :count] = pixel_values[start:start + count]
+  return out, patch_index

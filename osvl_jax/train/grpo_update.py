@@ -217,10 +217,14 @@ def logprob_fn(model, batch: dict, grid: tuple) -> jax.Array:
   return policy.loss_logprobs(model, batch)
 
 
-@nnx.jit
+@functools.partial(nnx.jit, donate_argnums=(1, 2))
 def apply_fn(model, optimizer, grads) -> jax.Array:
   """Jitted: one optimizer step with `grads` (in place); returns their global norm, before clipping. The updated
-  parameters and optimizer state keep the mesh rules' shardings (`policy.pin_placement`)."""
+  parameters and optimizer state keep the mesh rules' shardings (`policy.pin_placement`).
+
+  The optimizer state and `grads` are donated (updated in place / consumed). The parameters are not: the embedded
+  sampler's snapshot (`JaxSampler.set_model`, `nnx.clone`) shares the model's arrays and may still be rolling out
+  with them (`grpo.max_staleness` >= 1)."""
   optimizer.update(model, grads)
   policy.pin_placement(model, optimizer)
   return optax.tree.norm(grads)

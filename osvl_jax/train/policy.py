@@ -24,6 +24,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.rl import losses
+from osvl_jax.train import batching
 
 
 def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Qwen3VLModel:
@@ -177,7 +178,8 @@ def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict) -> jax.Array:
     [B, K] float32: log pi(token t+1 | tokens <= t) at `loss_positions`; garbage where `completion_mask` is 0.
   """
   hidden, _ = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'],
-                    pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'))
+                    pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'),
+                    patch_index=batch.get('patch_index'))
   gathered = jnp.take_along_axis(hidden, batch['loss_positions'][..., None], axis=1)  # [B, K, H]
   return losses.token_logprobs(model.logits(gathered), batch['loss_targets'])
 
@@ -187,30 +189,47 @@ def device_batch(batch: dict) -> dict:
   return {k: (v if k == 'image_grid_thw' or v is None else jnp.asarray(v)) for k, v in batch.items()}
 
 
-# Batch fields whose leading axis is not the row axis: position_ids [3, B, T] (rows on axis 1); pixel_values
-# [N, 1536] (patches of all rows' images) replicated: the vision tower sees every image, the text model its rows.
-ROW_AXIS = {'position_ids': 1, 'pixel_values': None, 'image_grid_thw': None}
+# Batch fields whose row axis is not 0: position_ids [3, B, T] (rows on axis 1). pixel_values: flat [N, 1536] (all
+# images; multi-host `distributed.host_batch`) replicated, or per shard [S, P, 1536] (`shard_batch`) split like the
+# rows, as patch_index [S, P].
+ROW_AXIS = {'position_ids': 1, 'image_grid_thw': None}
 
 
 def batch_sharding(key: str, ndim: int, mesh: jax.sharding.Mesh,
                    rules=sharding.LOGICAL_RULES) -> tuple[jax.sharding.NamedSharding, int | None]:
   """(sharding, row axis or None) of batch field `key` with `ndim` dims: rows over the logical 'batch' axis
-  (('data', 'fsdp')) on `ROW_AXIS` (default 0); pixel_values and scalars replicated."""
+  (('data', 'fsdp')) on `ROW_AXIS` (default 0); flat pixel_values [N, D] and scalars replicated."""
   axis = ROW_AXIS.get(key, 0)
-  if axis is None or ndim == 0:
+  if axis is None or ndim == 0 or (key == 'pixel_values' and ndim == 2):
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), None
   return sharding.data_sharding(mesh, ndim, axis, rules), axis
 
 
-def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RULES) -> dict:
+def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RULES,
+                merge_size: int = 2) -> dict:
   """Puts a collated batch (host arrays, every row) on the mesh: the rows of input_ids, attention_mask, the loss
-  arrays [B, ...] and position_ids [3, B, T] split over ('data', 'fsdp'); pixel_values replicated; image_grid_thw
-  (static shapes) stays on the host. Multi-host jobs feed only their rows (`distributed.host_batch`).
+  arrays [B, ...] and position_ids [3, B, T] split over ('data', 'fsdp'); image_grid_thw (static shapes) stays on
+  the host. With S > 1 batch shards the images are laid out per shard (`batching.shard_images`: pixel_values
+  [S, P, 1536] and patch_index [S, P], split like the rows), so each device's vision tower encodes only its own
+  rows' images; with one shard pixel_values stay flat [N, 1536]. Multi-host jobs feed only their rows
+  (`distributed.host_batch`).
 
+  Args:
+    batch: `batching.collate`'s fields (+ per-row loss arrays), host or jax arrays; pixel_values flat [N, 1536].
+    mesh, rules: the trainer's mesh and logical rules.
+    merge_size: the vision tower's spatial_merge_size (patches per image token: merge_size**2).
   Raises:
-    ValueError: naming the field, when its B rows do not split over the data x fsdp devices.
+    ValueError: naming the field, when its B rows do not split over the data x fsdp devices; from
+      `batching.shard_images` when the image tokens do not match the patches.
   """
   shards = sharding.batch_shards(mesh, rules)
+  batch = dict(batch)
+  if shards > 1 and batch.get('pixel_values') is not None and np.ndim(batch['pixel_values']) == 2:
+    if np.shape(batch['input_ids'])[0] % shards:
+      raise ValueError(f"batch field 'input_ids' has {np.shape(batch['input_ids'])[0]} rows, not a multiple of "
+                       f'the {shards} data x fsdp devices of the mesh')
+    batch['pixel_values'], batch['patch_index'] = batching.shard_images(
+        np.asarray(batch['input_ids']), np.asarray(batch['pixel_values']), shards, merge_size)
   out = {}
   for key, value in batch.items():
     if key == 'image_grid_thw' or value is None:

@@ -88,18 +88,23 @@ def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> n
   return np.array([np.random.default_rng([seed, e]).permutation(num_examples)[o] for e, o in zip(epochs, offsets)])
 
 
-def make_train_step():
-  """A jitted SFT step (model, optimizer, batch, grid) -> metrics; `grid` (image_grid_thw as a tuple) is static."""
+def loss_fn(model, batch: dict) -> tuple[jax.Array, dict]:
+  """The SFT loss of `batch` (`policy.loss_logprobs` + `losses.sft_loss`, Eq. 7-8): (loss, metrics); batch fields
+  as `make_train_step` reads them, image_grid_thw included (static)."""
+  return losses.sft_loss(policy.loss_logprobs(model, batch), batch['completion_mask'])
 
-  @nnx.jit(static_argnums=3)
+
+def make_train_step():
+  """A jitted SFT step (model, optimizer, batch, grid) -> metrics; `grid` (image_grid_thw as a tuple) is static.
+
+  The model's and optimizer's arrays are donated: the step updates them in place (one copy of the parameters and
+  Adam moments per device, not two), so arrays read from them before the step are deleted by it.
+  """
+
+  @nnx.jit(static_argnums=3, donate_argnums=(0, 1))
   def train_step(model, optimizer, batch, grid):
     batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
-
-    def loss_fn(model):
-      logprobs = policy.loss_logprobs(model, batch)
-      return losses.sft_loss(logprobs, batch['completion_mask'])
-
-    (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
     optimizer.update(model, grads)
     policy.pin_placement(model, optimizer)  # the updated state keeps the rules' shardings
     return dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))

@@ -124,7 +124,10 @@ def test_shard_batch_splits_rows_over_the_data_and_fsdp_axes(setup):
   assert tuple(sharded['input_ids'].sharding.spec) == (('data', 'fsdp'), None)
   assert tuple(sharded['loss_mask'].sharding.spec) == (('data', 'fsdp'), None)
   assert tuple(sharded['position_ids'].sharding.spec) == (None, ('data', 'fsdp'), None)
-  assert sharded['pixel_values'].sharding.is_fully_replicated
+  # Each shard's own rows' patches, padded to the fullest shard: [S, P, D] split like the rows (no replication).
+  assert tuple(sharded['pixel_values'].sharding.spec) == (('data', 'fsdp'), None, None)
+  assert sharded['pixel_values'].shape[0] == 8 and sharded['patch_index'].shape == sharded['pixel_values'].shape[:2]
+  assert len(sharded['pixel_values'].addressable_shards) == 8
   assert len(sharded['input_ids'].addressable_shards) == 8
   assert sharded['input_ids'].addressable_shards[0].data.shape[0] == GROUPS * G // 8
   with pytest.raises(ValueError, match='not a multiple'):

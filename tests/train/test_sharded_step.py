@@ -2,12 +2,13 @@
 
 The tiny Qwen3-VL, dense and MoE, is created directly sharded by `policy.create` on a mesh of 8 simulated CPU
 devices (dense: fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4; MoE: fsdp=2 x expert=4), the batch placed by
-`policy.shard_batch` (rows over ('data', 'fsdp'), the image's patches replicated); the same model is created on the
+`policy.shard_batch` (rows over ('data', 'fsdp'), the image's patches on its row's shard); the same model is created on the
 trivial one-device mesh as the reference. Then one GRPO update (`grpo_update.make_grad_fn` + `grpo_update.apply_fn`) and
 3 SFT steps (`sft.make_train_step`) run in both: the losses and gradients agree to a relative difference <= 1e-5,
 the parameters after the 4 updates too, and every device holds exactly 1/shards of each sharded parameter
 and Adam moment (read from `addressable_shards` against the PartitionSpec) -- after the updates as well.
-An orbax checkpoint of the fsdp=8 policy and optimizer restores onto fsdp=2 x tensor=4.
+An orbax checkpoint of the fsdp=8 policy and optimizer restores onto fsdp=2 x tensor=4. The SFT step donates the
+parameters and Adam state (updated in place); GRPO's optimizer step donates the Adam state and the gradients.
 
 Every mesh here uses all 8 devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (`make test`).
 """
@@ -168,3 +169,31 @@ def test_checkpoint_of_a_sharded_policy_restores_onto_another_mesh(tmp_path):
   assert q.sharding.spec == jax.sharding.PartitionSpec('fsdp', 'tensor') and q.sharding.mesh.shape['tensor'] == 4
   _check_every_device_holds_its_shard(nnx.state(target, nnx.Param), target_mesh)
   _check_every_device_holds_its_shard(nnx.state(target_opt), target_mesh)
+
+
+def test_sft_step_donates_the_policy_and_grpo_step_the_optimizer_state():
+  """The SFT step's input parameters and optimizer state are deleted after it (one copy per device, updated in
+  place); GRPO's `apply_fn` deletes the Adam state and the gradients it was given but keeps the parameters, which
+  the embedded sampler's snapshot shares (`JaxSampler.set_model`)."""
+  mesh = sharding.mesh_from_config({'fsdp': 8})
+  model, optimizer = policy.create(_config('dense'), mesh, 'sft')
+  batch, grid = _batch()
+  placed = policy.shard_batch(batch, mesh)
+  params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
+  q_before = np.asarray(model.language_model.layers[0].self_attn.q_proj.kernel[...])
+  with sharding.use_mesh(mesh):
+    sft.make_train_step()(model, optimizer, placed, grid)
+  assert all(x.is_deleted() for x in params + opt_state)
+  live = jax.tree.leaves(nnx.state(model)) + jax.tree.leaves(nnx.state(optimizer))
+  assert not any(x.is_deleted() for x in live)
+  assert int(optimizer.step[...]) == 1
+  assert np.abs(np.asarray(model.language_model.layers[0].self_attn.q_proj.kernel[...]) - q_before).max() > 0
+
+  params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
+  grads = jax.tree.map(lambda x: x * 0 + 0.01, nnx.state(model, nnx.Param))   # placed like the parameters
+  grad_leaves = jax.tree.leaves(grads)
+  with sharding.use_mesh(mesh):
+    grpo_update.apply_fn(model, optimizer, grads)
+  assert all(x.is_deleted() for x in opt_state + grad_leaves)
+  assert not any(x.is_deleted() for x in params)
+  assert int(optimizer.step[...]) == 2

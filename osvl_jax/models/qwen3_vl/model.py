@@ -13,6 +13,10 @@ Under jit the image grid must be static (host data):
 
 Images are matched to `<|image_pad|>` tokens in row-major (batch, time) order, which is the order their patches
 must have in `pixel_values` (and their grids in `image_grid_thw`).
+
+Training on a mesh passes the per-shard layout instead (`patch_index`, see `vision`): shard s's merged image
+tokens fill the image tokens of its own rows [s*B/S, (s+1)*B/S), so the vision tower and the scatter into the rows
+stay on the devices that hold those rows.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import text as text_lib
 from osvl_jax.models.qwen3_vl import vision as vision_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
@@ -41,7 +46,7 @@ class Qwen3VLModel(nnx.Module):
       self.lm_head = nnx.Linear(config.text.hidden_size, config.text.vocab_size, use_bias=False, **kw)
 
   def __call__(self, input_ids, position_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
-               cache=None, cache_index=None):
+               cache=None, cache_index=None, patch_index=None):
     """Forward pass up to the final norm.
 
     Args:
@@ -53,9 +58,14 @@ class Qwen3VLModel(nnx.Module):
       cache: KV cache from `init_cache` or None. With a cache, keys/values of the T new tokens are written at
         slots cache_index[b] + arange(T) and attention reads all valid slots up to the causal frontier.
       cache_index: int32 [B] per-row write offset (required with a cache).
+      patch_index: None (pixel_values flat), or int32 [S, P] with pixel_values [S, P, C*Tp*P*P]: the per-shard
+        layout of `batching.shard_images` (S divides B; shard s = rows [s*B/S, (s+1)*B/S)).
 
     Returns:
       hidden: [B, T, hidden] (`dtype`), new cache (None without a cache).
+    Raises:
+      ValueError: pixel_values without image_grid_thw; image tokens and image features differ in number (flat,
+        concrete input_ids); S does not divide B; a cache without cache_index.
     """
     c = self.config
     input_ids = jnp.asarray(input_ids, jnp.int32)
@@ -64,13 +74,16 @@ class Qwen3VLModel(nnx.Module):
     if pixel_values is not None:
       if image_grid_thw is None:
         raise ValueError('pixel_values needs image_grid_thw')
-      image_embeds, deepstack = self.visual(jnp.asarray(pixel_values), image_grid_thw)
+      image_embeds, deepstack = self.visual(jnp.asarray(pixel_values), image_grid_thw, patch_index)
       visual_pos_mask = input_ids == c.image_token_id
-      if not isinstance(visual_pos_mask, jax.core.Tracer):
-        n_tokens = int(visual_pos_mask.sum())
-        if n_tokens != image_embeds.shape[0]:
-          raise ValueError(f'{n_tokens} image tokens in input_ids but {image_embeds.shape[0]} image features')
-      x = text_lib.scatter_rows(x, visual_pos_mask, image_embeds)
+      if patch_index is not None:
+        x, deepstack = scatter_shards(x, visual_pos_mask, image_embeds, deepstack)
+      else:
+        if not isinstance(visual_pos_mask, jax.core.Tracer):
+          n_tokens = int(visual_pos_mask.sum())
+          if n_tokens != image_embeds.shape[0]:
+            raise ValueError(f'{n_tokens} image tokens in input_ids but {image_embeds.shape[0]} image features')
+        x = text_lib.scatter_rows(x, visual_pos_mask, image_embeds)
     if cache is not None and cache_index is None:
       raise ValueError('cache needs cache_index')
     return self.language_model(x, position_ids, attention_mask, visual_pos_mask, deepstack, cache, cache_index)
@@ -87,6 +100,37 @@ class Qwen3VLModel(nnx.Module):
     """Empty KV cache {'k','v': [L, B, max_len, Hkv, D], 'mask': bool [B, max_len]} (dtype defaults to the
     compute dtype)."""
     return text_lib.init_cache(self.config.text, batch, max_len, dtype or self.dtype)
+
+
+def scatter_shards(x, pos_mask, features, deepstack=()):
+  """Per-shard form of HF `masked_scatter`: shard s's image tokens fill the image positions of its own rows.
+
+  Args:
+    x: [B, T, H] token embeddings; pos_mask: bool [B, T] image-token positions.
+    features: [S, M, H] each shard's merged image tokens in order (then padding), S dividing B.
+    deepstack: [S, M, H] arrays laid out like `features`.
+  Returns:
+    x with the image positions replaced (a gather within each shard: no data crosses shards), and the deepstack
+    features as [S*M, H] in the batch's row-major image-token order, the form `text.Qwen3VLText` adds them in
+    (this reorder does move merged DeepStack tokens between shards: the text model indexes them by the global
+    image-token count).
+  Raises:
+    ValueError: S does not divide B.
+  """
+  (b, t), (s, m) = pos_mask.shape, features.shape[:2]
+  if b % s:
+    raise ValueError(f'{s} image shards do not split the {b} rows')
+  local = sharding.constrain(pos_mask.reshape(s, (b // s) * t), ('batch', None))
+  index = jnp.clip(jnp.cumsum(local, axis=1) - 1, 0, m - 1)                           # [S, B/S*T]
+  gathered = sharding.constrain(jnp.take_along_axis(features, index[..., None], axis=1), ('batch', None, None))
+  gathered = gathered.reshape(b, t, -1)
+  x = jnp.where(pos_mask[..., None], gathered.astype(x.dtype), x)
+  # Global token k sits in shard s(k) at k - (tokens of the shards before it).
+  ends = jnp.cumsum(local.sum(1))
+  k = jnp.arange(s * m)
+  shard = jnp.minimum(jnp.searchsorted(ends, k, side='right'), s - 1)
+  source = shard * m + jnp.clip(k - (ends - local.sum(1))[shard], 0, m - 1)
+  return x, [d.reshape(s * m, -1)[source] for d in deepstack]
 
 
 def cache_rows(cache: dict, rows) -> dict:

@@ -8,6 +8,14 @@ of grid shapes compiles once.
 Patch order: `pixel_values` rows are in the order the HF image processor emits them (spatial-merge-block order:
 for each frame, for each 2x2 block in raster order, its 4 patches in raster order), each row the flattened
 [C, temporal_patch, patch, patch] voxel, so the Conv3d patch embedding is one matmul.
+
+Per-shard layout (training on a mesh): `pixel_values` [S, P, D] holds, for each of the S batch shards (the row
+blocks of the ('data', 'fsdp') axes), that shard's patches, contiguous and zero-padded to P, and `patch_index`
+[S, P] int32 the index of each in the batch's flat patch order (-1 = padding; `batching.shard_images`). The
+host geometry of the whole batch (static, from the grids) is gathered per shard by `patch_index`, so one program
+runs on every device over its own patches; attention is then masked by frame (`segment_ids`), not looped over
+static segments. Under a mesh (`sharding.use_mesh`) the shard axis of every per-shard array is pinned to the
+logical 'batch' axis, so the compiler gathers the (FSDP-sharded) weights, never the patches.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import VisionConfig
 
 
@@ -43,12 +52,14 @@ class VisionMetadata:
     segments: tuple of int32 [n, L] index arrays; each row is one attention segment (one frame of one image),
       grouped by length so each group is one batched attention.
     merged_sizes: tokens per image after the 2x2 merge, (t*h*w/merge**2 for each image).
+    segment_ids: int32 [N], the attention segment (frame of an image, numbered in patch order) of each patch.
   """
   interp_indices: np.ndarray
   interp_weights: np.ndarray
   hw_positions: np.ndarray
   segments: tuple[np.ndarray, ...]
   merged_sizes: tuple[int, ...]
+  segment_ids: np.ndarray
 
   @property
   def num_patches(self) -> int:
@@ -75,7 +86,7 @@ def vision_metadata(grid_thw, config: VisionConfig) -> VisionMetadata:
   grids = as_grid_tuple(grid_thw)
   m = config.spatial_merge_size
   side = int(config.num_position_embeddings ** 0.5)
-  indices, weights, hw, segs = [], [], [], {}
+  indices, weights, hw, segs, seg_ids = [], [], [], {}, []
   start = 0
   for t, h, w in grids:
     if h % m or w % m:
@@ -93,13 +104,15 @@ def vision_metadata(grid_thw, config: VisionConfig) -> VisionMetadata:
       weights.append(wts)
       hw.append(np.stack([rows, cols], axis=-1))
       segs.setdefault(h * w, []).append(np.arange(start, start + h * w))
+      seg_ids.append(np.full(h * w, len(seg_ids), np.int32))
       start += h * w
   return VisionMetadata(
       interp_indices=np.concatenate(indices).astype(np.int32),
       interp_weights=np.concatenate(weights).astype(np.float32),
       hw_positions=np.concatenate(hw).astype(np.int32),
       segments=tuple(np.stack(v).astype(np.int32) for v in segs.values()),
-      merged_sizes=tuple(t * h * w // m ** 2 for t, h, w in grids))
+      merged_sizes=tuple(t * h * w // m ** 2 for t, h, w in grids),
+      segment_ids=np.concatenate(seg_ids).astype(np.int32))
 
 
 class LayerNorm(nnx.Module):
@@ -143,25 +156,47 @@ class VisionAttention(nnx.Module):
     self.qkv = _linear(config.hidden_size, 3 * config.hidden_size, rngs, dtype, param_dtype)
     self.proj = _linear(config.hidden_size, config.hidden_size, rngs, dtype, param_dtype)
 
-  def __call__(self, x, cos, sin, segments: tuple[np.ndarray, ...]):
-    """x: [N, hidden]; cos/sin: float32 [N, head_dim]; segments: see `VisionMetadata.segments`."""
-    n = x.shape[0]
-    qkv = self.qkv(x).reshape(n, 3, self.num_heads, self.head_dim)
-    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+  def __call__(self, x, cos, sin, segments):
+    """Attention within segments.
+
+    Args:
+      x: [N, hidden] (flat patches) or [S, P, hidden] (per-shard layout).
+      cos, sin: float32 [N, head_dim] / [S, P, head_dim].
+      segments: for flat patches the static `VisionMetadata.segments`; for the per-shard layout int32 [S, P]
+        segment ids (a patch attends to the patches of its own id; padding has id -1).
+    """
+    qkv = self.qkv(x).reshape(*x.shape[:-1], 3, self.num_heads, self.head_dim)
+    q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
     q = rope.apply_rotary(q.astype(jnp.float32), cos, sin).astype(x.dtype)
     k = rope.apply_rotary(k.astype(jnp.float32), cos, sin).astype(x.dtype)
-    scale = self.head_dim ** -0.5
-    out = None
+    if isinstance(segments, tuple):
+      out = self._static_segments(q, k, v, segments)
+    else:
+      out = self._masked(q, k, v, segments)
+    return self.proj(out.reshape(*x.shape[:-1], -1))
+
+  def _softmax_values(self, scores, v):
+    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+    return jnp.einsum('shqk,skhd->sqhd', probs, v)
+
+  def _static_segments(self, q, k, v, segments: tuple[np.ndarray, ...]):
+    """q, k, v [N, H, D]; one batched attention per group of equal-length segments (static indices)."""
+    n, scale, out = q.shape[0], self.head_dim ** -0.5, None
     for seg in segments:                                         # [n_seg, L] static indices
-      qs, ks, vs = q[seg], k[seg], v[seg]                        # [n_seg, L, H, D]
-      scores = jnp.einsum('sqhd,skhd->shqk', qs, ks) * scale
-      probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(vs.dtype)
-      res = jnp.einsum('shqk,skhd->sqhd', probs, vs).reshape(-1, self.num_heads, self.head_dim)
+      scores = jnp.einsum('sqhd,skhd->shqk', q[seg], k[seg]) * scale
+      res = self._softmax_values(scores, v[seg]).reshape(-1, self.num_heads, self.head_dim)
       if len(segments) == 1 and seg.size == n:                  # one group covering everything, in order
         out = res
       else:
         out = (jnp.zeros_like(q) if out is None else out).at[seg.reshape(-1)].set(res)
-    return self.proj(out.reshape(n, -1))
+    return out
+
+  def _masked(self, q, k, v, segment_ids):
+    """q, k, v [S, P, H, D], segment_ids int32 [S, P]: each shard's patches attend within their segment."""
+    scores = jnp.einsum('sqhd,skhd->shqk', q, k) * self.head_dim ** -0.5
+    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]      # [S, 1, P, P]
+    scores = jnp.where(same, scores.astype(jnp.float32), -jnp.inf)            # a patch always sees itself
+    return self._softmax_values(scores, v)
 
 
 class VisionMLP(nnx.Module):
@@ -201,11 +236,12 @@ class PatchMerger(nnx.Module):
     self.linear_fc2 = _linear(merged, config.out_hidden_size, rngs, dtype, param_dtype)
 
   def __call__(self, x):
-    """x: [N, hidden] in merge-block order -> [N / merge**2, out_hidden]."""
+    """x: [..., N, hidden] in merge-block order -> [..., N / merge**2, out_hidden]."""
+    shape = (*x.shape[:-2], -1, self.merged)
     if self.postshuffle_norm:
-      x = self.norm(x.reshape(-1, self.merged))
+      x = self.norm(x.reshape(shape))
     else:
-      x = self.norm(x).reshape(-1, self.merged)
+      x = self.norm(x).reshape(shape)
     return self.linear_fc2(jax.nn.gelu(self.linear_fc1(x), approximate=False))
 
 
@@ -223,28 +259,58 @@ class Qwen3VLVision(nnx.Module):
     self.deepstack_merger_list = nnx.List(
         [PatchMerger(config, postshuffle_norm=True, **kw) for _ in config.deepstack_visual_indexes])
 
-  def __call__(self, pixel_values, grid_thw) -> tuple[Any, list[Any]]:
-    """Encodes all images of a batch, packed.
+  def __call__(self, pixel_values, grid_thw, patch_index=None) -> tuple[Any, list[Any]]:
+    """Encodes all images of a batch, packed (flat), or each batch shard's own images (per-shard layout).
 
     Args:
-      pixel_values: float [N, C*Tp*P*P], N = sum(t*h*w) over images, in HF processor order.
-      grid_thw: concrete [I, 3] (numpy / tuple; static under jit) or a precomputed `VisionMetadata`.
+      pixel_values: float [N, C*Tp*P*P], N = sum(t*h*w) over images, in HF processor order; or, with
+        `patch_index`, [S, P, C*Tp*P*P]: each shard's patches (module docstring).
+      grid_thw: concrete [I, 3] (numpy / tuple; static under jit) or a precomputed `VisionMetadata`: all images of
+        the batch, in order.
+      patch_index: None, or int32 [S, P]: the flat index (into the N patches of `grid_thw`) of each patch of
+        `pixel_values`, -1 on padding (`batching.shard_images`).
 
     Returns:
-      embeds: [N / merge**2, out_hidden] merged image tokens, images concatenated in order.
-      deepstack: list (one per `deepstack_visual_indexes`) of [N / merge**2, out_hidden].
+      embeds: [N / merge**2, out_hidden] merged image tokens, images concatenated in order; per-shard layout:
+        [S, P / merge**2, out_hidden], each shard's tokens in order, then padding.
+      deepstack: list (one per `deepstack_visual_indexes`) of arrays shaped like `embeds`.
+    Raises:
+      ValueError: the patch count does not match the grids (flat), or `patch_index` does not match
+        `pixel_values`' [S, P].
     """
     meta = grid_thw if isinstance(grid_thw, VisionMetadata) else vision_metadata(grid_thw, self.config)
-    if pixel_values.shape[0] != meta.num_patches:
-      raise ValueError(f'pixel_values has {pixel_values.shape[0]} patches, grids need {meta.num_patches}')
-    x = self.patch_embed(pixel_values)
+    if patch_index is None:
+      if pixel_values.shape[0] != meta.num_patches:
+        raise ValueError(f'pixel_values has {pixel_values.shape[0]} patches, grids need {meta.num_patches}')
+      geometry = (meta.interp_indices, meta.interp_weights, meta.hw_positions)
+      segments = meta.segments
+    else:
+      if pixel_values.ndim != 3 or tuple(patch_index.shape) != tuple(pixel_values.shape[:2]):
+        raise ValueError(f'patch_index {tuple(patch_index.shape)} does not match pixel_values '
+                         f'{tuple(pixel_values.shape)} (expected [S, P] and [S, P, D])')
+      flat = _by_shard(jnp.maximum(patch_index, 0))   # padding reads patch 0's geometry (finite, never used)
+      geometry = tuple(_by_shard(jnp.asarray(a)[flat])
+                       for a in (meta.interp_indices, meta.interp_weights, meta.hw_positions))
+      segments = _by_shard(jnp.where(patch_index >= 0, jnp.asarray(meta.segment_ids)[flat], -1))
+    pin = _by_shard if patch_index is not None else (lambda x: x)
+    interp_indices, interp_weights, hw_positions = geometry
+    x = self.patch_embed(pin(pixel_values))
     table = self.pos_embed.embedding[...]
-    pos = (table[meta.interp_indices].astype(jnp.float32) * meta.interp_weights[:, :, None]).sum(1)
-    x = x + pos.astype(x.dtype)
-    cos, sin = rope.vision_cos_sin(meta.hw_positions, self.config.head_dim, self.config.rope_theta)
+    if patch_index is not None:   # gather the (FSDP-sharded) table, not each shard's indices
+      table = sharding.constrain(table, (None, 'activation_embed'))
+    pos = (table[interp_indices].astype(jnp.float32) * interp_weights[..., None]).sum(-2)
+    x = pin(x + pos.astype(x.dtype))
+    cos, sin = rope.vision_cos_sin(hw_positions.reshape(-1, 2), self.config.head_dim, self.config.rope_theta)
+    cos, sin = pin(cos.reshape(*hw_positions.shape[:-1], -1)), pin(sin.reshape(*hw_positions.shape[:-1], -1))
     deepstack = []
     for i, block in enumerate(self.blocks):
-      x = block(x, cos, sin, meta.segments)
+      x = pin(block(x, cos, sin, segments))
       if i in self.config.deepstack_visual_indexes:
-        deepstack.append(self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(i)](x))
-    return self.merger(x), deepstack
+        deepstack.append(pin(self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(i)](x)))
+    return pin(self.merger(x)), deepstack
+
+
+def _by_shard(x):
+  """Pins the leading (shard) axis of a per-shard array to the logical 'batch' axis, the rest whole (no-op
+  without a mesh)."""
+  return sharding.constrain(x, ('batch',) + (None,) * (x.ndim - 1))
