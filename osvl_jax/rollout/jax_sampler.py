@@ -6,16 +6,21 @@ One `generate` call:
   2. Prefills all rows in one forward pass into a batched KV cache (`model.init_cache`), vision features
      included; 3-D MRoPE positions come from `rope.get_rope_index` on each row alone (no padding convention to
      agree on), the single source of truth shared with training.
-  3. Decodes the batch together with one jitted step per token: row b feeds its last token at cache index
-     `c_b` (per-row `cache_index [B]`) with text position `c_b + delta_b`, where
-     `delta_b = max(position_ids[:, b]) + 1 - len_b` (HF's `rope_deltas` for a right-aligned-free row).
-     Right padding is safe: a row's real tokens precede its pads, and decode overwrites the pad slots in order.
-  4. Stops a row at `<|im_end|>` or `<|endoftext|>` (Qwen's two end-of-sequence ids; finish_reason 'stop'), at
-     a stop string, at max_new_tokens, or when the context reaches `max_len`.
+  3. Decodes the batch together, in chunks of steps run on device (`jax.lax.while_loop`, one host sync per
+     chunk): row b feeds its last token at cache index `c_b` (per-row `cache_index [B]`) with text position
+     `c_b + delta_b`, where `delta_b = max(position_ids[:, b]) + 1 - len_b` (HF's `rope_deltas` for a
+     right-aligned-free row). Right padding is safe: a row's real tokens precede its pads, and decode overwrites
+     the pad slots in order.
+  4. Stops a row at `<|im_end|>` or `<|endoftext|>` (Qwen's two end-of-sequence ids; finish_reason 'stop') or at
+     max_new_tokens / when the context reaches `max_len`, both on device, exactly; at a stop string, checked on
+     the host after each chunk (at most `_STOP_CHUNK` steps when there are stop strings) and cut exactly at the
+     id that completes it, so the result is the same as checking after every token.
 
 Vision ids (`trajectory.VISION_IDS`: `<|image_pad|>`, `<|vision_start|>`, `<|vision_end|>`, `<|video_pad|>`) are
 never emitted: their logits are set to -inf before sampling and before greedy argmax (only the environment writes
-image spans; a sampled pad would break the pad/feature count of the next context).
+image spans; a sampled pad would break the pad/feature count of the next context). The class attribute
+`never_sampled` holds them; a subclass may add ids (bench/sampler_speed.py adds the end-of-sequence ids to decode
+full-length rows, as transformers' `min_new_tokens` does).
 
 Log-probabilities: `Generation.logprobs[k]` is log softmax(logits)[id_k] at temperature 1, i.e. under the policy
 model itself, not under the temperature/top-p-warped distribution the id was drawn from. This is what the trainer
@@ -38,12 +43,13 @@ from flax import nnx
 
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import sampling
 from osvl_jax.trajectory import tokens as tokens_lib
 
 PAD_ID = tokens_lib.ENDOFTEXT_ID  # <|endoftext|>, never attended to by real tokens (right padding).
 IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID  # <|image_pad|>, one per merged image patch.
 _STOP_TAIL = 64  # stop strings are searched in the text of a row's last this-many ids.
-NEVER_SAMPLED = tokens_lib.VISION_IDS  # ids whose logits are masked to -inf before sampling and argmax.
+_STOP_CHUNK = 8  # decode steps per device call at most, with stop strings (a stopped row decodes <= 7 ids more).
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -68,60 +74,26 @@ def _check_stop(name: str, stop: Any) -> tuple[str, ...]:
   return tuple(stop)
 
 
-def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                  greedy: bool, use_top_p: bool, banned: Sequence[int] = NEVER_SAMPLED
-                  ) -> tuple[jax.Array, jax.Array]:
-  """Draws one id per row and returns it with its temperature-1 log-probability.
-
-  Args:
-    logits: float32 [B, V].
-    key: PRNG key.
-    temperature: float32 scalar (> 0 unless `greedy`).
-    top_p: float32 scalar in (0, 1]: nucleus mass kept (the most probable allowed id is always kept).
-    greedy: static; argmax when True (temperature 0).
-    use_top_p: static; skip the sort when top_p == 1.
-    banned: static; ids never drawn (logits -inf before sampling and argmax; ids >= V are ignored). Default:
-      the vision ids.
-  Returns:
-    (ids int32 [B], logprobs float32 [B]) with logprobs = log_softmax(logits)[ids] (unmasked, temperature 1).
-  """
-  logits = logits.astype(jnp.float32)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  banned = [int(i) for i in banned if 0 <= int(i) < logits.shape[-1]]
-  if banned:
-    logits = logits.at[:, jnp.asarray(banned, jnp.int32)].set(-jnp.inf)
-  if greedy:
-    ids = jnp.argmax(logits, axis=-1)
-  else:
-    scaled = logits / temperature
-    if use_top_p:
-      sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]
-      probs = jax.nn.softmax(sorted_logits, axis=-1)
-      mass_before = jnp.cumsum(probs, axis=-1) - probs
-      kept = mass_before < top_p  # the first id always has mass_before 0 < top_p.
-      threshold = jnp.min(jnp.where(kept, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-      scaled = jnp.where(scaled >= threshold, scaled, -jnp.inf)
-    ids = jax.random.categorical(key, scaled, axis=-1)
-  ids = ids.astype(jnp.int32)
-  return ids, jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
-
-
 class JaxSampler(engine_lib.Engine):
   """Batched KV-cache sampler over a `Qwen3VLModel` (implements `engine.Engine`).
 
-  Compiled programs are keyed by (padded batch, prompt bucket, cache length, image grids, greedy/top-p flags);
+  Compiled programs are keyed by (padded batch, prompt bucket, cache length, image grids, greedy/top-p flags,
+  `never_sampled`, decode steps per call);
   weights are an argument, so `set_model` after a training step does not recompile.
 
   Attributes:
     weight_version: the version of the current weights (a str, set with them by `rollout.weight_sync`), reported
       on every `Generation`; None = unknown.
+    never_sampled: ids never drawn nor argmaxed (`sampling.NEVER_SAMPLED`, the vision ids); a subclass may add
+      ids (bench/sampler_speed.py adds the end-of-sequence ids, as transformers' `min_new_tokens` does).
   """
   weight_version: str | None = None
+  never_sampled: tuple[int, ...] = sampling.NEVER_SAMPLED
 
   def __init__(self, model, tokenizer, image_processor=None, max_new_tokens: int = 512,
                temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_len: int = 8192,
                bucket: int = 128, stop: Sequence[str] = (), cache_dtype: Any = None,
-               pad_batch_pow2: bool = True, progress: bool = False):
+               pad_batch_pow2: bool = True, progress: bool = False, decode_steps: int = 64):
     """Args:
       model: a `Qwen3VLModel` (nnx.Module) with `__call__`, `logits`, `init_cache` (docs/INTERFACES.md).
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`), for `Generation.text` and stop strings.
@@ -138,6 +110,9 @@ class JaxSampler(engine_lib.Engine):
       cache_dtype: KV-cache dtype (None: the model's default in `init_cache`).
       pad_batch_pow2: pad the batch to a power of two with dummy rows (fewer recompiles as episodes finish).
       progress: show a tqdm bar over decode steps.
+      decode_steps: decode steps per device call (one host sync each; SGLang's `num_continuous_decode_steps`),
+        an integer >= 1; a call ends early once every row is done. With stop strings at most `_STOP_CHUNK` (8):
+        they are checked on the host after each call.
     Raises:
       ValueError: naming the parameter, for any value outside the ranges above (e.g. top_p=0, a negative or NaN
         temperature, max_new_tokens=0, a bare string as `stop`).
@@ -153,6 +128,7 @@ class JaxSampler(engine_lib.Engine):
     self.cache_dtype = cache_dtype
     self.pad_batch_pow2 = pad_batch_pow2
     self.progress = progress
+    self.decode_steps = _check_int('decode_steps', decode_steps, 1)
     self._key = jax.random.key(_check_int('seed', seed, 0))
     self.set_model(model)
     self.stats: dict[str, float] = {}
@@ -226,9 +202,9 @@ class JaxSampler(engine_lib.Engine):
 
   def _prefill_fn(self, grids: tuple, greedy: bool, use_top_p: bool):
     """jit(state, ids [B,T], pos [3,B,T], mask [B,T], pixels [N,D]|None, last [B], cache, key, temp, top_p)."""
-    key = ('prefill', grids, greedy, use_top_p)
+    key = ('prefill', grids, greedy, use_top_p, self.never_sampled)
     if key not in self._jit_cache:
-      graphdef = self._graphdef
+      graphdef, banned = self._graphdef, self.never_sampled
       grid_thw = np.asarray(grids, np.int32).reshape(-1, 3) if grids else None
 
       def prefill(state, input_ids, position_ids, attention_mask, pixel_values, last, cache, rng, temperature,
@@ -239,26 +215,51 @@ class JaxSampler(engine_lib.Engine):
                               cache_index=jnp.zeros((batch,), jnp.int32))
         hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)  # [B, 1, H]
         logits = model.logits(hidden_last)[:, 0]
-        ids, logprobs = sample_logits(logits, rng, temperature, top_p, greedy, use_top_p)
+        ids, logprobs = sampling.sample_logits(logits, rng, temperature, top_p, greedy, use_top_p, banned)
         return ids, logprobs, cache
 
       self._jit_cache[key] = jax.jit(prefill, donate_argnums=(6,))
     return self._jit_cache[key]
 
-  def _decode_fn(self, greedy: bool, use_top_p: bool):
-    """jit(state, cache, tokens [B], positions [B], cache_index [B], key, temp, top_p) -> (ids, logprobs, cache)."""
-    key = ('decode', greedy, use_top_p)
-    if key not in self._jit_cache:
-      graphdef = self._graphdef
+  def _decode_fn(self, greedy: bool, use_top_p: bool, chunk: int):
+    """jit(state, cache, carry, limits [B], key, temp, top_p) -> (ids [B, chunk], logprobs [B, chunk], carry, cache).
 
-      def decode(state, cache, tokens, positions, cache_index, rng, temperature, top_p):
+    Up to `chunk` decode steps on device (`jax.lax.while_loop`, leaving early once every row is done), so the host
+    syncs once per chunk, not per token. carry = (tokens [B] (each row's last id, fed next), positions [B],
+    cache_index [B], emitted [B] (ids so far), done bool [B]). Step k feeds the active rows' last ids, draws with
+    `fold_in(key, k)`, and writes row b's draw at column k while b is active: the ids a row emits in this chunk
+    are the first `emitted_after - emitted_before` columns. A row becomes done on device at an end-of-sequence id
+    or when `emitted` reaches `limits`; a done row keeps rewriting its own next slot (harmless, never read).
+    """
+    key = ('decode', greedy, use_top_p, self.never_sampled, chunk)
+    if key not in self._jit_cache:
+      graphdef, banned = self._graphdef, self.never_sampled
+      eos = jnp.asarray(engine_lib.EOS_IDS, jnp.int32)
+
+      def decode(state, cache, carry, limits, rng, temperature, top_p):
         model = nnx.merge(graphdef, state)
-        input_ids = tokens[:, None]
-        position_ids = jnp.broadcast_to(positions[None, :, None], (3, tokens.shape[0], 1)).astype(jnp.int32)
-        hidden, cache = model(input_ids, position_ids, None, None, None, cache=cache, cache_index=cache_index)
-        logits = model.logits(hidden)[:, -1]
-        ids, logprobs = sample_logits(logits, rng, temperature, top_p, greedy, use_top_p)
-        return ids, logprobs, cache
+        batch = limits.shape[0]
+        last_slot = cache['mask'].shape[1] - 1
+
+        def step(loop):
+          k, (tokens, positions, cache_index, emitted, done), cache, out_ids, out_lp = loop
+          position_ids = jnp.broadcast_to(positions[None, :, None], (3, batch, 1))
+          hidden, cache = model(tokens[:, None], position_ids, None, None, None, cache=cache,
+                                cache_index=jnp.minimum(cache_index, last_slot))
+          ids, logprobs = sampling.sample_logits(model.logits(hidden)[:, -1], jax.random.fold_in(rng, k),
+                                                 temperature, top_p, greedy, use_top_p, banned)
+          active = ~done
+          step_ = active.astype(jnp.int32)
+          emitted = emitted + step_
+          done = done | (active & (jnp.isin(ids, eos) | (emitted >= limits)))
+          carry = (jnp.where(active, ids, tokens), positions + step_, cache_index + step_, emitted, done)
+          return k + 1, carry, cache, out_ids.at[:, k].set(ids), out_lp.at[:, k].set(logprobs)
+
+        loop = (jnp.int32(0), carry, cache, jnp.zeros((batch, chunk), jnp.int32),
+                jnp.zeros((batch, chunk), jnp.float32))
+        _, carry, cache, out_ids, out_lp = jax.lax.while_loop(
+            lambda loop: (loop[0] < chunk) & ~jnp.all(loop[1][4]), step, loop)
+        return out_ids, out_lp, carry, cache
 
       self._jit_cache[key] = jax.jit(decode, donate_argnums=(1,))
     return self._jit_cache[key]
@@ -368,42 +369,36 @@ class JaxSampler(engine_lib.Engine):
     tok.block_until_ready()
     t_prefill = time.perf_counter()
 
-    decode = self._decode_fn(greedy, use_top_p)
-    out_ids = [[] for _ in range(n)]
-    out_lp = [[] for _ in range(n)]
-    reasons: list[str | None] = [None] * n
-    cache_index = lengths.copy()  # where each row's last emitted token is written next
-    positions = lengths + deltas
+    tok_np, lp_np = np.asarray(tok), np.asarray(lp)
+    out_ids = [[int(tok_np[b])] for b in range(n)]
+    out_lp = [[float(lp_np[b])] for b in range(n)]
+    reasons = [self._finish(out_ids[b], out_lp[b], 0, limits[b], stop) for b in range(n)]
+    done = np.asarray([r is not None for r in reasons] + [True] * (batch - n))  # padding rows never run
+    emitted = np.ones((batch,), np.int32)
+    carry = (tok, jnp.asarray(lengths + deltas, jnp.int32), jnp.asarray(lengths, jnp.int32), jnp.asarray(emitted),
+             jnp.asarray(done))   # a row's last id is written at its cache index next, at text position + delta
+    decode = self._decode_fn(greedy, use_top_p, min(self.decode_steps, _STOP_CHUNK) if stop else self.decode_steps)
+    limits_dev = jnp.asarray(limits)
     steps = 0
     bar = None
     if self.progress:
       import tqdm  # pylint: disable=g-import-not-at-top
       bar = tqdm.tqdm(total=int(limits[:n].max()), desc='decode', leave=False)
-    while True:
-      tok_np, lp_np = np.asarray(tok), np.asarray(lp)
-      for b in range(n):
-        if reasons[b] is not None:
-          continue
-        out_ids[b].append(int(tok_np[b]))
-        out_lp[b].append(float(lp_np[b]))
-        if tok_np[b] in engine_lib.EOS_IDS:
-          reasons[b] = engine_lib.FINISH_STOP
-        elif stop and any(s in self.tokenizer.decode(out_ids[b][-_STOP_TAIL:]) for s in stop):
-          reasons[b] = engine_lib.FINISH_STOP_STRING
-        elif len(out_ids[b]) >= limits[b]:
-          reasons[b] = engine_lib.FINISH_LENGTH
+    while not done.all():
+      ids, lps, carry, cache = decode(state, cache, carry, limits_dev, self._next_key(), temperature, top_p)
+      ids, lps, now = np.asarray(ids), np.asarray(lps), np.asarray(carry[3])
+      new = now - emitted
+      for b in np.flatnonzero(new[:n]):
+        start = len(out_ids[b])
+        out_ids[b].extend(ids[b, :new[b]].tolist())
+        out_lp[b].extend(lps[b, :new[b]].tolist())
+        reasons[b] = self._finish(out_ids[b], out_lp[b], start, limits[b], stop)
+      emitted = now
+      done = np.asarray([r is not None for r in reasons] + [True] * (batch - n))
+      carry = (*carry[:4], jnp.asarray(done))  # rows cut at a stop string stop on device too
+      steps += int(new.max())
       if bar is not None:
-        bar.update(1)
-      if all(r is not None for r in reasons):
-        break
-      # Rows that are done keep rewriting their own last slot (harmless; their outputs are ignored).
-      cache_index_in = np.minimum(cache_index, cache_len - 1).astype(np.int32)
-      tok, lp, cache = decode(state, cache, tok, jnp.asarray(positions, jnp.int32), jnp.asarray(cache_index_in),
-                              self._next_key(), temperature, top_p)
-      active = np.asarray([r is None for r in reasons] + [False] * (batch - n))
-      cache_index = cache_index + active
-      positions = positions + active
-      steps += 1
+        bar.update(int(new.max()))
     if bar is not None:
       bar.close()
     t_end = time.perf_counter()
@@ -415,3 +410,23 @@ class JaxSampler(engine_lib.Engine):
                                   text=engine_lib.decode_text(self.tokenizer, out_ids[b]), finish_reason=reasons[b],
                                   weight_version=self.weight_version)
             for b in range(n)]
+
+  def _finish(self, ids: list, logprobs: list, start: int, limit: int, stop: tuple) -> str | None:
+    """Finish reason of a row whose ids[start:] are new, or None while it runs (ids / logprobs cut in place).
+
+    The first new id that completes a stop string (searched in the text of the last `_STOP_TAIL` ids up to it)
+    ends the row there, and the ids after it (decoded in the same chunk) are dropped; an end-of-sequence id ends
+    it with 'stop' (it is always the last id: the device stops a row there); then the length limit. The same
+    decisions, in the same order, as checking after every token.
+    """
+    if stop and any(s in self.tokenizer.decode(ids[max(0, start + 1 - _STOP_TAIL):]) for s in stop):
+      for k in range(start, len(ids)):   # the chunk's text holds a stop string: find the id that completes it
+        if ids[k] not in engine_lib.EOS_IDS and any(
+            s in self.tokenizer.decode(ids[max(0, k + 1 - _STOP_TAIL):k + 1]) for s in stop):
+          del ids[k + 1:], logprobs[k + 1:]
+          return engine_lib.FINISH_STOP_STRING
+    if ids and ids[-1] in engine_lib.EOS_IDS:
+      return engine_lib.FINISH_STOP
+    if len(ids) >= limit:
+      return engine_lib.FINISH_LENGTH
+    return None

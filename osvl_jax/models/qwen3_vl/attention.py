@@ -2,8 +2,10 @@
 
 Shapes: q [B, T, Hkv, G, D] (G = query heads per kv head), k/v [B, S, Hkv, D]; outputs [B, T, Hkv, G, D].
 
-* `dense_attention`: explicit bool mask [B, T, S]; materialises the [B, Hkv, G, T, S] float32 scores. Used
-  with the KV cache (decode) and as the reference.
+* `dense_attention`: explicit bool mask [B, T, S]; materialises the [B, Hkv, G, T, S] float32 scores. The
+  reference.
+* `cache_attention`: the same over a KV cache held head-major, k/v [B, Hkv, S, D] (prefill into a cache, decode):
+  XLA:CPU then reads the cache in place instead of transposing it to (batch, head)-major for every call.
 * `causal_attention`: causal + key-padding mask given as key_mask [B, T] (S = T, no cache). Static loop over
   query blocks with a FlashAttention-style custom VJP; block i only sees keys [0, end_i), so the upper triangle is
   never computed and the live score tensor is at most [B, Hkv, G, block, T]; nothing of size T x T is saved for
@@ -40,6 +42,21 @@ def dense_attention(q, k, v, mask):
     [B, T, Hkv, G, D] (dtype of v).
   """
   return _softmax_attend(q, k, v, mask[:, None, None], q.shape[-1] ** -0.5)
+
+
+def cache_attention(q, k, v, mask):
+  """`dense_attention` with head-major keys/values (the KV cache layout, `text.init_cache`).
+
+  Args:
+    q: [B, T, Hkv, G, D]; k, v: [B, Hkv, S, D]; mask: bool [B, T, S] (True = may attend).
+
+  Returns:
+    [B, T, Hkv, G, D] (dtype of v).
+  """
+  scores = jnp.einsum('btkgd,bksd->bkgts', q, k.astype(q.dtype)) * q.shape[-1] ** -0.5
+  scores = jnp.where(mask[:, None, None], scores.astype(jnp.float32), _NEG)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum('bkgts,bksd->btkgd', probs, v)
 
 
 def _block_mask(key_mask, start: int, rows: int):

@@ -97,8 +97,8 @@ class Qwen3VLModel(nnx.Module):
     return jnp.einsum('bth,vh->btv', hidden, table.astype(hidden.dtype), preferred_element_type=jnp.float32)
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
-    """Empty KV cache {'k','v': [L, B, max_len, Hkv, D], 'mask': bool [B, max_len]} (dtype defaults to the
-    compute dtype)."""
+    """Empty KV cache {'k','v': [L, B, Hkv, max_len, D] (head-major), 'mask': bool [B, max_len]} (dtype defaults
+    to the compute dtype)."""
     return text_lib.init_cache(self.config.text, batch, max_len, dtype or self.dtype)
 
 

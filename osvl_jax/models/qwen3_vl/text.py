@@ -2,11 +2,17 @@
 interleaved MRoPE, DeepStack injection, and a static-shape KV cache with per-row write offsets.
 
 KV cache (a pytree of jax arrays, see `init_cache`):
-  {'k': [L, B, S, Hkv, D], 'v': [L, B, S, Hkv, D], 'mask': bool [B, S]}
+  {'k': [L, B, Hkv, S, D], 'v': [L, B, Hkv, S, D], 'mask': bool [B, S]}
 A call with `cache` and `cache_index [B]` writes the new T keys/values of row b at slots
 cache_index[b] .. cache_index[b]+T-1 (out-of-range slots are dropped) and records `attention_mask` for them in
 `mask`. Query i of row b attends to slots s with mask[b, s] and s <= cache_index[b] + i. Slots beyond the causal
 frontier may hold stale data; they are never read before being overwritten.
+
+Cost of a decode step under jit with the cache donated: layer i scatters its new keys/values straight into the
+whole [L, ...] buffer and then reads its own slice, so every write depends on the previous layer's reads and XLA
+updates the buffer in place (writing after the reads, as a single scatter at the end would, makes it copy the
+whole cache first); the head-major layout is the one the attention dots read without a transpose. The compiled
+decode step then holds no cache-sized copy or transpose: the cache is only read (bench/sampler_speed.py).
 """
 
 from __future__ import annotations
@@ -63,6 +69,15 @@ def _write_rows(buf, new, index):
   return buf.at[rows, cols].set(new.astype(buf.dtype), mode='drop')
 
 
+def _write_layer(buf, layer, new, index):
+  """buf [L, B, Hkv, S, D] <- new [B, T, Hkv, D] at [layer, b, :, index[b] + arange(T)]; out-of-range slots are
+  dropped. `layer`: int or int32 scalar."""
+  b, t = new.shape[:2]
+  rows = jnp.arange(b)[:, None]
+  cols = index[:, None] + jnp.arange(t)[None, :]
+  return buf.at[layer, rows, :, cols].set(new.astype(buf.dtype), mode='drop')
+
+
 class Attention(nnx.Module):
   """GQA self-attention with per-head RMSNorm on q and k (HF `Qwen3VLTextAttention`)."""
 
@@ -83,11 +98,13 @@ class Attention(nnx.Module):
       x: [B, T, hidden]; cos/sin: [B, T, head_dim].
       mask: bool [B, T, S] explicit mask (S = T, or cache length), or bool [B, T] key-padding mask (no cache
         only): causal + padding, computed blockwise (`attention.causal_attention`) without a [T, T] tensor.
-      kv_cache: optional (k, v) each [B, S, Hkv, D]; cache_index: int32 [B] write offsets.
+      kv_cache: optional (k, v, layer): the whole cache's k, v, each [L, B, Hkv, S, D], and this layer's index
+        (int or int32 scalar); the new keys/values are written at [layer, b, :, cache_index[b] + t], then
+        attention reads that layer (`attention.cache_attention`). cache_index: int32 [B] write offsets.
       block: query block length of the blockwise path.
 
     Returns:
-      out [B, T, hidden], updated (k, v) or None.
+      out [B, T, hidden], the updated whole (k, v) or None.
     """
     b, t, _ = x.shape
     x2 = x.reshape(b * t, -1)                     # 2-D projections: faster backward on XLA:CPU (see MLP)
@@ -96,16 +113,16 @@ class Attention(nnx.Module):
     v = self.v_proj(x2).reshape(b, t, self.num_kv_heads, self.head_dim)
     q = rope.apply_rotary(q, cos, sin)
     k = rope.apply_rotary(k, cos, sin)
-    new_cache = None
-    if kv_cache is not None:
-      k = _write_rows(kv_cache[0], k, cache_index)
-      v = _write_rows(kv_cache[1], v, cache_index)
-      new_cache = (k, v)
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
-    if mask.ndim == 2:
-      if kv_cache is not None:
+    new_cache = None
+    if kv_cache is not None:
+      if mask.ndim == 2:
         raise ValueError('a [B, T] key mask is only valid without a KV cache')
+      k_all, v_all, layer = kv_cache
+      new_cache = (_write_layer(k_all, layer, k, cache_index), _write_layer(v_all, layer, v, cache_index))
+      out = attention_lib.cache_attention(q, new_cache[0][layer], new_cache[1][layer], mask)
+    elif mask.ndim == 2:
       out = attention_lib.causal_attention(q, k, v, mask, block)
     else:
       out = attention_lib.dense_attention(q, k, v, mask)
@@ -207,8 +224,8 @@ class DecoderLayer(nnx.Module):
 
 
 def init_cache(config: TextConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict:
-  """Empty KV cache: {'k','v': dtype [L, B, S, Hkv, D], 'mask': bool [B, S] (all False)}."""
-  shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+  """Empty KV cache: {'k','v': dtype [L, B, Hkv, S, D] (head-major), 'mask': bool [B, S] (all False)}."""
+  shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
   return {'k': jnp.zeros(shape, dtype), 'v': jnp.zeros(shape, dtype), 'mask': jnp.zeros((batch, max_len), bool)}
 
 
@@ -310,14 +327,13 @@ class Qwen3VLText(nnx.Module):
     return self.norm(x), new_cache
 
   def _unrolled(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack):
-    """Python loop over the layer list; kv_all: ([L, B, S, Hkv, D],) * 2 or None."""
+    """Python loop over the layer list; kv_all: ([L, B, Hkv, S, D],) * 2, updated layer by layer, or None."""
     block = self.attention_block
     run = nnx.remat(lambda lyr, *a: lyr(*a, block)) if self.remat else (lambda lyr, *a: lyr(*a, block))
     for i, layer in enumerate(self.layers):
-      kv = None if kv_all is None else (kv_all[0][i], kv_all[1][i])
+      kv = None if kv_all is None else (kv_all[0], kv_all[1], i)
       x, kv = run(layer, x, cos, sin, mask, kv, cache_index)
-      if kv is not None:
-        kv_all = (kv_all[0].at[i].set(kv[0]), kv_all[1].at[i].set(kv[1]))
+      kv_all = kv
       if i < len(deepstack):
         x = scatter_add_rows(x, visual_pos_mask, deepstack[i])
       x = sharding.constrain(x, RESIDUAL_AXES)
@@ -329,18 +345,20 @@ class Qwen3VLText(nnx.Module):
     graphdef, stacked = nnx.split(self.layers)
     ds = jnp.stack([d.astype(x.dtype) for d in deepstack]) if deepstack else None   # [n_ds, N, hidden]
 
-    def body(h, xs):
-      layer_state, i, kv = xs
-      h, kv = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, kv, cache_index, block)
+    def body(carry, xs):   # the cache (whole, [L, ...]) is carried: each layer writes its slots in place
+      h, kv = carry
+      layer_state, i = xs
+      h, kv = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, None if kv is None else (*kv, i), cache_index,
+                                               block)
       if ds is not None:   # only layers i < len(deepstack) pay for the scatter
         h = jax.lax.cond(i < ds.shape[0],
                          lambda h: scatter_add_rows(h, visual_pos_mask, ds[jnp.minimum(i, ds.shape[0] - 1)]),
                          lambda h: h, h)
-      return sharding.constrain(h, RESIDUAL_AXES), kv
+      return (sharding.constrain(h, RESIDUAL_AXES), kv), None
 
     if self.remat:
       body = jax.checkpoint(body)
-    x, kv_all = jax.lax.scan(body, x, (stacked, jnp.arange(self.config.num_hidden_layers), kv_all))
+    (x, kv_all), _ = jax.lax.scan(body, (x, kv_all), (stacked, jnp.arange(self.config.num_hidden_layers)))
     return x, kv_all
 
 

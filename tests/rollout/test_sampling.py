@@ -1,0 +1,78 @@
+"""`sampling`: the draw of the next id (two-level inverse-CDF categorical, temperature, top-p, banned ids)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from osvl_jax.rollout import sampling
+
+DRAWS = 20000
+
+
+def _chi2(ids, probs):
+  """Chi-square of the id counts against probs [V] (cells with expected count >= 5; the rest pooled)."""
+  expected = probs * len(ids)
+  observed = np.bincount(ids, minlength=len(probs)).astype(np.float64)
+  big = expected >= 5
+  obs = np.append(observed[big], observed[~big].sum())
+  exp = np.append(expected[big], expected[~big].sum())
+  keep = exp > 0
+  return float(np.sum((obs[keep] - exp[keep]) ** 2 / exp[keep])), int(keep.sum()) - 1
+
+
+@pytest.mark.parametrize('v', [37, 60])  # 37: prime, ids padded to 6 blocks of 7; 60: 6 blocks of 10, no padding
+def test_categorical_draws_follow_softmax_and_never_masked_ids(v):
+  rng = np.random.default_rng(v)
+  logits = (2.0 * rng.standard_normal(v)).astype(np.float32)
+  logits[[0, v // 2, v - 1]] = -np.inf   # masked ids, also the first and the last (the rounding edge's clamp)
+  keys = jax.random.split(jax.random.key(0), DRAWS)
+  ids = np.asarray(jax.jit(jax.vmap(lambda k: sampling.categorical(k, jnp.asarray(logits)[None])[0]))(keys))
+  assert not np.isin(ids, [0, v // 2, v - 1]).any()
+  probs = np.exp(logits.astype(np.float64) - logits[np.isfinite(logits)].max())
+  probs /= probs.sum()
+  chi2, dof = _chi2(ids, probs)
+  assert chi2 < dof + 4.0 * np.sqrt(2.0 * dof)   # ~p 0.001; a sampler off by one id or block fails by far
+  assert _chi2(ids, np.roll(probs, 1))[0] > dof + 4.0 * np.sqrt(2.0 * dof)
+
+
+def test_block_size_divides_the_real_vocabulary():
+  assert sampling._block_size(151936) == 1187   # 128 blocks, no padding at Qwen's vocabulary
+  assert sampling._block_size(37) == 7          # prime: ceil(sqrt(37)), padded
+
+
+def test_sample_logits_returns_temperature_one_log_softmax_of_the_draw():
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(5.0 * rng.standard_normal((4, 1000)), jnp.float32)
+  ref = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  for greedy, use_top_p in [(True, False), (False, False), (False, True)]:
+    ids, lp = sampling.sample_logits(logits, jax.random.key(1), jnp.float32(0.7), jnp.float32(0.9), greedy,
+                                     use_top_p, banned=(3, 5))
+    ids = np.asarray(ids)
+    np.testing.assert_allclose(np.asarray(lp), ref[np.arange(4), ids], atol=1e-6, rtol=0)
+    assert not np.isin(ids, (3, 5)).any()
+
+
+def test_sampling_draws_from_the_model_distribution():
+  """Top-p=1 sampling frequencies follow softmax(logits / T); top-p removes the tail."""
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))
+  keys = jax.random.split(jax.random.key(0), 4000)
+  draw = jax.vmap(lambda k, tp: sampling.sample_logits(logits, k, 1.0, tp, False, True)[0][0],
+                  in_axes=(0, None))
+  ids = np.asarray(draw(keys, 1.0))
+  np.testing.assert_allclose(np.bincount(ids, minlength=4) / len(ids), [0.5, 0.3, 0.15, 0.05], atol=0.03)
+  ids = np.asarray(draw(keys, 0.7))  # nucleus {0, 1}: mass before id 2 is 0.8 >= 0.7
+  assert set(ids.tolist()) == {0, 1}
+  tok, lp = sampling.sample_logits(logits, keys[0], 0.5, 0.7, False, True)  # warped draw, base logprob
+  np.testing.assert_allclose(np.exp(lp), np.asarray([0.5, 0.3, 0.15, 0.05])[np.asarray(tok)], rtol=1e-5)
+
+
+def test_sample_logits_bans_ids_in_greedy_top_p_and_plain_sampling():
+  logits = jnp.asarray([[9.0, 1.0, 0.5, 0.0]], jnp.float32)
+  keys = jax.random.split(jax.random.key(0), 200)
+  for greedy, use_top_p in [(True, False), (False, False), (False, True)]:
+    ids = jax.vmap(lambda k: sampling.sample_logits(logits, k, 1.0, 0.4, greedy, use_top_p, banned=(0,))[0][0])(
+        keys)
+    assert 0 not in set(np.asarray(ids).tolist())
+    if greedy or use_top_p:
+      assert set(np.asarray(ids).tolist()) == {1}  # the best allowed id (the nucleus of the allowed ids)
