@@ -160,7 +160,7 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   Raises:
     ValueError: naming the field: num_items / top_k / hub_in_degree not ints >= 1, a non-int seed, max_retries
       < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
-      limits not ints >= 1 with min <= max, min_seed_in_degree not an int >= 1, image_dir not a string, anchor
+      limits not ints >= 1 with min <= max, min_seed_in_degree not an int >= 1 or above hub_in_degree, image_dir not a string, anchor
       not 'source' / 'answer', rewrite not a bool, source neither 'wikispeedia' nor an existing .bz2 file,
       degrade_fraction outside [0, 1], a bad `filter`, `llm_questions`, `clip_ground` or `synthesize` section
       (their `check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
@@ -170,6 +170,9 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   root = {prefix: config}
   for field in ('num_items', 'top_k', 'hub_in_degree', 'min_seed_in_degree'):
     checks.positive_int(root, f'{prefix}.{field}')
+  if config.min_seed_in_degree > config.hub_in_degree:
+    raise ValueError(f'{prefix}.min_seed_in_degree={config.min_seed_in_degree} > {prefix}.hub_in_degree='
+                     f'{config.hub_in_degree}: the seed in-degree window is empty')
   checks.number(root, f'{prefix}.seed', integer=True)
   checks.number(root, f'{prefix}.max_retries', integer=True, low=0)
   choices, probs = tuple(config.hop_choices), tuple(config.hop_probs)

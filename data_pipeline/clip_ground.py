@@ -3,11 +3,11 @@ short description of v0").
 
 When `clip_path` names a folder holding a transformers CLIP checkpoint (`CLIPModel` + `CLIPProcessor`, e.g. a
 `save_pretrained` of openai/clip-vit-base-patch32), each accepted record's anchor image is the candidate
-(`image_candidates`, else `image_path`) whose CLIP cosine similarity to the description of v0 is highest, if it is
->= `threshold` (0.28); otherwise, or without a CLIP model (`clip_path = ''`, the offline default), the record keeps
-its infobox image `image_path`, counted with the reason. Similarities are the cosines of CLIP's projected,
-L2-normalised image and text embeddings (`CLIPModel.forward`'s `image_embeds @ text_embeds.T`, i.e.
-`logits_per_image / logit_scale.exp()`), in [-1, 1].
+(`image_candidates`, else `image_path`) whose CLIP cosine similarity to the description of the anchor node (v0;
+vh with `data.anchor='answer'`) is highest, if it is >= `threshold` (0.28); otherwise, or without a CLIP model
+(`clip_path = ''`, the offline default), the record keeps its infobox image `image_path`, counted with the
+reason. Similarities are the cosines of CLIP's projected, L2-normalised image and text embeddings
+(`CLIPModel.forward`'s `image_embeds @ text_embeds.T`, i.e. `logits_per_image / logit_scale.exp()`), in [-1, 1].
 """
 
 import dataclasses
@@ -25,7 +25,8 @@ def default_config() -> ml_collections.ConfigDict:
 
     clip_path: folder of a transformers CLIP checkpoint; '' = no CLIP model (the infobox image is kept).
     threshold: least cosine similarity of the chosen image to the anchor text (paper: 0.28).
-    text_template: the anchor text when a record has no `anchor_description`; `{title}` = v0's display title.
+    text_template: the anchor text when a record has no `anchor_description`; `{title}` = the anchor node's
+      display title (v0's, or vh's with `data.anchor='answer'`).
   """
   c = ml_collections.ConfigDict()
   c.clip_path = ''
@@ -137,8 +138,10 @@ def choose_anchor(clip: Clip, candidates: list[str | os.PathLike], text: str,
 
 def anchor_text(rec: dict, text_template: str) -> str:
   """The text the anchor image is scored against: the record's `anchor_description`, else `text_template` with
-  v0's display title (`path[0]`)."""
-  return rec.get('anchor_description') or text_template.format(title=entities.display(rec['path'][0]))
+  the anchor node's display title (`anchor_title` from `ground.ground`: v0, or vh with `data.anchor='answer'`;
+  `path[0]` when the record has none)."""
+  title = rec.get('anchor_title') or rec['path'][0]
+  return rec.get('anchor_description') or text_template.format(title=entities.display(title))
 
 
 def ground_by_clip(records: list[dict], config: ml_collections.ConfigDict, data_dir: str | os.PathLike,
@@ -147,7 +150,8 @@ def ground_by_clip(records: list[dict], config: ml_collections.ConfigDict, data_
 
   Args:
     records: dicts with path [titles], image_path (relative to `data_dir`, the infobox image), rejected;
-      optional image_candidates (paths relative to `data_dir`) and anchor_description.
+      optional image_candidates (paths relative to `data_dir`), anchor_title and anchor_description
+      (`ground.ground` sets the first two).
     config: `default_config()` fields.
     data_dir: the shared data folder.
     clip: a loaded model (None: `load_clip(config.clip_path)` when clip_path is set).

@@ -7,7 +7,9 @@ file looked up under `data.image_dir` (XML); its path, relative to the data fold
 `image_path`, and an item whose file is missing is rejected ('ground: image file missing'). The mention of v0 is
 replaced by a referring expression chosen by v0's domain (`DOMAIN_REFERRING`: 'the person in the image', 'the
 building in the image', ...; the landmark photos keep their own, `REFERRING_EXPRESSIONS`), and the non-leakage
-check runs again over every path node, v0 included.
+check runs again over every path node, v0 included. Each grounded record names its anchor node (`anchor_title`)
+and, when that article has more than one image file under `data.image_dir`, the candidates the CLIP branch
+(`clip_ground.py`) chooses among (`image_candidates`, the infobox image first).
 
 `data.anchor='answer'` (the Table 3a "answer-anchored image" ablation): the image is vh's, v0 stays named in the
 question (the leak check then skips v0); an answer node without an image is rejected ('ground: answer node has no
@@ -54,6 +56,25 @@ def referring_expression(stem: str, domain: str = '') -> str:
   return REFERRING_EXPRESSIONS.get(stem) or DOMAIN_REFERRING.get(domain, DEFAULT_REFERRING)
 
 
+def image_candidates(image_path: str, images: list[str], data_dir, image_dir: str) -> list[str]:
+  """The anchor images `clip_ground.ground_by_clip` chooses among: `image_path` (the infobox / seed image) first,
+  then each of the anchor article's image files (`WikiGraph.images`) that exists under `image_dir`, as
+  `{image_dir}/{file}` (relative to `data_dir` unless `image_dir` is absolute); [] when that leaves fewer than two
+  (nothing to choose).
+
+  Args:
+    image_path: the record's anchor image, e.g. 'imgs/Tower.jpg'.
+    images: the anchor article's image file names, infobox image first, e.g. ['Tower.jpg', 'Tower night.jpg'].
+    data_dir: the shared data folder; image_dir: the article images' folder (relative to data_dir, or absolute).
+  """
+  out = [image_path]
+  for f in images:
+    rel = f'{image_dir.rstrip("/")}/{f}'
+    if rel not in out and (pathlib.Path(data_dir) / rel).is_file():
+      out.append(rel)
+  return out if len(out) > 1 else []
+
+
 def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = 'source',
            rewritten: bool = True) -> tuple[list[dict], dict]:
   """Sets the anchor image and the final question; re-checks leakage over the whole path.
@@ -66,7 +87,9 @@ def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = '
     anchor: 'source' (v0's image) | 'answer' (vh's image, the ablation).
     rewritten: whether the `rewrite` stage rewrote (False: canonical questions, v1..vh named by design).
   Returns:
-    (records with the final `question`, `anchor_expression`, `image_path`; counts {'in', 'grounded',
+    (records with the final `question`, `anchor_expression`, `image_path`, `anchor_title` (the anchor node:
+    v0, or vh for 'answer'; '' when rejected), `image_candidates` (`image_candidates`; [] when rejected); counts
+    {'in', 'grounded',
     'rejected' (reason -> n), 'skipped', 'anchor'}).
   Raises:
     ValueError: `anchor` not in `ANCHORS`.
@@ -84,7 +107,7 @@ def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = '
     rec = dict(rec)
     if rec.get('rejected'):
       counts['skipped'] += 1
-      rec['anchor_expression'] = ''
+      rec.update(anchor_expression='', anchor_title='', image_candidates=[])
       out.append(rec)
       continue
     path = rec['path']
@@ -95,11 +118,14 @@ def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = '
       images = graph.images(path[-1])
       if not images:
         reject(rec, 'answer node has no image')
-        rec['anchor_expression'] = ''
+        rec.update(anchor_expression='', anchor_title='', image_candidates=[])
         out.append(rec)
         continue
       rec.update(image_path=f'{image_dir.rstrip("/")}/{images[0]}', landmark=images[0].rsplit('.', 1)[0])
       expr, skip = entities.display(path[0]), (path[0],)
+    anchor_title = path[0] if anchor == 'source' else path[-1]
+    rec.update(anchor_title=anchor_title,
+               image_candidates=image_candidates(rec['image_path'], graph.images(anchor_title), data_dir, image_dir))
     question = rec['question_template'].replace('{E0}', expr)
     rec.update(question=question, anchor_expression=expr if anchor == 'source' else '',
                rewrite_trace=list(rec['rewrite_trace']) + [question])

@@ -4,7 +4,9 @@ A hop v(i-1) -> vi is a wikilink in the article on v(i-1): its anchor text and t
 (`wiki.Link`; Wikispeedia has neither, so `mention_sentence` finds the sentence of v(i-1)'s text that names vi).
 `extract` reads the words just before the anchor in that sentence and returns a short relation phrase
 ("The Taj Mahal was designed by [Ustad Ahmad Lahauri]" -> 'designed by'; "Agra is located on the [Yamuna]" ->
-'located on'); when no pattern matches, `fallback` gives one by vi's domain ('named in' for a Person,
+'located on') when that clause is about v(i-1) (it starts with v(i-1)'s name, a pronoun or 'the <noun>', with no
+relative word or other name: "..., which was then part of [X]" is no fact about v(i-1)) and the relation suits
+v(i-1)'s domain; otherwise `fallback` gives one by vi's domain ('named in' for a Person,
 'referred to in' for a Building-Place, ...), all true of any link ("vi is <phrase> the article on v(i-1)").
 
 `reference(relation, descriptor, previous, person)` renders the referring phrase the `rewrite` stage puts in
@@ -15,10 +17,12 @@ place of vi's name: 'the architect who designed {x}', 'the river that {x} is loc
 import bisect
 import functools
 import re
+import unicodedata
 
 import numpy as np
 
 from data_pipeline import entities
+from data_pipeline import wiki
 
 # Relation -> pattern over the folded words right before the anchor (the sentence up to the anchor), first match
 # wins. Each relation reads "v(i-1) <relation> vi" ("Taj Mahal designed by Lahauri").
@@ -62,29 +66,81 @@ FALLBACKS: dict[str, str] = {'Person': 'named in', 'Building-Place': 'referred t
 FALLBACK_TEMPLATE = 'the {d} {rel} the article on {x}'
 _SENTENCE_SPLIT = re.compile(r'(?<=[.!?])\s+(?=[A-Z0-9"\'(])|\n\s*\n')  # a line break alone is wrapping
 _WINDOW = 8  # words before the anchor that the patterns see
+# The clause `extract` checks starts after the last of these; words that make it about another entity; words it
+# may start with besides a name of v(i-1) ('the city was ...', 'it lies on ...').
+_CLAUSE_BREAK = re.compile(r'[,;:()\[\]]')
+_RELATIVE = frozenset('which that who whom whose where when now whereas while'.split())
+_SUBJECT_OPENERS = frozenset('the a an this it its he his she her they their'.split())
+# Relation -> domains of v(i-1) it cannot hold for (a person is not 'part of' anything, an organism not 'located').
+_SUBJECT_DOMAINS: dict[str, tuple[str, ...]] = {
+    **{rel: ('Person', 'Organism') for rel in ('located on', 'located in', 'capital of', 'part of')},
+    **{rel: ('Organism',) for rel in ('designed by', 'built by', 'commissioned by', 'founded by', 'written by')},
+    **{rel: tuple(d for d in wiki.DOMAINS if d != 'Person') for rel in ('born in', 'died in')},
+}
 
 
-def extract(anchor: str, sentence: str) -> str | None:
-  """The relation phrase the sentence states between its article and the anchor's target, or None.
+def extract(anchor: str, sentence: str, subject=(), subject_domain: str = '') -> str | None:
+  """The relation phrase the sentence states between its article's topic v(i-1) and the anchor's target, or None.
+
+  A pattern (`_PATTERNS`) must end right before the first occurrence of the anchor, within `_WINDOW` words, and
+  its clause must be about v(i-1) (`_about_subject`): the clause (after the last ',', ';', ':', '(' or ')' before
+  the pattern) holds no relative word (`_RELATIVE`: 'which', 'that', 'now', ...), starts with a name of v(i-1), a
+  pronoun or a determiner ('the city'), or is empty at the sentence start ('Designed by X, it ...'), and every
+  capitalised word in it belongs to a name of v(i-1). "... Algiers in 1541, which was then part of the Ottoman
+  Empire" is no fact about Cortés. The relation must also suit v(i-1)'s domain (`_SUBJECT_DOMAINS`: no 'part of'
+  for a Person).
 
   Args:
     anchor: the link's displayed text, e.g. 'Ustad Ahmad Lahauri'.
     sentence: the sentence it sits in, e.g. 'The Taj Mahal was designed by Ustad Ahmad Lahauri.'.
+    subject: names of v(i-1) (`WikiGraph.aliases`), e.g. ('Taj Mahal',).
+    subject_domain: v(i-1)'s domain (`wiki.DOMAINS` entry, '' = none).
   Returns:
-    One of `RELATIONS` ('designed by'), read from the `_WINDOW` words right before the first occurrence of the
-    anchor (case- and accent-folded); None when the anchor is not in the sentence or no pattern matches.
+    One of `RELATIONS` ('designed by'); None when the anchor is not in the sentence, no pattern matches, the
+    clause is not about v(i-1), or the relation does not suit its domain.
   """
   if not anchor or not sentence:
     return None
-  hay = entities.fold(sentence)
+  cased = _strip_accents(sentence)
+  hay = cased.lower() if len(cased.lower()) == len(cased) else entities.fold(sentence)
   at = re.search(r'(?<!\w)' + re.escape(entities.fold(anchor)) + r'(?!\w)', hay)
   if at is None:
     return None
-  before = ' '.join(re.sub(r'[^\w\s-]', ' ', hay[:at.start()]).split()[-_WINDOW:])
+  words = list(re.finditer(r'\S+', re.sub(r'[^\w\s-]', ' ', hay[:at.start()])))[-_WINDOW:]
+  before = ' '.join(w.group() for w in words)
   for rel, pattern in _PATTERNS:
-    if pattern.search(before):
-      return rel
+    got = pattern.search(before)
+    if got is None:
+      continue
+    if subject_domain in _SUBJECT_DOMAINS.get(rel, ()):
+      return None
+    start = words[len(before[:got.start()].split())].start()
+    return rel if _about_subject(cased[:start] if len(hay) == len(cased) else hay[:start], subject) else None
   return None
+
+
+def _strip_accents(text: str) -> str:
+  """`text` without diacritics, case kept ('São Paulo' -> 'Sao Paulo'; `entities.fold` less the lower-casing)."""
+  if text.isascii():
+    return text
+  return ''.join(c for c in unicodedata.normalize('NFKD', text) if not unicodedata.combining(c))
+
+
+def _about_subject(prefix: str, subject) -> bool:
+  """Whether the clause of `prefix` (the sentence up to the relation pattern) is about the entity named
+  `subject` (the rule in `extract`)."""
+  parts = _CLAUSE_BREAK.split(prefix)
+  words = re.findall(r'[^\W_]+', parts[-1])
+  if not words:
+    return len(parts) == 1  # pattern at the sentence start: 'Designed by X, it ...'
+  folded = [entities.fold(w) for w in words]
+  if any(w in _RELATIVE for w in folded):
+    return False
+  names = {t for n in subject for t in entities.name_tokens(n)}
+  if folded[0] not in names and folded[0] not in _SUBJECT_OPENERS:
+    return False
+  rest = words[1:] if folded[0] in _SUBJECT_OPENERS else words
+  return all(entities.fold(w) in names for w in rest if w[0].isupper())
 
 
 def fallback(domain: str) -> str:
@@ -93,9 +149,9 @@ def fallback(domain: str) -> str:
   return FALLBACKS.get(domain, FALLBACKS[''])
 
 
-def relation(anchor: str, sentence: str, domain: str) -> str:
-  """`extract`, else `fallback(domain)`."""
-  return extract(anchor, sentence) or fallback(domain)
+def relation(anchor: str, sentence: str, domain: str, subject=(), subject_domain: str = '') -> str:
+  """`extract(anchor, sentence, subject, subject_domain)`, else `fallback(domain)` (domain = vi's)."""
+  return extract(anchor, sentence, subject, subject_domain) or fallback(domain)
 
 
 def reference(rel: str, descriptor: str, previous: str, person: bool = False) -> str:

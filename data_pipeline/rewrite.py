@@ -23,8 +23,11 @@ punctuation and spacing (`entities.names_in_text`: 'Sao Paulo' = 'São Paulo', '
   * the answer or one of its aliases.
 Here the check reads the question without v0 (still named); `ground` runs it again over the whole path.
 `data.rewrite=False` (the Table 3a "no fuzzy rewriting" ablation): the canonical question is the question (the
-leak check then covers the answer only; `ground` still replaces v0's name).
+leak check then covers the answer only; `ground` still replaces v0's name, at the mentions `mention_template`
+finds: any alias of v0 up to case and accents, not inside another path node's name; none found -> rejected).
 """
+
+import re
 
 from data_pipeline import entities
 from data_pipeline import relations
@@ -84,6 +87,49 @@ def fuzzy_rewrite(path: list[str], descriptors: list[str], attribute: str, rels:
   return capitalize(tmpl), trace
 
 
+def name_spans(text: str, names) -> list[tuple[int, int]]:
+  """Character spans [start, end) of `text` where one of `names` occurs, by the rule of `entities.names_in_text`
+  (case, diacritics, punctuation and spacing folded; whole tokens only), longest first and non-overlapping, in
+  text order: 'the eiffel tower' in 'Who designed the eiffel tower?' for the name 'Eiffel Tower' -> [(17, 29)].
+
+  Args:
+    text: the question (any string).
+    names: candidate names (`WikiGraph.aliases`).
+  """
+  wanted = {''.join(entities.name_tokens(n)) for n in names} - {''}
+  toks = [(m.start(), m.end(), ''.join(entities.name_tokens(m.group()))) for m in re.finditer(r'[^\W_]+|&', text)]
+  found = []
+  for i in range(len(toks)):
+    for j in range(min(i + entities.MAX_NAME_TOKENS, len(toks)), i, -1):
+      if ''.join(t[2] for t in toks[i:j]) in wanted:
+        found.append((toks[i][0], toks[j - 1][1]))
+  spans = []
+  for a, b in sorted(found, key=lambda ab: (ab[0] - ab[1], ab[0])):
+    if all(b <= c or a >= d for c, d in spans):
+      spans.append((a, b))
+  return sorted(spans)
+
+
+def mention_template(question: str, path: list[str], graph) -> str | None:
+  """`question` with each mention of v0 (`name_spans` of `graph.aliases(path[0])`) replaced by `{E0}`, mentions
+  inside the name of another path node skipped ('Paris' in 'Paris Metro'); None when no mention is left (the
+  `data.rewrite=False` ablation's template).
+
+  Args:
+    question: the canonical question, e.g. 'In which year was Gustave Eiffel, who designed the eiffel tower,
+      born?'.
+    path: titles v0..vh; graph: the `wiki_graph.WikiGraph`.
+  """
+  others = [span for t in path[1:] if t != path[0] for span in name_spans(question, graph.aliases(t))]
+  spans = [(a, b) for a, b in name_spans(question, graph.aliases(path[0]))
+           if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in others)]
+  if not spans:
+    return None
+  for a, b in reversed(spans):
+    question = question[:a] + '{E0}' + question[b:]
+  return question
+
+
 def capitalize(text: str) -> str:
   """Upper-cases the first character only."""
   return text[:1].upper() + text[1:]
@@ -97,10 +143,12 @@ def rewrite(records: list[dict], graph, enabled: bool = True) -> tuple[list[dict
     graph: the `wiki_graph.WikiGraph`.
     enabled: False = no fuzzy rewriting (the canonical question, v0 as `{E0}`).
   Returns:
-    (records, counts {'in', 'rewritten', 'rejected_leak', 'skipped', 'enabled'}).
+    (records, counts {'in', 'rewritten', 'rejected_leak', 'rejected_unnamed' (disabled: v0 not found by
+    `mention_template`), 'skipped', 'enabled'}).
   """
   out = []
-  counts = {'in': len(records), 'rewritten': 0, 'rejected_leak': 0, 'skipped': 0, 'enabled': bool(enabled)}
+  counts = {'in': len(records), 'rewritten': 0, 'rejected_leak': 0, 'rejected_unnamed': 0, 'skipped': 0,
+            'enabled': bool(enabled)}
   for rec in records:
     rec = dict(rec)
     if rec.get('rejected'):
@@ -117,12 +165,15 @@ def rewrite(records: list[dict], graph, enabled: bool = True) -> tuple[list[dict
       leaks = find_leaks(tmpl.replace('{E0}', ''), path, graph, rec['answers'], skip=(path[0],))
     else:
       canonical = rec['canonical_question']
-      tmpl, trace = canonical.replace(entities.display(path[0]), '{E0}'), [canonical]
+      tmpl, trace = mention_template(canonical, path, graph), [canonical]
       leaks = find_leaks(canonical, [], graph, rec['answers'])
-    rec.update(question_template=tmpl, question=trace[-1], rewrite_trace=trace)
+    rec.update(question_template=tmpl or '', question=trace[-1], rewrite_trace=trace)
     if leaks:
       rec['rejected'] = 'rewrite: leak: ' + '; '.join(leaks)
       counts['rejected_leak'] += 1
+    elif tmpl is None:
+      rec['rejected'] = f'rewrite: v0 not named in the question ({path[0]})'
+      counts['rejected_unnamed'] += 1
     else:
       counts['rewritten'] += 1
     out.append(rec)

@@ -262,7 +262,10 @@ def load(folder: str | pathlib.Path) -> WikiData:
       raise FileNotFoundError(f'{path}: no saved wiki {name} (data_pipeline.wiki.save)')
     tables[name] = pq.read_table(path).to_pydict()
   arts, red, lk = tables['articles'], tables['redirects'], tables['links']
-  texts = arts.get('text') or [''] * len(arts['id'])  # a folder saved before texts were kept
+  if 'text' not in arts:  # saved before article texts were kept: every walk would find no usable node
+    raise ValueError(f'{folder}: a wiki stage saved before article texts were kept (no text column); delete this '
+                     'folder (and the stages after it) to rebuild it')
+  texts = arts['text']
   articles = [Article(id=i, title=t, infobox_type=ib, attributes={x['name']: x['value'] for x in at},
                       images=im, categories=ca, disambiguation=di, text=tx)
               for i, t, ib, at, im, ca, di, tx in zip(arts['id'], arts['title'], arts['infobox_type'],

@@ -151,9 +151,9 @@ class WikiGraph:
     return relations.mention_sentence(self.text(src), list(self.aliases(dst)))
 
   def relation(self, src: str, dst: str) -> str:
-    """The relation phrase of the hop src -> dst (`relations.relation`)."""
+    """The relation phrase of the hop src -> dst (`relations.relation`, src's names and domain as the subject)."""
     anchor, sentence = self.link(src, dst)
-    return relations.relation(anchor, sentence, self.domain(dst))
+    return relations.relation(anchor, sentence, self.domain(dst), self.aliases(src), self.domain(src))
 
   @functools.lru_cache(maxsize=None)
   def referent(self, src: str, dst: str) -> str | None:
@@ -218,7 +218,8 @@ class WikiGraph:
           continue
         anchor, sentence = self.link(art.title, w)
         if sentence and (any(seen[d] == 1 for d in self.descriptors(w))
-                         or relations.extract(anchor, sentence) is not None):
+                         or relations.extract(anchor, sentence, self.aliases(art.title),
+                                              self.domain(art.title)) is not None):
           ok[indptr[i] + k] = True
     return ok
 

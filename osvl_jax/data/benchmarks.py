@@ -305,10 +305,18 @@ def held_out_items(name: str, items: Sequence[EvalItem], train_settings: dict) -
       were held out of training.
   Returns:
     (the unseen items in order, how many were left out as possibly trained on).
+  Raises:
+    ValueError: a build with `merge_external` whose settings lack `merge_sources` or `merge_holdout` (guessing
+      either could evaluate on trained-on items).
   """
-  if not train_settings.get('merge_external') or name not in tuple(train_settings.get('merge_sources') or ()):
+  if not train_settings.get('merge_external'):
     return list(items), 0
-  holdout = float(train_settings.get('merge_holdout', 0.0))
+  missing = [k for k in ('merge_sources', 'merge_holdout') if k not in train_settings]
+  if missing:
+    raise ValueError(f'the training dataset merged external corpora but its build settings lack {missing}')
+  if name not in tuple(train_settings['merge_sources']):
+    return list(items), 0
+  holdout = float(train_settings['merge_holdout'])
   kept = [it for it in items if holdout_key(name, str(it.id)) < holdout]
   return kept, len(items) - len(kept)
 

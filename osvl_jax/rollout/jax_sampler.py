@@ -222,12 +222,14 @@ class JaxSampler(engine_lib.Engine):
     return self._jit_cache[key]
 
   def _decode_fn(self, greedy: bool, use_top_p: bool, chunk: int):
-    """jit(state, cache, carry, limits [B], key, temp, top_p) -> (ids [B, chunk], logprobs [B, chunk], carry, cache).
+    """jit(state, cache, carry, limits [B], key, offset, temp, top_p) -> (ids [B, chunk], logprobs [B, chunk], carry,
+    cache).
 
     Up to `chunk` decode steps on device (`jax.lax.while_loop`, leaving early once every row is done), so the host
     syncs once per chunk, not per token. carry = (tokens [B] (each row's last id, fed next), positions [B],
     cache_index [B], emitted [B] (ids so far), done bool [B]). Step k feeds the active rows' last ids, draws with
-    `fold_in(key, k)`, and writes row b's draw at column k while b is active: the ids a row emits in this chunk
+    `fold_in(key, offset + k)` (`key` is one per `generate`, `offset` the decode steps already run: the samples do
+    not depend on the chunk size or on stop strings), and writes row b's draw at column k while b is active: the ids a row emits in this chunk
     are the first `emitted_after - emitted_before` columns. A row becomes done on device at an end-of-sequence id
     or when `emitted` reaches `limits`; a done row keeps rewriting its own next slot (harmless, never read).
     """
@@ -236,7 +238,7 @@ class JaxSampler(engine_lib.Engine):
       graphdef, banned = self._graphdef, self.never_sampled
       eos = jnp.asarray(engine_lib.EOS_IDS, jnp.int32)
 
-      def decode(state, cache, carry, limits, rng, temperature, top_p):
+      def decode(state, cache, carry, limits, rng, offset, temperature, top_p):
         model = nnx.merge(graphdef, state)
         batch = limits.shape[0]
         last_slot = cache['mask'].shape[1] - 1
@@ -246,7 +248,7 @@ class JaxSampler(engine_lib.Engine):
           position_ids = jnp.broadcast_to(positions[None, :, None], (3, batch, 1))
           hidden, cache = model(tokens[:, None], position_ids, None, None, None, cache=cache,
                                 cache_index=jnp.minimum(cache_index, last_slot))
-          ids, logprobs = sampling.sample_logits(model.logits(hidden)[:, -1], jax.random.fold_in(rng, k),
+          ids, logprobs = sampling.sample_logits(model.logits(hidden)[:, -1], jax.random.fold_in(rng, offset + k),
                                                  temperature, top_p, greedy, use_top_p, banned)
           active = ~done
           step_ = active.astype(jnp.int32)
@@ -379,13 +381,16 @@ class JaxSampler(engine_lib.Engine):
              jnp.asarray(done))   # a row's last id is written at its cache index next, at text position + delta
     decode = self._decode_fn(greedy, use_top_p, min(self.decode_steps, _STOP_CHUNK) if stop else self.decode_steps)
     limits_dev = jnp.asarray(limits)
+    decode_key, offset = self._next_key(), 0
     steps = 0
     bar = None
     if self.progress:
       import tqdm  # pylint: disable=g-import-not-at-top
       bar = tqdm.tqdm(total=int(limits[:n].max()), desc='decode', leave=False)
     while not done.all():
-      ids, lps, carry, cache = decode(state, cache, carry, limits_dev, self._next_key(), temperature, top_p)
+      ids, lps, carry, cache = decode(state, cache, carry, limits_dev, decode_key, jnp.int32(offset), temperature,
+                                      top_p)
+      offset += ids.shape[1]  # a chunk stops early only when every row is done (no call follows)
       ids, lps, now = np.asarray(ids), np.asarray(lps), np.asarray(carry[3])
       new = now - emitted
       for b in np.flatnonzero(new[:n]):

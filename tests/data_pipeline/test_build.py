@@ -221,6 +221,7 @@ def test_an_xml_dump_with_no_seed_gives_zero_items_with_reasons(tmp_path):
 @pytest.mark.parametrize('field, value, match', [
     ('anchor', 'image', "data.anchor='image'"), ('rewrite', 'no', "data.rewrite='no'"),
     ('image_dir', '', "data.image_dir=''"), ('min_seed_in_degree', 0, 'data.min_seed_in_degree'),
+    ('min_seed_in_degree', 20_000, 'seed in-degree window is empty'),
 ])
 def test_walk_and_ablation_switches_are_checked_and_recorded(tmp_path, field, value, match):
   settings = build.build_settings(build.default_config())

@@ -133,6 +133,31 @@ def test_ground_by_clip_picks_among_candidates_or_keeps_the_infobox_image(clip, 
   assert [r['anchor_source'] for r in out] == ['infobox: no clip model'] * 3 + ['']
 
 
+def test_candidates_from_ground_are_scored_against_the_anchor_node(clip, clip_dir):
+  """Two candidate images: the one more similar to 'a photo of <anchor node>' is chosen when it reaches the
+  threshold; with `data.anchor='answer'` (`anchor_title` = vh) the text is vh's title, not v0's."""
+  data = osvl_paths.data_dir()
+  rels = [f'images/landmarks/{s}.jpg' for s in PHOTOS[:2]]
+  images = [_photo(s) for s in PHOTOS[:2]]
+  sims_v0, sims_vh = clip_ground.score(clip, images, ['a photo of Taj Mahal', 'a photo of Agra']).T
+  assert np.abs(sims_v0 - sims_vh).max() > 1e-4                   # the two texts score differently
+  rec = {'prompt_id': 'a', 'path': ['Taj_Mahal', 'Agra'], 'image_path': rels[0], 'image_candidates': rels,
+         'rejected': None}
+  config = clip_ground.default_config()
+  for anchor_title, sims in (('Taj_Mahal', sims_v0), ('Agra', sims_vh)):
+    r = dict(rec, anchor_title=anchor_title)
+    assert clip_ground.anchor_text(r, config.text_template) == 'a photo of ' + anchor_title.replace('_', ' ')
+    best = int(np.argmax(sims))
+    config.update(clip_path=str(clip_dir), threshold=float(sims[best]) - 1e-4)
+    (out,), counts = clip_ground.ground_by_clip([r], config, data)
+    assert out['image_path'] == rels[best] and out['anchor_source'] == 'clip'
+    assert out['anchor_clip_score'] == pytest.approx(float(sims[best]), abs=1e-5)
+    assert counts['changed_image'] == int(best == 1)
+    config.threshold = float(sims[best]) + 1e-4
+    (out,), counts = clip_ground.ground_by_clip([r], config, data)
+    assert out['image_path'] == rels[0] and counts['infobox_kept'] == {'below threshold': 1}
+
+
 def test_missing_or_corrupt_checkpoint_is_refused_naming_the_path(tmp_path, clip_dir):
   with pytest.raises(FileNotFoundError, match=str(tmp_path / 'nowhere')):
     clip_ground.load_clip(tmp_path / 'nowhere')

@@ -53,3 +53,29 @@ def test_grounded_questions_name_no_path_node(graph, grounded_items):
         '{E0}', r['anchor_expression'])
     assert rewrite.find_leaks(r['question'], r['path'], graph, r['answers']) == []
     assert (paths.data_dir() / r['image_path']).is_file()
+
+
+def test_name_spans_fold_case_accents_and_punctuation_whole_tokens_only():
+  q = 'Who designed the eiffel tower, near SAO PAULO and St. Louis?'
+  assert rewrite.name_spans(q, ['Eiffel Tower']) == [(17, 29)]
+  assert rewrite.name_spans(q, ['São Paulo', 'St Louis']) == [(36, 45), (50, 59)]
+  assert rewrite.name_spans('Uruguay and Ur', ['Ur']) == [(12, 14)]           # never inside a longer word
+  assert rewrite.name_spans('Sao Tome and Principe', ['Sao Tome', 'São Tomé and Príncipe']) == [(0, 21)]  # longest
+
+
+def test_ablation_template_replaces_only_mentions_of_v0(graph):
+  """`data.rewrite=False`: v0 found up to case (a plain `str.replace` of 'Eiffel Tower' missed it), not inside
+  another path node's name; no mention -> rejected with the reason."""
+  assert rewrite.mention_template('In which country is the eiffel tower?', ['Eiffel_Tower', 'France'], graph) == (
+      'In which country is the {E0}?')
+  q = 'Sao Tome lies in São Tomé and Príncipe. What is the capital of São Tomé and Príncipe?'
+  assert rewrite.mention_template(q, ['São_Tomé', 'São_Tomé_and_Príncipe'], graph) == (
+      '{E0} lies in São Tomé and Príncipe. What is the capital of São Tomé and Príncipe?')
+  assert rewrite.mention_template('What is the capital of São Tomé and Príncipe?',
+                                  ['São_Tomé', 'São_Tomé_and_Príncipe'], graph) is None
+  recs = [{'path': ['Eiffel_Tower', 'France'], 'canonical_question': q, 'answers': ['Paris'], 'rejected': None}
+          for q in ('In which country is the EIFFEL TOWER?', 'What is the capital of France?')]
+  out, counts = rewrite.rewrite(recs, graph, enabled=False)
+  assert out[0]['question_template'] == 'In which country is the {E0}?' and not out[0]['rejected']
+  assert out[1]['rejected'] == 'rewrite: v0 not named in the question (Eiffel_Tower)'
+  assert (counts['rewritten'], counts['rejected_unnamed'], counts['rejected_leak']) == (1, 1, 0)

@@ -182,3 +182,14 @@ def test_bad_inputs_named(tmp_path):
     wiki_xml.read_pages_articles(plain)
   with pytest.raises(FileNotFoundError, match='articles.parquet'):
     wiki.load(tmp_path)
+
+
+def test_a_wiki_folder_saved_without_texts_is_refused_by_name(sample, tmp_path):
+  """A folder from before texts were kept would give 0 usable nodes silently; it is refused, naming the folder."""
+  import pyarrow.parquet as pq
+  folder = tmp_path / 'wiki'
+  wiki.save(sample, folder)
+  table = pq.read_table(folder / 'articles.parquet')
+  pq.write_table(table.drop(['text']), folder / 'articles.parquet')
+  with pytest.raises(ValueError, match=f'{folder}.*no text column'):
+    wiki.load(folder)

@@ -29,7 +29,7 @@ def _world():
   # (a redirect to River Town); River Town -> Alphaland (capital Alphaville: answerable) and back to Tower.
   # Poet (seed, person, image) -> Alphaland, River Town. In-degrees: Tower 4, Poet 2, Hub City 5.
   pages = [
-      ('Tower', 'building', {'image': 'Tower.jpg'}, ['Tower.jpg'],
+      ('Tower', 'building', {'image': 'Tower.jpg'}, ['Tower.jpg', 'Tower night.jpg', 'Tower plan.svg'],
        'The Tower stands in Hub City. The Tower is located in Old Name.',
        [('Hub City', 'Hub City', 'The Tower stands in Hub City.'), ('List of towers', 'List of towers', ''),
         ('Old Name', 'Old Name', 'The Tower is located in Old Name.')]),
@@ -204,6 +204,22 @@ def test_ground_refers_by_domain_and_rejects_a_missing_image(tmp_path):
   assert counts['grounded'] == 1 and counts['rejected'] == {'image file missing': 1}
   assert ground.referring_expression('taj-mahal', 'Building-Place') == 'the mausoleum in the image'
   assert ground.referring_expression('x', 'Person') == 'the person in the image'
+
+
+def test_ground_names_the_anchor_node_and_its_candidate_images(tmp_path):
+  """The CLIP branch's inputs: the anchor node's title, and its article's image files that exist (infobox image
+  first); none when only one exists."""
+  _, (recs, _) = _grounded(tmp_path)
+  tower = next(r for r in recs if r['path'][0] == 'Tower')
+  assert tower['anchor_title'] == 'Tower' and tower['image_candidates'] == []   # only Tower.jpg on disk
+  Image.new('RGB', (8, 8)).save(tmp_path / 'imgs' / 'Tower night.jpg')        # 'Tower plan.svg' stays missing
+  _, (recs, _) = _grounded(tmp_path)
+  tower = next(r for r in recs if r['path'][0] == 'Tower')
+  assert tower['image_candidates'] == ['imgs/Tower.jpg', 'imgs/Tower night.jpg']
+  poet = next(r for r in recs if r['path'][0] == 'Poet')                        # rejected: no Poet.jpg
+  assert poet['anchor_title'] == 'Poet' and poet['image_candidates'] == []
+  assert ground.image_candidates('imgs/Tower night.jpg', ['Tower.jpg', 'Tower night.jpg'], tmp_path, 'imgs') == [
+      'imgs/Tower night.jpg', 'imgs/Tower.jpg']
 
 
 def test_the_table_3a_switches_answer_anchor_and_no_rewriting(tmp_path):

@@ -197,3 +197,6 @@ def test_benchmarks_merged_into_the_training_set_are_evaluated_on_their_held_out
   assert len(ev.load_items()[0]['fvqa']) == 2 and ev.trained_on == {}
   with pytest.raises(FileNotFoundError, match='train_data='):
     runner.train_settings(tmp_path / 'nowhere')
+  # A merging build whose recorded settings lack a field: an error, not a guess that could leak trained-on items.
+  with pytest.raises(ValueError, match='merge_holdout'):
+    benchmarks.held_out_items('fvqa', all_fvqa, {'merge_external': True, 'merge_sources': ['fvqa']})

@@ -331,3 +331,20 @@ def test_stop_string_in_a_later_chunk_cuts_at_the_completing_id(model, tokenizer
   assert gens[0].ids.tolist() == ref[:k + 1] and gens[0].finish_reason == engine_lib.FINISH_STOP_STRING
   assert len(gens[0].logprobs) == k + 1
   assert gens[1].ids.tolist() == other_ref and gens[1].finish_reason == engine_lib.FINISH_LENGTH
+
+
+def test_samples_do_not_depend_on_the_chunk_size_or_an_unmatched_stop_string(model, tokenizer):
+  """One key per `generate`, folded with the global decode step: decode_steps 64, 1 and 3, and a stop string that
+  never matches (which caps the chunk at 8), all draw the same ids for the same seed."""
+  prompts = [(_text_prompt(s, 7), []) for s in range(2)]
+
+  def draw(**kw):
+    stop = kw.pop('stop', None)
+    s = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=20, temperature=1.0, seed=3, bucket=16, **kw)
+    return [g.ids.tolist() for g in s.generate(prompts, stop=stop)]
+
+  want = draw(decode_steps=64)
+  assert len(set(map(tuple, want))) == 2 and all(len(w) >= 3 for w in want)
+  assert draw(decode_steps=1) == want
+  assert draw(decode_steps=3) == want
+  assert draw(decode_steps=64, stop=('never-in-text-@@@',)) == want

@@ -76,3 +76,26 @@ def test_sample_logits_bans_ids_in_greedy_top_p_and_plain_sampling():
     assert 0 not in set(np.asarray(ids).tolist())
     if greedy or use_top_p:
       assert set(np.asarray(ids).tolist()) == {1}  # the best allowed id (the nucleus of the allowed ids)
+
+
+def test_zero_weight_ids_are_never_drawn_even_where_the_cumsum_rounds_up(monkeypatch):
+  """XLA's blockwise cumsum is not exactly monotone: a zero-weight (banned / outside top-p) id can sit above a
+  1-ulp step of the running sum. Simulated here by a cumsum that steps at the banned id; a uniform landing in that
+  step must still draw the next allowed id, never the banned one."""
+  import jax
+  import jax.numpy as jnp
+  from osvl_jax.rollout import sampling
+  logits = jnp.zeros((1, 9), jnp.float32).at[0, 4].set(-jnp.inf)  # 9 ids (block 3), id 4 banned
+  real = jnp.cumsum
+
+  def rounding_cumsum(x, axis=-1):
+    out = real(x, axis=axis)
+    if x.shape[-1] == 3 and x.ndim == 2:  # inside block 1 (ids 3, 4, 5): a spurious step at the banned id 4
+      out = out.at[:, 1:].add(jnp.float32(1e-3))
+    return out
+
+  monkeypatch.setattr(jnp, 'cumsum', rounding_cumsum)
+  # u[0] picks block 1 (mass 2 of 8 ... cdf 3, 5, 8); u[1] lands inside the spurious step after id 3.
+  monkeypatch.setattr(jax.random, 'uniform', lambda key, shape, dtype=jnp.float32: jnp.asarray(
+      [[[0.5]], [[(1.0 + 5e-4) / (2.0 + 1e-3)]]], jnp.float32))
+  assert int(sampling.categorical(jax.random.key(0), logits)[0]) == 5
