@@ -37,8 +37,11 @@ def inputs():
   return model, ids, pos, pixels, grid, np.asarray(flat)
 
 
-@pytest.mark.parametrize('shards', [1, 2, 4])
-def test_per_shard_layout_gives_the_flat_hidden_states(inputs, shards):
+@pytest.mark.parametrize('shards, query_block', [(1, 512), (2, 512), (4, 512), (1, 5), (2, 7)])
+def test_per_shard_layout_gives_the_flat_hidden_states(inputs, shards, query_block, monkeypatch):
+  """Also with query blocks smaller than a shard's patches (padded last block, blocks across images)."""
+  from osvl_jax.models.qwen3_vl import vision
+  monkeypatch.setattr(vision, 'QUERY_BLOCK', query_block)
   model, ids, pos, pixels, grid, flat = inputs
   laid_out, index = batching.shard_images(ids, pixels, shards)
   got, _ = model(ids, pos, None, laid_out, grid, patch_index=index)

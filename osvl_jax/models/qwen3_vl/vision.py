@@ -33,6 +33,9 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import VisionConfig
 
 
+QUERY_BLOCK = 512  # patches per query block of the per-shard (masked) vision attention
+
+
 def as_grid_tuple(grid_thw) -> tuple[tuple[int, int, int], ...]:
   """Hashable, static form of an [I, 3] grid (for jit static arguments and caches)."""
   if isinstance(grid_thw, jax.core.Tracer):
@@ -192,11 +195,30 @@ class VisionAttention(nnx.Module):
     return out
 
   def _masked(self, q, k, v, segment_ids):
-    """q, k, v [S, P, H, D], segment_ids int32 [S, P]: each shard's patches attend within their segment."""
-    scores = jnp.einsum('sqhd,skhd->shqk', q, k) * self.head_dim ** -0.5
-    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]      # [S, 1, P, P]
-    scores = jnp.where(same, scores.astype(jnp.float32), -jnp.inf)            # a patch always sees itself
-    return self._softmax_values(scores, v)
+    """q, k, v [S, P, H, D], segment_ids int32 [S, P]: each shard's patches attend within their segment.
+
+    In query blocks of `QUERY_BLOCK` patches (`jax.lax.map`, each block rematerialised in the backward pass), so
+    the scores take [S, H, block, P] at a time, not [S, H, P, P]: a shard of four 4,096-patch images would
+    otherwise hold 16 GiB of float32 scores per layer at 16 heads.
+    """
+    s, p = segment_ids.shape
+    block = min(QUERY_BLOCK, p)
+    n = -(-p // block)
+    pad = ((0, 0), (0, n * block - p))
+    q_blocks = jnp.pad(q, pad + ((0, 0), (0, 0))).reshape(s, n, block, *q.shape[2:]).swapaxes(0, 1)
+    seg_blocks = jnp.pad(segment_ids, pad, mode='edge').reshape(s, n, block).swapaxes(0, 1)  # padded rows: real ids
+    scale = self.head_dim ** -0.5
+
+    @jax.checkpoint
+    def one(args):   # [S, block, H, D] queries of one block against every key of their shard
+      qi, si = args
+      scores = jnp.einsum('sqhd,skhd->shqk', qi, k) * scale
+      same = si[:, None, :, None] == segment_ids[:, None, None, :]            # [S, 1, block, P]
+      scores = jnp.where(same, scores.astype(jnp.float32), -jnp.inf)          # a patch always sees itself
+      return self._softmax_values(scores, v)
+
+    out = jax.lax.map(one, (q_blocks, seg_blocks))                              # [n, S, block, H, D]
+    return out.swapaxes(0, 1).reshape(s, n * block, *q.shape[2:])[:, :p]
 
 
 class VisionMLP(nnx.Module):
