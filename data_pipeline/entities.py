@@ -209,16 +209,30 @@ def name_tokens(text: str) -> list[str]:
   return re.findall(r'[^\W_]+', fold(text).replace('&', ' and '))
 
 
-MAX_NAME_TOKENS = 8  # longest token run `names_in_text` compares
+MAX_NAME_TOKENS = 8  # longest token run the name matcher compares
+
+
+def _name_runs(text: str) -> dict[str, list[tuple[int, int]]]:
+  """Every run of at most `MAX_NAME_TOKENS` consecutive word tokens of `text` (`[^\\W_]+` or `&`), keyed by its
+  folded tokens joined without spaces (`name_tokens` of each token), -> its character spans [start, end)."""
+  toks = [(m.start(), m.end(), ''.join(name_tokens(m.group()))) for m in re.finditer(r'[^\W_]+|&', text)]
+  runs: dict[str, list[tuple[int, int]]] = {}
+  for i in range(len(toks)):
+    key = ''
+    for j in range(i, min(i + MAX_NAME_TOKENS, len(toks))):
+      key += toks[j][2]
+      if key:
+        runs.setdefault(key, []).append((toks[i][0], toks[j][1]))
+  return runs
 
 
 def names_in_text(text: str, names) -> list[str]:
   """The names of `names` that occur in `text` up to case, diacritics, punctuation and spacing (Eq. 6 (iii)).
 
-  A name occurs when its tokens (`name_tokens`) joined without spaces equal the joined tokens of a run of at most
-  `MAX_NAME_TOKENS` consecutive tokens of the text: 'Sao Paulo' is found in 'the São Paulo metro', 'St Louis' in
-  'St. Louis', 'AT&T' in 'AT & T', 'Beijing' in 'Bei jing', 'Taj Mahal' in "the Taj Mahal's dome"; a name is
-  never found inside a longer word ('Ur' is not in 'Uruguay').
+  A name occurs when its tokens (`name_tokens`) joined without spaces equal the joined folded tokens of a run of
+  at most `MAX_NAME_TOKENS` consecutive tokens of the text: 'Sao Paulo' is found in 'the São Paulo metro',
+  'St Louis' in 'St. Louis', 'AT&T' in 'AT & T', 'Beijing' in 'Bei jing', 'Taj Mahal' in "the Taj Mahal's dome";
+  a name is never found inside a longer word ('Ur' is not in 'Uruguay'). The same matcher as `name_spans`.
 
   Args:
     text: the question (any string).
@@ -226,10 +240,26 @@ def names_in_text(text: str, names) -> list[str]:
   Returns:
     The names found, in the order given.
   """
-  tokens = name_tokens(text)
-  runs = {''.join(tokens[i:j]) for i in range(len(tokens))
-          for j in range(i + 1, min(i + MAX_NAME_TOKENS, len(tokens)) + 1)}
-  return [n for n in names if ''.join(name_tokens(n)) in runs and name_tokens(n)]
+  runs = _name_runs(text)
+  return [n for n in names if ''.join(name_tokens(n)) in runs]
+
+
+def name_spans(text: str, names) -> list[tuple[int, int]]:
+  """Character spans [start, end) of `text` where one of `names` occurs (the rule of `names_in_text`), longest
+  first and non-overlapping, in text order: 'the eiffel tower' in 'Who designed the eiffel tower?' for the name
+  'Eiffel Tower' -> [(17, 29)].
+
+  Args:
+    text: the question (any string).
+    names: candidate names (`WikiGraph.aliases`).
+  """
+  runs = _name_runs(text)
+  found = [span for n in names for span in runs.get(''.join(name_tokens(n)), ())]
+  spans: list[tuple[int, int]] = []
+  for a, b in sorted(set(found), key=lambda ab: (ab[0] - ab[1], ab[0])):
+    if all(b <= c or a >= d for c, d in spans):
+      spans.append((a, b))
+  return sorted(spans)
 
 
 _YEARLIKE = re.compile(r'^(\d+(s|th|st|nd|rd)?(_century)?(_BC)?|\d+s_\w+|January|February|March|April|May|June|'

@@ -27,7 +27,6 @@ leak check then covers the answer only; `ground` still replaces v0's name, at th
 finds: any alias of v0 up to case and accents, not inside another path node's name; none found -> rejected).
 """
 
-import re
 
 from data_pipeline import entities
 from data_pipeline import relations
@@ -87,31 +86,8 @@ def fuzzy_rewrite(path: list[str], descriptors: list[str], attribute: str, rels:
   return capitalize(tmpl), trace
 
 
-def name_spans(text: str, names) -> list[tuple[int, int]]:
-  """Character spans [start, end) of `text` where one of `names` occurs, by the rule of `entities.names_in_text`
-  (case, diacritics, punctuation and spacing folded; whole tokens only), longest first and non-overlapping, in
-  text order: 'the eiffel tower' in 'Who designed the eiffel tower?' for the name 'Eiffel Tower' -> [(17, 29)].
-
-  Args:
-    text: the question (any string).
-    names: candidate names (`WikiGraph.aliases`).
-  """
-  wanted = {''.join(entities.name_tokens(n)) for n in names} - {''}
-  toks = [(m.start(), m.end(), ''.join(entities.name_tokens(m.group()))) for m in re.finditer(r'[^\W_]+|&', text)]
-  found = []
-  for i in range(len(toks)):
-    for j in range(min(i + entities.MAX_NAME_TOKENS, len(toks)), i, -1):
-      if ''.join(t[2] for t in toks[i:j]) in wanted:
-        found.append((toks[i][0], toks[j - 1][1]))
-  spans = []
-  for a, b in sorted(found, key=lambda ab: (ab[0] - ab[1], ab[0])):
-    if all(b <= c or a >= d for c, d in spans):
-      spans.append((a, b))
-  return sorted(spans)
-
-
 def mention_template(question: str, path: list[str], graph) -> str | None:
-  """`question` with each mention of v0 (`name_spans` of `graph.aliases(path[0])`) replaced by `{E0}`, mentions
+  """`question` with each mention of v0 (`entities.name_spans` of `graph.aliases(path[0])`) replaced by `{E0}`, mentions
   inside the name of another path node skipped ('Paris' in 'Paris Metro'); None when no mention is left (the
   `data.rewrite=False` ablation's template).
 
@@ -120,8 +96,8 @@ def mention_template(question: str, path: list[str], graph) -> str | None:
       born?'.
     path: titles v0..vh; graph: the `wiki_graph.WikiGraph`.
   """
-  others = [span for t in path[1:] if t != path[0] for span in name_spans(question, graph.aliases(t))]
-  spans = [(a, b) for a, b in name_spans(question, graph.aliases(path[0]))
+  others = [span for t in path[1:] if t != path[0] for span in entities.name_spans(question, graph.aliases(t))]
+  spans = [(a, b) for a, b in entities.name_spans(question, graph.aliases(path[0]))
            if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in others)]
   if not spans:
     return None

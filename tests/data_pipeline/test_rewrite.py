@@ -1,5 +1,6 @@
 """Fuzzy rewrite order and the non-leakage check."""
 
+from data_pipeline import entities
 from data_pipeline import ground
 from data_pipeline import rewrite
 from osvl_jax import paths
@@ -57,10 +58,10 @@ def test_grounded_questions_name_no_path_node(graph, grounded_items):
 
 def test_name_spans_fold_case_accents_and_punctuation_whole_tokens_only():
   q = 'Who designed the eiffel tower, near SAO PAULO and St. Louis?'
-  assert rewrite.name_spans(q, ['Eiffel Tower']) == [(17, 29)]
-  assert rewrite.name_spans(q, ['São Paulo', 'St Louis']) == [(36, 45), (50, 59)]
-  assert rewrite.name_spans('Uruguay and Ur', ['Ur']) == [(12, 14)]           # never inside a longer word
-  assert rewrite.name_spans('Sao Tome and Principe', ['Sao Tome', 'São Tomé and Príncipe']) == [(0, 21)]  # longest
+  assert entities.name_spans(q, ['Eiffel Tower']) == [(17, 29)]
+  assert entities.name_spans(q, ['São Paulo', 'St Louis']) == [(36, 45), (50, 59)]
+  assert entities.name_spans('Uruguay and Ur', ['Ur']) == [(12, 14)]           # never inside a longer word
+  assert entities.name_spans('Sao Tome and Principe', ['Sao Tome', 'São Tomé and Príncipe']) == [(0, 21)]  # longest
 
 
 def test_ablation_template_replaces_only_mentions_of_v0(graph):
