@@ -8,10 +8,12 @@ Per chip, for a mesh and the config's sharding rules (`sharding.param_specs` on 
   gradients  = params (param_dtype, same sharding; the value_and_grad output before the update)
   gathers    = the FSDP working set (p = param-dtype bytes; an array not sharded over 'fsdp' is not gathered):
                one decoder layer's weights gathered over 'fsdp' (still split over the other axes) in the compute
-               dtype and its full gradient before the reduce-scatter, (c + p) per element; the vocabulary
-               matrices, gathered whole over 'fsdp' in param_dtype (`text.embed_lookup` constrains the table to
-               ('vocab', None)): embedding gathered + its full gradient, 2p; lm_head gathered, its compute copy,
-               its full gradient, 2p + c (tied: the one table, 2p + c)
+               dtype and its full gradient before the reduce-scatter, (c + p) per element (the experts'
+               gate_up_proj is gathered over its 'mlp' axes too: each device slices its gate and up blocks); the
+               vocabulary matrices, cast to the compute dtype and then gathered whole over 'fsdp'
+               (`text.embed_lookup` and `model.logits` constrain the cast table to ('vocab', None)): embedding
+               gathered + its full gradient in param_dtype, c + p; lm_head gathered, its full gradient in the
+               compute dtype and in param_dtype, 2c + p (tied: the one table, 2c + p)
   activations, for one micro-batch of b rows per chip (the batch's share of the global micro-batch: rows /
   Π(mesh axes of the logical axis 'batch')), T tokens per row, K loss positions per row, c = compute-dtype bytes,
   H hidden, I intermediate (MoE: k routed experts × moe_intermediate_size), nq / nkv heads, d head_dim, V vocab,
@@ -20,8 +22,10 @@ Per chip, for a mesh and the config's sharding rules (`sharding.param_specs` on 
                    backward: residual in, input norm out, attention out, post-attention norm out (4H); q after
                    norm, after rope, attention output (3·nq·d); k, k norm, k rope, v (4·nkv·d); gate, up,
                    silu(gate)·up (3I); the float32 row log-sum-exp of the blockwise attention (4·nq).
-                   MoE layers: 3I becomes 3·k·I_moe + 2·k·H (tokens gathered per expert and their outputs) and
-                   4·E router probabilities in float32.
+                   MoE layers (`moe.Experts`, routed per device): 3I becomes ep_b·(3·k·I_moe/t_i + 2·k·H) (the
+                   device's k assignments per token, gathered and sorted by expert, and their outputs) and 4·E router
+                   probabilities in float32; ep_b = the shards of the expert axes the batch is also split over (the
+                   30B-A3B rules: 'expert'), whose tokens each device gathers before routing (1 by default).
     residual     = b·T·H·c, the scan carry (the input of each layer; `embed_lookup` casts to the compute dtype)
     with remat   = L·residual + layer_saved        (per layer only its input is saved; one layer is recomputed
                                                      at a time in the backward pass)
@@ -195,7 +199,10 @@ def activation_bytes(arch: config_lib.Qwen3VLConfig, mesh, rule_table, rows: int
   if arch.is_moe:
     t_i = _axis_shards('mlp', t.moe_intermediate_size, mesh, rule_table)
     k = t.num_experts_per_tok
-    mlp = c * (3 * k * t.moe_intermediate_size // t_i + 2 * k * h) + 4 * t.num_experts
+    expert_axes = _axes(sharding.logical_to_spec(('experts',), (t.num_experts,), mesh, rule_table))
+    ep_b = math.prod(mesh.shape[a] for a in expert_axes & _axes(sharding.logical_to_spec(('batch',), None, mesh,
+                                                                                          rule_table)))
+    mlp = ep_b * c * (3 * k * t.moe_intermediate_size // t_i + 2 * k * h) + 4 * t.num_experts
   else:
     t_i = _axis_shards('mlp', t.intermediate_size, mesh, rule_table)
     mlp = c * 3 * t.intermediate_size // t_i
@@ -215,13 +222,15 @@ def gather_bytes(params: dict, arch: config_lib.Qwen3VLConfig, mesh, compute_byt
   for path, (_, per_chip, spec) in params.items():
     gathered = fsdp > 1 and 'fsdp' in _axes(spec)
     elements = per_chip * (fsdp if gathered else 1) // p
+    if path.endswith('mlp.experts.gate_up_proj'):   # [.., E, hidden, 2I]: the 2I dim gathered too (`moe.Experts`)
+      elements *= math.prod(mesh.shape[a] for a in _axes(spec[-1:]) - {'fsdp'})
     stacked = path.startswith('language_model.layers.') and not re.match(r'language_model\.layers\.\d', path)
     if stacked or path.startswith('language_model.layers.0.'):
       total += (elements // arch.text.num_hidden_layers if stacked else elements) * (c + (p if gathered else 0))
     elif path == 'language_model.embed_tokens.embedding':
-      total += elements * ((2 * p if gathered else 0) + (c if arch.tie_word_embeddings else 0))
+      total += elements * ((c + p if gathered else 0) + (c if arch.tie_word_embeddings else 0))
     elif path == 'lm_head.kernel':
-      total += elements * ((2 * p if gathered else 0) + c)
+      total += elements * ((c + p if gathered else 0) + c)
   return total
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
 from osvl_jax.models.qwen3_vl import parity  # noqa: E402
-from osvl_jax.models.qwen3_vl import text as text_lib  # noqa: E402
+from osvl_jax.models.qwen3_vl import moe  # noqa: E402
 from osvl_jax.models.qwen3_vl import weights  # noqa: E402
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # noqa: E402
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel  # noqa: E402
@@ -41,7 +41,7 @@ def test_sparse_moe_block_matches_transformers_with_sharp_routing(moe_hf):
     for p in hf_block.parameters():
       p.normal_(0.0, 1.0)
   config = Qwen3VLConfig.tiny_moe()
-  block = text_lib.SparseMoeBlock(config.text, rngs=nnx.Rngs(0), dtype=jnp.float32, param_dtype=jnp.float32)
+  block = moe.SparseMoeBlock(config.text, rngs=nnx.Rngs(0), dtype=jnp.float32, param_dtype=jnp.float32)
   block.gate.kernel[...] = jnp.asarray(hf_block.gate.weight.detach().numpy().T)
   block.experts.gate_up_proj[...] = jnp.asarray(hf_block.experts.gate_up_proj.detach().numpy().transpose(0, 2, 1))
   block.experts.down_proj[...] = jnp.asarray(hf_block.experts.down_proj.detach().numpy().transpose(0, 2, 1))

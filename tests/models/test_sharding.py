@@ -1,6 +1,8 @@
 """Sharded forward and gradient equal the unsharded ones on 8 simulated CPU devices (fsdp=8; fsdp=2 x tensor=4;
-MoE with expert=4; scan_layers with fsdp=2 x tensor=4), the rules map parameters to the expected mesh axes, an
-orbax checkpoint saved on one mesh restores onto another, and an HF folder loads straight into the shardings.
+MoE with expert=4; scan_layers with fsdp=2 x tensor=4), the MoE block routed per device under a set mesh equals
+the whole-batch routing (expert, tensor and fsdp splits; the batch split over 'expert' too), the rules map
+parameters to the expected mesh axes, an orbax checkpoint saved on one mesh restores onto another, and an HF folder
+loads straight into the shardings.
 
 The multi-device tests need `XLA_FLAGS=--xla_force_host_platform_device_count=8` before jax starts; in a normal
 (1-device) pytest run `test_sharded_numerics_on_8_simulated_devices` reruns this file in a subprocess with it.
@@ -10,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -20,6 +23,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from osvl_jax.models.qwen3_vl import moe
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import text as text_lib
@@ -157,6 +161,97 @@ def test_moe_expert4_forward_and_gradient_equal_unsharded():
       {('language_model', 'layers', 1, 'mlp', 'experts', 'down_proj'): P('expert', None, 'fsdp')})
 
 
+def _moe_block_loss(block, x):
+  """A fixed, position-dependent weighting of the block's output [B, T, hidden] (so every output counts)."""
+  y = block(x)
+  return (y * jnp.sin(jnp.arange(y.size, dtype=jnp.float32).reshape(y.shape))).sum(), y
+
+
+def _moe_block_outputs_and_grads(block, x, mesh=None, rules=sharding.LOGICAL_RULES):
+  """Output, d/dx and d/dparams of `_moe_block_loss`; with `mesh` the block's parameters are placed by `rules` (as
+  inside a decoder layer: path prefix `mlp.`), x split over the batch axes, and the step traced under `use_mesh`."""
+  if mesh is not None:
+    state = nnx.state(block, nnx.Param)
+    placement = jax.tree_util.tree_map_with_path(
+        lambda path, v: sharding.path_sharding('mlp.' + jax.tree_util.keystr(path, simple=True, separator='.')
+                                               .removesuffix('.value'), v.shape, mesh, rules), state)
+    nnx.update(block, jax.device_put(state, placement))
+    x = jax.device_put(x, sharding.data_sharding(mesh, 3, rules=rules))
+  step = nnx.jit(nnx.value_and_grad(_moe_block_loss, argnums=(0, 1), has_aux=True))
+  with sharding.use_mesh(mesh, rules) if mesh is not None else contextlib.nullcontext():
+    (_, y), (grads, dx) = step(block, x)
+  return [np.asarray(y), np.asarray(dx)] + [np.asarray(g) for g in jax.tree.leaves(grads)]
+
+
+MOE_MESHES = [({'fsdp': 2, 'expert': 4}, ('data', 'fsdp')), ({'fsdp': 2, 'tensor': 2, 'expert': 2}, ('data', 'fsdp')),
+              ({'fsdp': 2, 'tensor': 4}, ('data', 'fsdp')), ({'expert': 8}, ('data', 'fsdp')),
+              ({'fsdp': 2, 'expert': 4}, ('data', 'fsdp', 'expert'))]
+
+
+@multi
+@pytest.mark.parametrize('mesh_kw, batch_axes', MOE_MESHES,
+                         ids=['x'.join(f'{a}{n}' for a, n in m.items()) + f'-batch_{"_".join(b)}'
+                              for m, b in MOE_MESHES])
+def test_moe_block_routed_per_device_equals_the_whole_batch_routing(mesh_kw, batch_axes):
+  """8 experts, top-3: each device routes its own tokens to its local experts (2, 4 or 1 of them; with tensor, also
+  its block of the intermediate dim) and a psum adds the parts; with the batch split over 'expert' too (the 30B-A3B
+  rules) the expert group's tokens are gathered first and the sums reduce-scattered back. Output, input gradient
+  and parameter gradients equal the one-device routing of the whole batch."""
+  text = dataclasses.replace(MOE.text, num_experts=8, num_experts_per_tok=3)
+  make = lambda: moe.SparseMoeBlock(text, rngs=nnx.Rngs(0), dtype=jnp.float32, param_dtype=jnp.float32)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 6, text.hidden_size)), jnp.float32)
+  want = _moe_block_outputs_and_grads(make(), x)
+  rules = sharding.rules_from_config({'sharding_rules': [('batch', batch_axes)]})
+  block = make()
+  got = _moe_block_outputs_and_grads(block, x, sharding.make_mesh(**mesh_kw), rules)
+  assert block.experts.gate_up_proj[...].addressable_shards[0].data.shape[0] == 8 // mesh_kw.get('expert', 1)
+  assert len(got) == len(want) == 5          # output, dx, router kernel, gate_up_proj, down_proj
+  for g, w in zip(got, want):
+    assert np.linalg.norm(g - w) <= 1e-5 * np.linalg.norm(w)
+
+
+def test_bf16_embedding_lookup_accumulates_its_gradient_in_float32():
+  """float32 table, bfloat16 compute: the looked-up rows are the bf16-cast rows, and the table's gradient is the
+  float32 sum of the rows' bf16 cotangents (a token repeated 600 times: a bf16 scatter-add would be off by ~1e-3)."""
+  embed = nnx.Embed(16, 8, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+  ids = jnp.asarray(np.where(np.arange(600) % 7 == 0, 5, 3)[None], jnp.int32)          # [1, 600]
+  weight = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, (1, 600, 8)), jnp.bfloat16)
+  rows = text_lib.embed_lookup(embed, ids)
+  assert rows.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(rows, np.float32),
+                                np.asarray(embed.embedding[...][ids].astype(jnp.bfloat16), np.float32))
+  grads = nnx.grad(lambda e: (text_lib.embed_lookup(e, ids) * weight).astype(jnp.float32).sum())(embed)
+  grad = grads['embedding'][...]
+  assert grad.dtype == jnp.float32
+  w = np.asarray(weight, np.float64)[0]
+  ids_np = np.asarray(ids)[0]
+  np.testing.assert_allclose(np.asarray(grad)[3], w[ids_np == 3].sum(0), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(grad)[5], w[ids_np == 5].sum(0), rtol=1e-6)
+  assert not np.asarray(grad)[[0, 1, 2, 4, 6]].any()
+
+
+@multi
+def test_bf16_vocabulary_matrices_are_cast_before_their_gather():
+  """fsdp=8, float32 parameters, bfloat16 compute, untied lm_head: the embedding table and the lm_head kernel
+  [1024 vocab, 64] are laid out ('vocab', None) -- i.e. gathered over fsdp -- as their bf16 casts; the one float32
+  [1024, 64] constraint is the embedding gradient, accumulated in float32. Read from the lowered program: XLA:CPU
+  itself runs bf16 collectives in float32 (float normalisation), so the compiled one cannot show it."""
+  config = dataclasses.replace(DENSE, tie_word_embeddings=False)
+  mesh = sharding.make_mesh(fsdp=8)
+  model = sharding.shard_model(Qwen3VLModel(config, nnx.Rngs(0), dtype=jnp.bfloat16), mesh)
+  ids, pos, mask, _, _ = _inputs()
+  ids = jax.device_put(jnp.asarray(ids, jnp.int32), sharding.data_sharding(mesh, 2))
+
+  def loss(model, ids):
+    hidden, _ = model(ids, pos, mask)
+    return model.logits(hidden).mean()
+
+  with jax.set_mesh(mesh):
+    program = nnx.jit(nnx.grad(loss)).lower(model, ids).as_text()
+  constrained = re.findall(r'sharding_constraint .*: tensor<1024x64x(\w+)>', program)
+  assert constrained.count('bf16') >= 2 and constrained.count('f32') == 1, constrained
+
+
 @multi
 def test_scan_layers_fsdp2_tensor4_forward_and_gradient_equal_unsharded():
   _check_sharded_equals_unsharded(
@@ -233,4 +328,4 @@ def test_sharded_numerics_on_8_simulated_devices():
                          '-k', 'not on_8_simulated_devices'],
                         env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-  assert '11 passed' in proc.stdout and 'skipped' not in proc.stdout, proc.stdout[-2000:]
+  assert '18 passed' in proc.stdout and 'skipped' not in proc.stdout, proc.stdout[-2000:]

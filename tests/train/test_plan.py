@@ -85,6 +85,24 @@ def test_activation_formula_by_hand(plan_8b):
   assert p.total == p.params + p.optimizer + p.gradients + p.gathers + p.activations
 
 
+def test_moe_activation_formula_by_hand():
+  """30B-A3B (H 2048, 128 experts of I 768, top-8, 32 q / 4 kv heads of 128, 48 layers, V 151936), 1 row x 1024
+  tokens, bf16, fsdp=8 x expert=8. The routed buffers (3kI + 2kH per token) count ep_b = 8 times under the
+  config's rules, which split the batch over 'expert' too (each device gathers its expert group's tokens before
+  routing, `moe.Experts`), and once under the default rules."""
+  config = load('sft_qwen3vl_30b_a3b')
+  sizes = dict(ONE_DEVICE, fsdp=8, expert=8)
+  b, t, h, c, k, i = 1, 1024, 2048, 2, 8, 768
+  dense = c * (4 * h + 3 * 32 * 128 + 4 * 4 * 128) + 4 * 32 + 4 * 128
+  routed = c * (3 * k * i + 2 * k * h)
+  logits = 2 * b * t * 151936 * 4
+  for rules, ep_b, rows in (((('batch', ('data', 'fsdp', 'expert')),), 8, 64), ((), 1, 8)):
+    config.sharding_rules = rules
+    p, _ = plan.estimate(config, sizes, seq_len=t, global_rows=rows)
+    assert p.rows_per_chip == b and p.remat
+    assert p.activations == 48 * b * t * h * c + b * t * (dense + ep_b * routed) + logits
+
+
 def test_parse_slice_counts_chips():
   assert plan.parse_slice('v5p-64') == ('v5p', 32)
   assert plan.parse_slice('v4-8') == ('v4', 4)

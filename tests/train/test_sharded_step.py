@@ -9,11 +9,13 @@ the parameters after the 4 updates too, and every device holds exactly 1/shards 
 and Adam moment (read from `addressable_shards` against the PartitionSpec) -- after the updates as well.
 An orbax checkpoint of the fsdp=8 policy and optimizer restores onto fsdp=2 x tensor=4. The SFT step donates the
 parameters and Adam state (updated in place); GRPO's optimizer step donates the Adam state and the gradients.
+The compiled MoE step routes per device: no buffer of the global batch's expert assignments.
 
 Every mesh here uses all 8 devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (`make test`).
 """
 
 import functools
+import re
 
 import jax
 import ml_collections
@@ -22,6 +24,7 @@ import pytest
 from flax import nnx
 
 from osvl_jax.models.qwen3_vl import config as config_lib
+from osvl_jax.models.qwen3_vl import moe
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.train import checkpoint, grpo_update, policy, sft
@@ -145,6 +148,33 @@ def test_sharded_sft_and_grpo_steps_equal_the_one_device_steps(kind, mesh_kw):
     experts = got['model'].language_model.layers[0].mlp.experts.gate_up_proj[...]
     assert tuple(experts.sharding.spec)[:2] == ('expert', 'fsdp')     # [E, hidden, 2I]: one expert per device
     assert experts.addressable_shards[0].data.shape == (1, 32, 64)
+
+
+def test_compiled_moe_step_routes_only_each_devices_tokens(monkeypatch):
+  """fsdp=2 x expert=4: each device sorts and runs only its batch shard's B/2*T*k = 256 expert assignments through
+  its one local expert; no buffer of the global batch's B*T*k = 512 assignments (the sort keys s32[512], the
+  gathered tokens f32[512, hidden], the ragged matmul's f32[1, 512, 2I]) is left in the compiled SFT step. The
+  same step with the whole-batch routing (the path without a mesh) does hold them: the check can fail."""
+  mesh = sharding.mesh_from_config({'fsdp': 2, 'expert': 4})
+  model, optimizer = policy.create(_config('moe'), mesh, 'sft')
+  batch, grid = _batch()
+  placed = policy.shard_batch(batch, mesh)
+  k, two_i = MOE['num_experts_per_tok'], 2 * MOE['moe_intermediate_size']
+  hidden = config_lib.Qwen3VLConfig.tiny().text.hidden_size
+
+  def shapes() -> set[str]:
+    with sharding.use_mesh(mesh):
+      hlo = sft.make_train_step().lower(model, optimizer, placed, grid).compile().as_text()
+    return set(re.findall(r'[a-z]+\d*\[[\d,]*\]', hlo))
+
+  def routed(rows: int) -> set[str]:
+    return {f's32[{rows}]', f'f32[{rows},{hidden}]', f'f32[1,{rows},{two_i}]'}
+
+  per_device, whole = B // 2 * T * k, B * T * k
+  got = shapes()
+  assert routed(per_device) <= got and not routed(whole) & got
+  monkeypatch.setattr(moe.Experts, '_per_device', lambda self, mesh, *args: self._whole_batch(*args))
+  assert routed(whole) <= shapes()
 
 
 def test_checkpoint_of_a_sharded_policy_restores_onto_another_mesh(tmp_path):

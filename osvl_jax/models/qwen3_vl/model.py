@@ -89,12 +89,17 @@ class Qwen3VLModel(nnx.Module):
     return self.language_model(x, position_ids, attention_mask, visual_pos_mask, deepstack, cache, cache_index)
 
   def logits(self, hidden):
-    """hidden [B, T, hidden] -> float32 logits [B, T, vocab] (lm_head, or the embedding when tied)."""
+    """hidden [B, T, hidden] -> float32 logits [B, T, vocab] (lm_head, or the embedding when tied).
+
+    A table wider than hidden's dtype (float32 parameters, bfloat16 compute) is cast first and the cast copy laid
+    out ('vocab', None) under a set mesh, so FSDP gathers it in the compute dtype."""
     if self.config.tie_word_embeddings:
       table = self.language_model.embed_tokens.embedding[...]
     else:
       table = self.lm_head.kernel[...].T
-    return jnp.einsum('bth,vh->btv', hidden, table.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    if table.dtype != hidden.dtype:
+      table = sharding.constrain(table.astype(hidden.dtype), ('vocab', None))
+    return jnp.einsum('bth,vh->btv', hidden, table, preferred_element_type=jnp.float32)
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
     """Empty KV cache {'k','v': [L, B, Hkv, max_len, D] (head-major), 'mask': bool [B, max_len]} (dtype defaults

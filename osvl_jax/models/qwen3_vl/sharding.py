@@ -195,6 +195,11 @@ def use_mesh(mesh: Mesh, rules=LOGICAL_RULES):
     _CURRENT_RULES.reset(token)
 
 
+def current_rules() -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+  """The logical rules of the enclosing `use_mesh` block (else `LOGICAL_RULES`), read when a step is traced."""
+  return _CURRENT_RULES.get()
+
+
 _STACKED_LAYERS = re.compile(r'(?:^|\.)language_model\.layers\.(?!\d)')
 
 
@@ -284,7 +289,7 @@ def constrain(x: jax.Array, axes: Sequence[str | None], rules=None) -> jax.Array
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not isinstance(x, jax.core.Tracer):
     return x
-  rules = _CURRENT_RULES.get() if rules is None else rules
+  rules = current_rules() if rules is None else rules
   return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, x.shape, mesh, rules))
 
 
@@ -298,7 +303,7 @@ def constrain_state(state):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return state
-  rules = _CURRENT_RULES.get()
+  rules = current_rules()
 
   def leaf(path, x):
     name = jax.tree_util.keystr(path, simple=True, separator='.').removesuffix('.value')

@@ -17,11 +17,14 @@ decode step then holds no cache-sized copy or transpose: the cache is only read 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from osvl_jax.models.qwen3_vl import attention as attention_lib
+from osvl_jax.models.qwen3_vl import moe
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import TextConfig
@@ -54,11 +57,39 @@ RESIDUAL_AXES = ('batch', 'length', 'activation_embed')   # logical axes of the 
 
 
 def embed_lookup(embed: nnx.Embed, input_ids):
-  """input_ids int [B, T] -> [B, T, hidden] (`nnx.Embed`), with the table's FSDP-sharded hidden dim gathered first
-  under a set mesh (as FSDP does for every weight), so the rows land in the batch-sharded residual layout without
-  XLA's involuntary full rematerialisation of the lookup."""
-  table = sharding.constrain(embed.embedding[...], ('vocab', None))
-  return jnp.take(table, input_ids, axis=0).astype(embed.dtype)
+  """input_ids int [B, T] -> [B, T, hidden] in the compute dtype (`nnx.Embed`), with the table's FSDP-sharded hidden
+  dim gathered first under a set mesh (as FSDP does for every weight), so the rows land in the batch-sharded
+  residual layout without XLA's involuntary full rematerialisation of the lookup.
+
+  A table stored in a wider dtype than the compute dtype (float32 parameters, bfloat16 compute) is cast before the
+  gather, so the gathered copy is in the compute dtype; its gradient is still accumulated in the parameter dtype
+  (`_take_rows_cast`). Same values as casting the looked-up rows."""
+  table = embed.embedding[...]
+  if table.dtype == jnp.dtype(embed.dtype):
+    return jnp.take(sharding.constrain(table, ('vocab', None)), input_ids, axis=0)
+  return _take_rows_cast(table, input_ids, jnp.dtype(embed.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _take_rows_cast(table, ids, dtype):
+  """table [V, hidden] (parameter dtype), ids int [B, T] -> rows [B, T, hidden] in `dtype`, gathered from the table
+  cast to `dtype` and laid out ('vocab', None). Backward: the rows' cotangents scatter-added into a [V, hidden]
+  gradient in the table's dtype (a bfloat16 scatter-add would round every repeated token's sum)."""
+  return jnp.take(sharding.constrain(table.astype(dtype), ('vocab', None)), ids, axis=0)
+
+
+def _take_rows_cast_fwd(table, ids, dtype):
+  return _take_rows_cast(table, ids, dtype), (table, ids)
+
+
+def _take_rows_cast_bwd(dtype, residuals, g):
+  del dtype
+  table, ids = residuals
+  grad = sharding.constrain(jnp.zeros(table.shape, table.dtype), ('vocab', None))
+  return grad.at[ids].add(g.astype(table.dtype)), None
+
+
+_take_rows_cast.defvjp(_take_rows_cast_fwd, _take_rows_cast_bwd)
 
 
 def _write_rows(buf, new, index):
@@ -147,72 +178,11 @@ class MLP(nnx.Module):
     return self.down_proj(jax.nn.silu(self.gate_proj(x2)) * self.up_proj(x2)).reshape(x.shape)
 
 
-class Experts(nnx.Module):
-  """The E expert SwiGLU MLPs as stacked weights (HF `Qwen3VLMoeTextExperts`).
-
-  `gate_up_proj`: [E, hidden, 2*I] (gate = first I columns, up = last I), `down_proj`: [E, I, hidden]; this is the
-  hub checkpoint layout (transformers>=5 keeps the transpose, see `weights.py`).
-  """
-
-  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
-    e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
-    init = nnx.initializers.normal(0.02)
-    self.gate_up_proj = nnx.Param(init(rngs.params(), (e, h, 2 * i), param_dtype))
-    self.down_proj = nnx.Param(init(rngs.params(), (e, i, h), param_dtype))
-    self.dtype = dtype
-
-  def __call__(self, x, top_index, top_weight):
-    """Grouped (ragged) matmuls over tokens sorted by expert.
-
-    Args:
-      x: [N, hidden]; top_index: int32 [N, k] chosen experts; top_weight: [N, k] their routing weights.
-
-    Returns:
-      [N, hidden] = sum_j top_weight[:, j] * expert_{top_index[:, j]}(x).
-    """
-    n, k = top_index.shape
-    e = self.gate_up_proj.shape[0]
-    flat = top_index.reshape(-1)                                            # [N*k]
-    order = jnp.argsort(flat, stable=True)
-    token = order // k
-    group_sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
-    xs = x[token].astype(self.dtype)                                        # [N*k, hidden] grouped by expert
-    gate_up = jax.lax.ragged_dot(xs, self.gate_up_proj[...].astype(self.dtype), group_sizes)
-    gate, up = jnp.split(gate_up, 2, axis=-1)
-    ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, self.down_proj[...].astype(self.dtype), group_sizes)
-    ys = ys * top_weight.reshape(-1)[order][:, None].astype(ys.dtype)
-    return jnp.zeros((n, x.shape[-1]), ys.dtype).at[token].add(ys)
-
-
-class SparseMoeBlock(nnx.Module):
-  """Top-k mixture of experts (HF `Qwen3VLMoeTextSparseMoeBlock` + `Qwen3VLMoeTextTopKRouter`): router logits in
-  the compute dtype, softmax in float32, top-k, renormalised over the k chosen (`norm_topk_prob`), then cast back.
-  `gate.kernel` is [hidden, E]."""
-
-  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
-    self.top_k = config.num_experts_per_tok
-    self.norm_topk_prob = config.norm_topk_prob
-    self.gate = _linear(config.hidden_size, config.num_experts, rngs, dtype, param_dtype)
-    self.experts = Experts(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-
-  def __call__(self, x):
-    """x [B, T, hidden] -> [B, T, hidden]."""
-    b, t, h = x.shape
-    flat = x.reshape(-1, h)
-    logits = self.gate(flat)                                                # [N, E]
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    top_weight, top_index = jax.lax.top_k(probs, self.top_k)
-    if self.norm_topk_prob:
-      top_weight = top_weight / top_weight.sum(-1, keepdims=True)
-    out = self.experts(flat, top_index, top_weight.astype(logits.dtype))
-    return out.reshape(b, t, h).astype(x.dtype)
-
-
 class DecoderLayer(nnx.Module):
   def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype, layer_index: int = 0):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.self_attn = Attention(config, **kw)
-    self.mlp = SparseMoeBlock(config, **kw) if config.is_sparse_layer(layer_index) else MLP(config, **kw)
+    self.mlp = moe.SparseMoeBlock(config, **kw) if config.is_sparse_layer(layer_index) else MLP(config, **kw)
     self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
     self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype,
                                             param_dtype=param_dtype)

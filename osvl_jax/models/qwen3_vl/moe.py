@@ -1,0 +1,192 @@
+"""Qwen3-VL-MoE sparse block in Flax NNX (HF `Qwen3VLMoeTextSparseMoeBlock`, `Qwen3VLMoeTextTopKRouter`,
+`Qwen3VLMoeTextExperts`): a top-k router and E SwiGLU experts run as grouped (ragged) matmuls over tokens sorted
+by expert.
+
+Routing per device (expert parallelism). Under a mesh set with `jax.set_mesh` / `sharding.use_mesh` (more than one
+device, traced call) the experts run inside `jax.shard_map`: the tokens stay split over the axes of the logical
+'batch' / 'length' axes (by default ('data', 'fsdp')), the expert weights stay split over the axes of 'experts'
+('expert') and, where the rules split it and the tokens are not split along it, the intermediate dim over the axes
+of 'mlp' ('tensor'); the remaining weight dims ('embed' over 'fsdp') are all-gathered in the compute dtype, as FSDP
+gathers every weight (the backward reduce-scatters their gradients). Each device sorts only its own tokens' k
+assignments and runs the grouped matmuls over its local experts (E / expert of them); assignments to experts held
+elsewhere get routing weight 0. A `psum` over the expert (and intermediate) axes then adds the partial outputs.
+
+Why a psum and not an all-to-all: where the batch is not split over 'expert' (the default rules: ('data',
+'fsdp')), every device of an 'expert' group already holds the same tokens; each computes the part of every token's
+output that its experts own, and the sum over the group is the whole output (one [tokens, hidden] all-reduce per
+layer over 'expert'). Where the rules do split the batch over 'expert' (the 30B-A3B configs: ('data', 'fsdp',
+'expert')), the group's tokens are first all-gathered along it and the summed outputs reduce-scattered back (the
+same sum, as a reduce-scatter): each device then routes ep x its own tokens (ep = the 'expert' size), of which ~1/ep
+go to its experts. A dropless all-to-all dispatch (`jax.lax.ragged_all_to_all`) would route only the assignments
+of local experts, but needs a static receive buffer of the worst case (every token to one device) or a capacity
+that drops tokens (HF drops none); it is not implemented.
+
+Without a mesh (or on a one-device mesh, or called eagerly) the same grouped matmuls run over all E experts and
+all tokens (the reference path; HF parity tests run it). The per-device buffers are [N_local * k, ...] with N_local
+the tokens of one batch shard, where the global path holds [N * k, ...] for the whole batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.models.qwen3_vl.config import TextConfig
+
+TOKEN_AXES = ('batch', 'length', None)   # logical axes of the block's tokens [B, T, hidden] and routes [B, T, k]
+
+
+def _argsort(key):
+  """`jnp.argsort(key, stable=True)` of int [M] -> int32 [M], typed as varying over the mesh axes `key` varies over
+  inside `jax.shard_map`: jax 0.10.2's argsort output drops them, and a gather by an order typed invariant gets a
+  transpose that psums the cotangents of rows sorted differently on each device (wrong gradients for the tokens)."""
+  order = jnp.argsort(key, stable=True)
+  missing = tuple(sorted(jax.typeof(key).manual_axis_type.varying - jax.typeof(order).manual_axis_type.varying))
+  return jax.lax.pcast(order, missing, to='varying') if missing else order
+
+
+def routed_experts(x, top_index, top_weight, gate_up, down, first_expert=0):
+  """Grouped SwiGLU experts over the tokens sorted by expert (`jax.lax.ragged_dot`), for the experts
+  first_expert .. first_expert + E_l - 1 held in `gate_up` / `down`; assignments to other experts contribute 0.
+
+  Args:
+    x: [N, hidden] tokens (compute dtype); top_index: int32 [N, k] chosen experts (global ids); top_weight: [N, k]
+      their routing weights.
+    gate_up: [E_l, hidden, 2*I_l] (gate = first I_l columns, up = last I_l); down: [E_l, I_l, hidden].
+    first_expert: global id of local expert 0 (int or int32 scalar).
+
+  Returns:
+    [N, hidden] in the weights' dtype: sum over j with top_index[:, j] local of
+    top_weight[:, j] * down(silu(gate(x)) * up(x)) of that expert (HF `Qwen3VLMoeTextExperts.forward`).
+  """
+  n, k = top_index.shape
+  e = gate_up.shape[0]
+  local = top_index.reshape(-1) - first_expert                            # [N*k]
+  held = (local >= 0) & (local < e)
+  key = jnp.where(held, local, e)                                         # other experts' assignments sort last
+  order = _argsort(key)
+  token = order // k
+  group_sizes = jnp.bincount(key, length=e + 1)[:e].astype(jnp.int32)
+  xs = x[token].astype(gate_up.dtype)                                     # [N*k, hidden] grouped by expert
+  gate, up = jnp.split(jax.lax.ragged_dot(xs, gate_up, group_sizes), 2, axis=-1)
+  ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, down, group_sizes)
+  weight = jnp.where(held, top_weight.reshape(-1), 0)[order]
+  ys = ys * weight[:, None].astype(ys.dtype)
+  return jnp.zeros((n, x.shape[-1]), ys.dtype).at[token].add(ys)
+
+
+def _axes(entry) -> tuple[str, ...]:
+  """Mesh axes of one PartitionSpec entry."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+class Experts(nnx.Module):
+  """The E expert SwiGLU MLPs as stacked weights (HF `Qwen3VLMoeTextExperts`).
+
+  `gate_up_proj`: [E, hidden, 2*I] (gate = first I columns, up = last I), `down_proj`: [E, I, hidden]; this is the
+  hub checkpoint layout (transformers>=5 keeps the transpose, see `weights.py`).
+  """
+
+  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
+    e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    init = nnx.initializers.normal(0.02)
+    self.gate_up_proj = nnx.Param(init(rngs.params(), (e, h, 2 * i), param_dtype))
+    self.down_proj = nnx.Param(init(rngs.params(), (e, i, h), param_dtype))
+    self.dtype = dtype
+
+  def __call__(self, x, top_index, top_weight):
+    """x [B, T, hidden], top_index int32 [B, T, k], top_weight [B, T, k] -> [B, T, hidden] (compute dtype).
+
+    Per device under a (multi-device) mesh set around the traced call, else over the whole batch (module
+    docstring).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or not isinstance(x, jax.core.Tracer):
+      return self._whole_batch(x, top_index, top_weight)
+    return self._per_device(mesh, x, top_index, top_weight)
+
+  def _whole_batch(self, x, top_index, top_weight):
+    """`routed_experts` over all tokens and all E experts; x [B, T, hidden] -> [B, T, hidden]."""
+    b, t, h = x.shape
+    k = top_index.shape[-1]
+    out = routed_experts(x.reshape(-1, h), top_index.reshape(-1, k), top_weight.reshape(-1, k),
+                         self.gate_up_proj[...].astype(self.dtype), self.down_proj[...].astype(self.dtype))
+    return out.reshape(b, t, h)
+
+  def _per_device(self, mesh, x, top_index, top_weight):
+    """`jax.shard_map` of `routed_experts` over the tokens' batch shards and the experts' shards (module
+    docstring); x [B, T, hidden] -> [B, T, hidden]."""
+    rules = sharding.current_rules()
+    gate_up, down = self.gate_up_proj[...], self.down_proj[...]
+    token_spec = sharding.logical_to_spec(TOKEN_AXES, x.shape, mesh, rules)
+    gu_spec = sharding.logical_to_spec(sharding.logical_axes('mlp.experts.gate_up_proj', 3), gate_up.shape, mesh,
+                                       rules)
+    down_spec = sharding.logical_to_spec(sharding.logical_axes('mlp.experts.down_proj', 3), down.shape, mesh,
+                                         rules)
+    # Which axes split what is decided on the axes of size > 1; collectives also name the size-1 axes the specs
+    # carry, so that every output is typed invariant along the axes out_specs leaves out.
+    live = lambda entry: tuple(a for a in _axes(entry) if mesh.shape[a] > 1)
+    token_axes = {a for entry in token_spec for a in live(entry)}
+    expert_axes = _axes(gu_spec[0])
+    # Token dims split over an expert axis are gathered along it first (and the outputs reduce-scattered back).
+    token_gathers = [(dim, tuple(a for a in live(entry) if a in expert_axes)) for dim, entry in enumerate(token_spec)]
+    token_gathers = [(dim, axes) for dim, axes in token_gathers if axes]
+    # The intermediate dim stays split (tensor-parallel experts) where down_proj's is and the tokens are whole along
+    # it; gate_up_proj's [gate | up] columns are then gathered and each device slices its gate and up blocks.
+    inner_axes = _axes(down_spec[1]) if not token_axes & set(live(down_spec[1])) else ()
+    summed = tuple(a for a in expert_axes + inner_axes if a not in token_axes)
+    weight_gathers = ([(1, _axes(gu_spec[1])), (2, _axes(gu_spec[2]))],
+                      [(1, () if inner_axes else _axes(down_spec[1])), (2, _axes(down_spec[2]))])
+    dtype = self.dtype
+
+    def local(x, top_index, top_weight, gate_up, down):
+      gate_up, down = gate_up.astype(dtype), down.astype(dtype)     # gathered in the compute dtype
+      for dim, axes in weight_gathers[0]:
+        gate_up = jax.lax.all_gather(gate_up, axes, axis=dim, tiled=True) if axes else gate_up
+      for dim, axes in weight_gathers[1]:
+        down = jax.lax.all_gather(down, axes, axis=dim, tiled=True) if axes else down
+      if inner_axes:
+        width, start = down.shape[1], jax.lax.axis_index(inner_axes) * down.shape[1]
+        half = gate_up.shape[2] // 2
+        gate_up = jnp.concatenate([jax.lax.dynamic_slice_in_dim(gate_up, start, width, axis=2),
+                                   jax.lax.dynamic_slice_in_dim(gate_up, half + start, width, axis=2)], axis=2)
+      for dim, axes in token_gathers:
+        x, top_index, top_weight = (jax.lax.all_gather(a, axes, axis=dim, tiled=True)
+                                    for a in (x, top_index, top_weight))
+      first = jax.lax.axis_index(expert_axes) * gate_up.shape[0] if expert_axes else 0
+      b, t, h = x.shape
+      k = top_index.shape[-1]
+      out = routed_experts(x.reshape(-1, h), top_index.reshape(-1, k), top_weight.reshape(-1, k), gate_up, down,
+                           first).reshape(b, t, h)
+      out = jax.lax.psum(out, summed) if summed else out
+      for dim, axes in reversed(token_gathers):
+        out = jax.lax.psum_scatter(out, axes, scatter_dimension=dim, tiled=True)
+      return out
+
+    return jax.shard_map(local, in_specs=(token_spec, token_spec, token_spec, gu_spec, down_spec),
+                         out_specs=token_spec)(x, top_index, top_weight, gate_up, down)
+
+
+class SparseMoeBlock(nnx.Module):
+  """Top-k mixture of experts (HF `Qwen3VLMoeTextSparseMoeBlock` + `Qwen3VLMoeTextTopKRouter`): router logits in
+  the compute dtype, softmax in float32, top-k, renormalised over the k chosen (`norm_topk_prob`), then cast back.
+  `gate.kernel` is [hidden, E]."""
+
+  def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
+    self.top_k = config.num_experts_per_tok
+    self.norm_topk_prob = config.norm_topk_prob
+    self.gate = nnx.Linear(config.hidden_size, config.num_experts, use_bias=False, dtype=dtype,
+                           param_dtype=param_dtype, rngs=rngs)
+    self.experts = Experts(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+  def __call__(self, x):
+    """x [B, T, hidden] -> [B, T, hidden] (x's dtype)."""
+    b, t, h = x.shape
+    logits = self.gate(x.reshape(-1, h)).reshape(b, t, -1)                 # [B, T, E]
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    top_weight, top_index = jax.lax.top_k(probs, self.top_k)
+    if self.norm_topk_prob:
+      top_weight = top_weight / top_weight.sum(-1, keepdims=True)
+    return self.experts(x, top_index, top_weight.astype(logits.dtype)).astype(x.dtype)
