@@ -129,6 +129,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0
   c.grpo.ckpt_every = 5
+  c.grpo.dump_rollouts = False  # debug: pickle each step's rollout batch to <workdir>/rollouts/<step>.pkl
 
   # r_acc / r_query judges (osvl_jax/judges/registry.py): 'rule' offline, or 'llm' = any OpenAI-compatible
   # endpoint, e.g. --config.judge.name=llm --config.judge.base_url=http://127.0.0.1:8000/v1 --config.judge.model=m

@@ -145,6 +145,7 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0
   c.grpo.ckpt_every = 10
+  c.grpo.dump_rollouts = False  # debug: pickle each step's rollout batch to <workdir>/rollouts/<step>.pkl
 
   c.judge = judges_registry.default_config()
   return c

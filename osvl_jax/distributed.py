@@ -19,13 +19,16 @@ multi-host TPU also announces itself with `TPU_WORKER_HOSTNAMES` listing more th
 After `initialize`, `jax.devices()` is the global device list (every host's chips), `jax.process_index()` says
 who this host is: process 0 alone writes metrics and logs (`is_main`), every process takes part in the
 checkpoint (orbax writes each host's shards), and each host puts on its devices only its rows of a batch
-(`host_rows`, `host_batch`).
+(`host_rows`, `host_batch`). What one host makes and all need (GRPO's rollout batch, made by process 0 alone) goes
+to every process with `broadcast_object`; arrays split over several hosts come back to the host with `to_host`
+(`jax.device_get` cannot read another host's shards); `barrier` waits for every process.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Mapping
+import pickle
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -94,6 +97,60 @@ def initialize(env: Mapping[str, str] | None = None) -> bool:
 def is_main() -> bool:
   """True on the process that writes metrics, logs and other single-writer files (process 0)."""
   return jax.process_index() == 0
+
+
+def broadcast_object(obj: Any) -> Any:
+  """Process 0's `obj` on every process (a collective: every process calls it at the same point).
+
+  Process 0 pickles `obj`; its size, then its bytes (as uint32 words), go to every process with
+  `multihost_utils.broadcast_one_to_all`, and the others unpickle them. A single process returns `obj` unchanged.
+
+  Args:
+    obj: any picklable value on process 0 (e.g. GRPO's rollout batch: trajectories, scores); ignored elsewhere.
+  Returns:
+    process 0's `obj` (on process 0 the object itself, elsewhere an equal copy).
+  Raises:
+    ValueError: the pickle of `obj` is 2 GiB or more (the size travels as an int32).
+  """
+  if jax.process_count() == 1:
+    return obj
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8) if is_main() else None
+  if data is not None and data.size >= 2 ** 31 - 4:
+    raise ValueError(f'broadcast_object: the pickled object is {data.size} bytes, over the 2 GiB limit')
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(data.size if is_main() else 0)))
+  words = np.zeros(-(-size // 4), np.uint32)  # sums in uint32 keep their dtype (uint8 would be promoted)
+  if is_main():
+    words.view(np.uint8)[:size] = data
+  words = np.asarray(multihost_utils.broadcast_one_to_all(words), np.uint32)
+  return obj if is_main() else pickle.loads(words.view(np.uint8)[:size].tobytes())
+
+
+def to_host(tree: Any) -> Any:
+  """`jax.device_get` of a pytree whose arrays may span several hosts: numpy arrays of the global values.
+
+  An array split over several processes' devices (e.g. [B, K] log-probs with rows over ('data', 'fsdp')) is
+  gathered with `multihost_utils.process_allgather` (a collective: every process must call `to_host` on the same
+  arrays in the same order); a replicated or fully addressable one is read locally.
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+      return multihost_utils.process_allgather(x, tiled=True)
+    return jax.device_get(x)
+
+  return jax.tree.map(get, tree)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches `barrier(name)` (`multihost_utils.sync_global_devices`); a single process
+  returns at once."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
 
 
 def host_rows(mesh: jax.sharding.Mesh | None, batch_size: int, rules=None) -> slice:

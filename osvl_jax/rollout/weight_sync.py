@@ -7,6 +7,10 @@ version, and deletes the oldest folders beyond `keep` (a server may still be rea
 embedded JAX sampler swaps weights in process (`JaxSampler.set_model` on a snapshot of the policy, no export)
 and takes the same version.
 
+Multi-host (HTTP engines only): every process calls `publish` at the same point; all take part in gathering the
+full parameters (`host_copy`), process 0 alone writes the folder and calls the servers, then every process waits
+for it (`distributed.barrier`), so no host runs ahead of the published version.
+
   sync = WeightSync(engine, root=workdir / 'weights', min_pixels=..., max_pixels=...)
   sync.publish(model, version=step)   # after the optimizer step that produced `version`
 """
@@ -18,8 +22,10 @@ import pathlib
 import shutil
 import time
 
+import jax
+from flax import nnx
 
-from osvl_jax import export_hf
+from osvl_jax import distributed, export_hf
 
 DTYPES = ('float32', 'bfloat16')
 
@@ -74,6 +80,16 @@ def export_version(model, root: str | os.PathLike, version: int, min_pixels: int
   return out
 
 
+def host_copy(model):
+  """`model` with every parameter gathered to host numpy (a collective over all processes: each calls it at the
+  same point); the other state is shared with `model`. In a single process `model` itself (the export reads one
+  array at a time)."""
+  if jax.process_count() == 1:
+    return model
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  return nnx.merge(graphdef, distributed.to_host(params), rest)
+
+
 class WeightSync:
   """Hands each new policy version to the rollout engine.
 
@@ -107,16 +123,26 @@ class WeightSync:
   def publish(self, model, version: int) -> dict:
     """Makes `model` the weights every later generation uses, as version `version`.
 
+    Multi-host: every process calls it; process 0 exports and calls the servers, the others return
+    {'path': '', 'servers': []} once it is done (module docstring).
+
     Returns:
       {'version': int, 'path': exported folder or '' (embedded), 'seconds': wall time, 'servers': answers}.
     Raises:
       sglang_client.EngineError: a server refused the update (it keeps its old weights and version).
+      ValueError: an embedded engine in a multi-process job.
     """
     t0 = time.time()
     path, answers = '', []
     if self.remote:
-      path = str(export_version(model, self.root, version, self.min_pixels, self.max_pixels, self.dtype, self.keep))
-      answers = self.engine.update_weights_from_disk(path, weight_version=str(int(version)))
+      host_model = host_copy(model)  # every process: the gathers are collectives
+      if distributed.is_main():
+        path = str(export_version(host_model, self.root, version, self.min_pixels, self.max_pixels, self.dtype,
+                                  self.keep))
+        answers = self.engine.update_weights_from_disk(path, weight_version=str(int(version)))
+      distributed.barrier(f'weight_sync.publish v{int(version)}')
+    elif jax.process_count() > 1:
+      raise ValueError('WeightSync: the embedded engine runs in one process; a multi-process job needs servers')
     else:  # a snapshot: the trainer updates `model`'s Variables in place, maybe while the sampler generates
       self.engine.set_model(model)  # the sampler keeps a snapshot (`JaxSampler.set_model`)
       self.engine.weight_version = str(int(version))

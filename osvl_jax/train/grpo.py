@@ -24,6 +24,7 @@ rerunning with the same workdir resumes from `<workdir>/grpo_ckpt`.
 import collections
 import concurrent.futures
 import pathlib
+import pickle
 import time
 
 import jax
@@ -57,8 +58,12 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       max_turns / max_new_tokens / fatal_k < 1, max_total_tokens < max_new_tokens; micro_batch_size < 0 or not
       dividing the group batch or not a multiple of the mesh's data x fsdp size (`config.mesh`); the rollout
       engine's (`rollouts.check_engine_config`: engine, urls, admin_urls, weights_dir — a gs:// `workdir` needs
-      it set — weights_dtype, weights_keep).
+      it set — weights_dtype, weights_keep); more than one JAX process without rollout.engine='sglang'.
   """
+  if jax.process_count() > 1 and (config.rollout.get('engine') or 'embedded') != 'sglang':
+    raise ValueError(f"rollout.engine={config.rollout.get('engine')!r} with {jax.process_count()} processes: a "
+                     "multi-host GRPO job rolls out on servers (rollout.engine='sglang', rollout.urls); the "
+                     'embedded sampler runs in one process')
   sft.check_model_config(config)
   cfg = config.grpo
   for choices, name in ((fatal_lib.FATAL_MODES, cfg.fatal_mode),
@@ -97,13 +102,18 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     # dropped stale group), so only a group size that splits over the devices keeps every micro-batch placeable
     raise ValueError(f'grpo.num_generations={cfg.num_generations} is not a multiple of the {shards} data x fsdp '
                      'devices of config.mesh')
-  if jax.process_count() > 1:
-    raise ValueError(f'GRPO runs in one process for now ({jax.process_count()} processes): every host would roll '
-                     'out and publish on its own; use one host (its local devices), or SFT for multi-host runs')
 
 
-def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
-                  judge: judges_base.Judge | None = None) -> tuple[dict, tuple, list, dict]:
+def score_batch(trajectories: list, cfg: ml_collections.ConfigDict,
+                judge: judges_base.Judge | None = None) -> list[dict]:
+  """`rollouts.score_all` (Eq. 9) of `trajectories` with `cfg.alpha`; a remote judge gets its `max_concurrency`
+  threads."""
+  concurrency = int(judge.config.max_concurrency) if judge is not None and hasattr(judge, 'config') else 1
+  return rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge, max_concurrency=concurrency)
+
+
+def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: judges_base.Judge | None = None,
+                  scores: list[dict] | None = None) -> tuple[dict, tuple, list, dict]:
   """Scores a rollout batch and builds the update's arrays (Eq. 9, 10, 11).
 
   `cfg.fatal_mode` is resolved here, once: its `clamp_fatal_advantage` goes to `advantages.group_advantages` and
@@ -119,13 +129,16 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict,
     cfg: `config.grpo` (alpha, num_generations, fatal_mode, delta; optional estimator, std_ddof,
       length_multiple, loss_multiple).
     judge: r_acc / r_query judge (`osvl_jax.judges.registry`); None = the offline rule judge.
+    scores: the trajectories' `score_batch`, when already computed (a multi-host job scores on process 0 and
+      sends the scores to every host); None = score here with `judge`.
   Returns:
     (batch, grid, scores, advantage stats): `batch` is `batching.collate`'s dict plus loss_mask [B, K] float32
     (Eq. 10 at the loss positions), advantages [B] float32 (Eq. 11), rewards [B], fatal_steps [B] int32 (-1 =
     not fatal); `grid` is the static image-grid key; `scores` the per-trajectory reward components.
   """
-  concurrency = int(judge.config.max_concurrency) if judge is not None and hasattr(judge, 'config') else 1
-  scores = rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge, max_concurrency=concurrency)
+  scores = score_batch(trajectories, cfg, judge) if scores is None else scores
+  if len(scores) != len(trajectories):
+    raise ValueError(f'scores has {len(scores)} entries for {len(trajectories)} trajectories')
   fatal_mode = fatal_lib.FATAL_MODES.get(cfg.fatal_mode)
   rewards = np.array([s['reward'] for s in scores], np.float32)
   fatal_steps = fatal_lib.fatal_step_array([t.fatal_step for t in trajectories])
@@ -245,6 +258,15 @@ def drop_stale(trajectories: list, version: int, max_staleness: int) -> tuple[li
                 'staleness_max': int(staleness.max()) if staleness.size else 0}
 
 
+def dump_rollout_batch(workdir, step: int, rollout_batch: dict) -> None:
+  """Debug (`grpo.dump_rollouts`): pickles the rollout batch that step `step` (1-based, as in the metrics) trains
+  on, as every host receives it (trajectories after `drop_stale`, their scores, policy_versions, stale,
+  rollout_seconds), to `<workdir>/rollouts/<step:08d>.pkl`, so its update can be recomputed offline."""
+  folder = workdir / 'rollouts'
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / f'{int(step):08d}.pkl').write_bytes(pickle.dumps(rollout_batch, protocol=pickle.HIGHEST_PROTOCOL))
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
   """Runs (or resumes) GRPO; returns the policy. Checkpoints in `<workdir>/grpo_ckpt`.
 
@@ -261,11 +283,18 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   published; so from the second step on each batch is one version behind the update. Trajectories older than
   version − max_staleness are dropped with their groups (`drop_stale`). A resumed run starts by rolling out
   (no prefetched batch survives a restart); prompts and seeds depend only on the step.
+
+  Multi-host (more than one JAX process, `osvl_jax.distributed`; servers only): process 0 alone reads the prompts,
+  rolls out (its background thread with max_staleness 1), drops stale groups and scores; the rollout batch goes to
+  every process (`distributed.broadcast_object`, in the main loop at the same point everywhere), which all build
+  the same host batch and run the update on the global mesh; publishing gathers the parameters on every process
+  and exports on process 0 (`weight_sync`). `grpo.dump_rollouts` (optional, default False) keeps each step's
+  rollout batch (`dump_rollout_batch`).
   """
   workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.grpo
   check_config(config, workdir)
-  prompts = data.load_prompts(config, workdir)
+  prompts = data.load_prompts(config, workdir) if distributed.is_main() else []  # only process 0 rolls out
   mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
   model, optimizer, mngr, start = init_policy(config, workdir, mesh)
   ref_model = init_reference(config, workdir, mesh)
@@ -284,17 +313,26 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
 
   publish_seconds = runner.publish(model, start)['seconds']  # version `start` (0: the SFT policy)
   pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='rollout')
-  pending = None  # the next step's rollout, running while this step updates (max_staleness >= 1)
+  pending = None  # the next step's rollout, running while this step updates (max_staleness >= 1; process 0)
   try:
-    for step in tqdm.trange(start, cfg.steps, desc='grpo', initial=start, total=cfg.steps):
+    for step in tqdm.trange(start, cfg.steps, desc='grpo', initial=start, total=cfg.steps,
+                            disable=not distributed.is_main()):
       t0 = time.time()
-      trajectories, rollout_seconds = pending.result() if pending is not None else rollout(step)
-      pending = pool.submit(rollout, step + 1) if max_staleness and step + 1 < cfg.steps else None
-      versions = sorted({int(t.policy_version) for t in trajectories})
-      trajectories, stale = drop_stale(trajectories, step, max_staleness)
+      rollout_batch = None
+      if distributed.is_main():  # process 0 alone rolls out and scores (servers, tools, judge)
+        trajectories, rollout_seconds = pending.result() if pending is not None else rollout(step)
+        pending = pool.submit(rollout, step + 1) if max_staleness and step + 1 < cfg.steps else None
+        versions = sorted({int(t.policy_version) for t in trajectories})
+        trajectories, stale = drop_stale(trajectories, step, max_staleness)
+        rollout_batch = {'trajectories': trajectories, 'scores': score_batch(trajectories, cfg, judge),
+                         'policy_versions': versions, 'stale': stale, 'rollout_seconds': rollout_seconds}
+        if cfg.get('dump_rollouts'):
+          dump_rollout_batch(workdir, step + 1, rollout_batch)
+      rollout_batch = distributed.broadcast_object(rollout_batch)  # every host: the same batch (a collective)
+      trajectories = rollout_batch['trajectories']
       out = {}
       if trajectories:
-        batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, judge)
+        batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
         batch.pop('rewards')
         fatal_steps = batch.pop('fatal_steps')
         with sharding.use_mesh(mesh, rules):  # activation constraints on
@@ -306,16 +344,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
                         max_staleness)
       if pending is not None:
         concurrent.futures.wait([pending])  # its rollout used version `step`: publish only once it is done
-      info = runner.publish(model, step + 1)
+      info = runner.publish(model, step + 1)  # every process (gathers the parameters); process 0 exports
       writer.write(step + 1, {
           **out,
-          **stale,
+          **rollout_batch['stale'],
           'injected_tool_failures': dict(getattr(runner.env, 'injected_counts', None) or {}),  # cumulative
           'batch_shards': sharding.batch_shards(mesh, rules),  # data x fsdp devices the rows are split over
           'weight_version': info['version'],  # published after this step's update
-          'policy_versions': versions,  # of the rollout batch, before drop_stale
+          'policy_versions': rollout_batch['policy_versions'],  # of the rollout batch, before drop_stale
           'publish_seconds': publish_seconds + info['seconds'],
-          'rollout_seconds': rollout_seconds,
+          'rollout_seconds': rollout_batch['rollout_seconds'],
           'step_seconds': time.time() - t0,
       })
       publish_seconds = 0.0

@@ -14,6 +14,8 @@ mean |log π_rollout − log π_old| and the spread of π_old / π_rollout, and 
 token's loss by min(π_old / π_rollout, C) (truncated importance sampling, verl's TIS).
 
 Placement is injected (`place(batch) -> batch`, applied to every micro-batch); this module builds no mesh.
+Multi-host: every process runs the update on the same host batch; results split over several hosts' devices come
+back through `distributed.to_host` (a collective, called at the same points on every process).
 """
 
 import functools
@@ -27,6 +29,7 @@ import optax
 from flax import nnx
 
 from osvl_jax import config_checks as checks
+from osvl_jax import distributed
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
 from osvl_jax.train import metrics, policy
@@ -282,16 +285,17 @@ def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequen
   for batch, grid in parts:
     g, m = grad_fn(model, batch, grid, f32(num_sequences), f32(num_tokens))
     grads = g if grads is None else jax.tree.map(jax.numpy.add, grads, g)
-    metrics_list.append(jax.device_get(m))
+    metrics_list.append(distributed.to_host(m))
   return grads, metrics.reduce_metrics(metrics_list, losses.GRPO_METRIC_REDUCTIONS)
 
 
 def batch_logprobs(model, batch: dict, grid: tuple, micro_batch_size: int,
                    place: Callable[[dict], dict]) -> np.ndarray:
-  """log π of `model` at the loss positions of the whole batch, float32 [B, K] on host, in micro-batches."""
+  """log π of `model` at the loss positions of the whole batch, float32 [B, K] on host, in micro-batches (rows
+  split over several hosts are gathered: `distributed.to_host`)."""
   rows = batch['input_ids'].shape[0]
   parts = split_micro_batches(batch, grid, math.gcd(rows, micro_batch_size or rows))
-  return np.concatenate([np.asarray(jax.device_get(logprob_fn(model, place(b), g))) for b, g in parts])
+  return np.concatenate([np.asarray(distributed.to_host(logprob_fn(model, place(b), g))) for b, g in parts])
 
 
 def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict] | None = None):
@@ -340,7 +344,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
         parts = [(place(b), g) for b, g in split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
         micro_batches = max(micro_batches, len(parts))
         grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(part['loss_mask'])))
-        step['grad_norm'] = float(apply_fn(model, optimizer, grads))
+        step['grad_norm'] = float(distributed.to_host(apply_fn(model, optimizer, grads)))
         steps.append(step)
     out.update(metrics.reduce_metrics([dict(s, grad_norm_max=s['grad_norm']) for s in steps], STEP_REDUCTIONS))
     out.update(optimizer_steps=len(steps), mini_batches=len(minis), micro_batches=micro_batches)

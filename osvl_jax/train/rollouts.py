@@ -94,6 +94,9 @@ class RolloutRunner:
   Attributes:
     engine: the `JaxSampler` ('embedded') or `SGLangEngine` ('sglang').
     sync: the `weight_sync.WeightSync` that `publish` goes through.
+
+  In a multi-host job ('sglang' only) every process builds one; process 0 alone calls `run` (`grpo.train` sends
+  its batch to the others), and every process calls `publish` (it gathers the parameters; process 0 exports).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, model, workdir: str | pathlib.Path | None = None):
