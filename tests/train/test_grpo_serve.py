@@ -31,7 +31,7 @@ def _config(url: str = 'http://127.0.0.1:9', max_staleness: int = 0) -> ml_colle
   c.model.text = ml_collections.ConfigDict()  # exactly Qwen3VLConfig.tiny(), the server's architecture
   c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64
   c.tools.enabled = ('text_search',)
-  c.rollout.update(max_turns=2, max_new_tokens=8, max_total_tokens=320, engine='sglang', urls=url,
+  c.rollout.update(max_turns=2, max_new_tokens=8, max_total_tokens=480, engine='sglang', urls=url,
                    weights_dtype='float32', weights_keep=2)
   c.grpo.update(steps=STEPS, prompts_per_step=1, num_generations=2, ckpt_every=STEPS, max_staleness=max_staleness)
   c.grpo.length_multiple, c.grpo.loss_multiple = 64, 16
@@ -75,6 +75,8 @@ def _run(server_url, workdir, max_staleness):
   assert sorted(p.name for p in (workdir / 'weights').iterdir()) == ['v00000002', 'v00000003']  # keep = 2
   assert [r['step'] for r in rows] == [1, 2, 3] and [r['weight_version'] for r in rows] == [1, 2, 3]
   assert all(r['stale_dropped'] == 0 and r['groups_dropped'] == 0 for r in rows)
+  # every step trained on real turns (a 261-token prompt + a turn and its error reply fit 480, not 320)
+  assert all(r['mean_turns'] >= 1 and r['unmasked_tokens'] > 0 for r in rows), rows
   return model, rows, engine
 
 
