@@ -211,8 +211,8 @@ def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RUL
   arrays [B, ...] and position_ids [3, B, T] split over ('data', 'fsdp'); image_grid_thw (static shapes) stays on
   the host. With S > 1 batch shards the images are laid out per shard (`batching.shard_images`: pixel_values
   [S, P, 1536] and patch_index [S, P], split like the rows), so each device's vision tower encodes only its own
-  rows' images; with one shard pixel_values stay flat [N, 1536]. Multi-host jobs feed only their rows
-  (`distributed.host_batch`).
+  rows' images; with one shard pixel_values stay flat [N, 1536]. Multi-host: SFT feeds only each host's rows
+  (`distributed.host_batch`); GRPO gives every host the whole batch, of which each places its devices' slices.
 
   Args:
     batch: `batching.collate`'s fields (+ per-row loss arrays), host or jax arrays; pixel_values flat [N, 1536].
@@ -240,5 +240,10 @@ def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RUL
     if axis is not None and value.shape[axis] % shards:
       raise ValueError(f'batch field {key!r} has {value.shape[axis]} rows, not a multiple of the {shards} '
                        'data x fsdp devices of the mesh')
-    out[key] = jax.device_put(value, target)
+    if isinstance(value, np.ndarray) and jax.process_count() > 1:
+      # Every host holds the same whole batch (multi-host GRPO broadcasts it): each places only its devices'
+      # slices (`jax.device_put` would first copy the whole array to every host to check that they agree).
+      out[key] = jax.make_array_from_callback(value.shape, target, lambda index, value=value: value[index])
+    else:
+      out[key] = jax.device_put(value, target)
   return out
