@@ -61,6 +61,12 @@ def tokenize(text: str) -> list[str]:
   return out
 
 
+@functools.lru_cache(maxsize=1 << 18)
+def _word_tokens(word: str) -> tuple[str, ...]:
+  """`tokenize` of one whitespace-delimited word, memoised (snippets look at every word of an article)."""
+  return tuple(tokenize(word))
+
+
 @dataclasses.dataclass
 class Hit:
   """One search hit: `title` (e.g. `Taj_Mahal`), BM25 `score` (> 0) and an extractive `snippet`."""
@@ -79,25 +85,23 @@ def make_snippet(text: str, query_terms: set[str], num_words: int = SNIPPET_WORD
   Returns:
     One line of text, whitespace collapsed, with `...` where it was cut; the opening words when no term occurs.
   """
-  words = list(re.finditer(r'\S+', text))
+  words = text.split()
   if not words:
     return ''
-  keys = []
-  for m in words:
-    toks = tokenize(m.group())
-    keys.append(next((t for t in toks if t in query_terms), None))
+  tokens = map(_word_tokens, words)
+  keys = [next((t for t in toks if t in query_terms), None) if toks else None for toks in tokens]
   best, best_key = 0, (-1, -1, 0)
   if any(k is not None for k in keys):
     for start in range(0, max(1, len(words) - num_words + 1)):
-      window = [k for k in keys[start:start + num_words] if k is not None]
-      if not window or keys[start] is None:  # Windows worth scoring start on a hit.
+      if keys[start] is None:  # Windows worth scoring start on a hit.
         continue
+      window = [k for k in keys[start:start + num_words] if k is not None]
       key = (len(set(window)), len(window), -start)
       if key > best_key:
         best, best_key = start, key
     best = max(0, best - 5)  # A few words of context before the first hit.
   end = min(len(words), best + num_words)
-  snippet = ' '.join(m.group() for m in words[best:end])
+  snippet = ' '.join(words[best:end])
   return ('... ' if best > 0 else '') + snippet + (' ...' if end < len(words) else '')
 
 
