@@ -18,6 +18,9 @@ Method. Every episode takes exactly `--turns` turns, each a tool call with `--to
     decodes exactly `--new-tokens` ids, greedy, no stop id, so each turn costs the same real work), then replaces
     the sampled ids (a random tiny model writes no tool call) with the tokens of one fixed text_search call. So
     each episode is `--turns` steps of search + observation and ends on max_turns.
+Every rollout (warm-ups included) starts with `/flush_cache`: the server's prefix cache then holds only what
+the rollout itself computed, so a turn reuses its own episode's earlier turns (and the shared system prompt), never
+the identical contexts of the previous rollout of the same items.
 Prints the wall time of each mode (best of `--repeats`), the server's batch statistics, the machine, and last
 `speedup_vs_sequential=<sequential seconds / concurrent seconds>`.
 """
@@ -112,6 +115,7 @@ def main() -> None:
               'image': None} for k in range(args.trajectories)]
 
     def rollout(concurrency, n=args.trajectories):
+      engine.flush_cache()
       make_builder = lambda: tj.TrajectoryBuilder(tokenizer, processor, env.env.schemas())
       trajs = agent_loop.run_episodes(engine, env, make_builder, items[:n], max_turns=args.turns,
                                       max_concurrency=concurrency, tool_workers=concurrency)

@@ -10,6 +10,13 @@ Endpoints and batching: `osvl_jax/rollout/server.py`. Clients: `osvl_jax.rollout
 OpenAI client on `/v1/chat/completions`. The image processor uses the checkpoint's recorded pixel budget
 (`--min_pixels` / `--max_pixels` override it; the tiny model defaults to 32*32 .. 64*64). The last line printed
 before serving is `serving url=http://HOST:PORT model=... weight_version=...`.
+
+Prefix cache (`--prefix_cache_slots`, default 256; 0 = off): the KV of the last N rows (prompt + generated ids) is
+kept on the device and a new row prefills only what follows its longest cached prefix of tokens and images
+(`osvl_jax.rollout.prefix_cache`, SGLang's RadixAttention idea); `meta_info.cached_tokens` reports it,
+`/flush_cache` and weight updates empty it. Memory: N slots x 2 (k, v) x layers x kv heads x head_dim x max_len
+(rounded up to --bucket) values of the cache dtype, allocated at the first batch: 0.5 MiB a slot for --tiny at
+--max_len=2048; 1.125 GiB a slot for Qwen3-VL-8B in bfloat16 at --max_len=8192, so size N to the accelerator.
 """
 
 from absl import app, flags, logging
@@ -37,17 +44,21 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_pixels', None, 'image processor max_pixels (default: the checkpoint records it).')
   flags.DEFINE_string('served_model_name', 'osvl-jax', 'model name reported by /v1/models and /model_info.')
   flags.DEFINE_string('weight_version', '0', 'initial weight_version (bumped by each update that gives none).')
+  flags.DEFINE_integer('prefix_cache_slots', 256, 'rows whose KV (prompt + generated ids, max_len each) are kept '
+                       'for reuse by later rows that share a prefix (0: no prefix cache); memory: see the module '
+                       'docstring.')
 
 
 def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: int | None = None,
                   hf_config: str | None = None, tiny: bool = False, seed: int = 0, max_new_tokens: int = 512,
                   max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.02,
                   min_pixels: int | None = None, max_pixels: int | None = None,
-                  served_model_name: str = 'osvl-jax', weight_version: str = '0'):
+                  served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = 256):
   """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above).
 
   Raises:
     FileNotFoundError / ValueError: from `server.load_policy`, or no pixel budget for a checkpoint without one.
+    ValueError: a prefix cache larger than half the device's memory (`prefix_cache_slots`).
   """
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
@@ -70,13 +81,30 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
     processor = tj.ImageProcessor()   # an HF folder: the Qwen3-VL defaults
   else:
     processor = tj.ImageProcessor(min_pixels=int(lo), max_pixels=int(hi))
+  _check_prefix_cache(model, prefix_cache_slots, max_len, bucket)
   tokenizer = tj.load_tokenizer()
   sampler = jax_sampler.JaxSampler(model, tokenizer, image_processor=processor, max_new_tokens=max_new_tokens,
-                                   temperature=1.0, seed=seed, max_len=max_len, bucket=bucket)
+                                   temperature=1.0, seed=seed, max_len=max_len, bucket=bucket,
+                                   prefix_cache_slots=prefix_cache_slots)
   return server.SamplerService(sampler, tokenizer, processor, model_path=meta['path'],
                                weight_version=weight_version, served_model_name=served_model_name,
                                max_batch=max_batch, batch_window_s=batch_window_s,
                                default_max_new_tokens=max_new_tokens)
+
+
+def _check_prefix_cache(model, slots: int, max_len: int, bucket: int) -> None:
+  """Logs the prefix cache's size (module docstring); ValueError when it exceeds half the device's memory."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  text = model.config.text
+  tokens = -(-max_len // bucket) * bucket
+  need = (slots * 2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * tokens
+          * np.dtype(model.dtype).itemsize)
+  limit = (jax.devices()[0].memory_stats() or {}).get('bytes_limit')
+  if limit and need > limit // 2:
+    raise ValueError(f'--prefix_cache_slots={slots} needs {need / 2**30:.1f} GiB, more than half of the device\'s '
+                     f'{limit / 2**30:.1f} GiB: lower it (0 = no prefix cache)')
+  logging.info('prefix cache: %d slots of %d tokens, %.2f GiB', slots, tokens, need / 2**30)
 
 
 def main(argv) -> None:
@@ -87,7 +115,7 @@ def main(argv) -> None:
   service = build_service(FLAGS.checkpoint, FLAGS.workdir, FLAGS.step, FLAGS.hf_config, FLAGS.tiny, FLAGS.seed,
                           FLAGS.max_new_tokens, FLAGS.max_len, FLAGS.bucket, FLAGS.max_batch,
                           FLAGS.batch_window_ms / 1000.0, FLAGS.min_pixels, FLAGS.max_pixels,
-                          FLAGS.served_model_name, FLAGS.weight_version)
+                          FLAGS.served_model_name, FLAGS.weight_version, FLAGS.prefix_cache_slots)
   fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port)
   logging.info('model %s', service.model_path)
   print(f'serving url=http://{FLAGS.host}:{FLAGS.port} model={service.model_path} '

@@ -5,7 +5,10 @@ One `generate` call:
      so that repeated calls reuse compiled programs.
   2. Prefills all rows in one forward pass into a batched KV cache (`model.init_cache`), vision features
      included; 3-D MRoPE positions come from `rope.get_rope_index` on each row alone (no padding convention to
-     agree on), the single source of truth shared with training.
+     agree on), the single source of truth shared with training (`prefill_inputs`). With a prefix cache
+     (`prefix_cache_slots` > 0, `prefix_cache`), the batch cache starts as each row's longest cached prefix and
+     only the rest of the row is prefilled (at cache index = prefix length); the rows' KV are stored after the
+     batch, and `cached_tokens` holds the reused prefix lengths (SGLang's `meta_info.cached_tokens`).
   3. Decodes the batch together, in chunks of steps run on device (`jax.lax.while_loop`, one host sync per
      chunk): row b feeds its last token at cache index `c_b` (per-row `cache_index [B]`) with text position
      `c_b + delta_b`, where `delta_b = max(position_ids[:, b]) + 1 - len_b` (HF's `rope_deltas` for a
@@ -41,19 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import prefill_inputs
+from osvl_jax.rollout import prefix_cache as prefix_cache_lib
 from osvl_jax.rollout import sampling
-from osvl_jax.trajectory import tokens as tokens_lib
 
-PAD_ID = tokens_lib.ENDOFTEXT_ID  # <|endoftext|>, never attended to by real tokens (right padding).
-IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID  # <|image_pad|>, one per merged image patch.
 _STOP_TAIL = 64  # stop strings are searched in the text of a row's last this-many ids.
 _STOP_CHUNK = 8  # decode steps per device call at most, with stop strings (a stopped row decodes <= 7 ids more).
-
-
-def _round_up(n: int, multiple: int) -> int:
-  return max(multiple, -(-n // multiple) * multiple)
 
 
 def _next_pow2(n: int) -> int:
@@ -77,8 +74,8 @@ def _check_stop(name: str, stop: Any) -> tuple[str, ...]:
 class JaxSampler(engine_lib.Engine):
   """Batched KV-cache sampler over a `Qwen3VLModel` (implements `engine.Engine`).
 
-  Compiled programs are keyed by (padded batch, prompt bucket, cache length, image grids, greedy/top-p flags,
-  `never_sampled`, decode steps per call);
+  Compiled programs are keyed by (padded batch, prompt (suffix) bucket, cache length, image grids, greedy/top-p
+  flags, `never_sampled`, decode steps per call), never by cached prefix lengths (runtime arrays);
   weights are an argument, so `set_model` after a training step does not recompile.
 
   Attributes:
@@ -86,6 +83,8 @@ class JaxSampler(engine_lib.Engine):
       on every `Generation`; None = unknown.
     never_sampled: ids never drawn nor argmaxed (`sampling.NEVER_SAMPLED`, the vision ids); a subclass may add
       ids (bench/sampler_speed.py adds the end-of-sequence ids, as transformers' `min_new_tokens` does).
+    prefix_cache: the `prefix_cache.PrefixCache`, or None (`prefix_cache_slots=0`).
+    cached_tokens: per context of the last `generate`, the prompt ids whose KV came from the prefix cache.
   """
   weight_version: str | None = None
   never_sampled: tuple[int, ...] = sampling.NEVER_SAMPLED
@@ -93,7 +92,8 @@ class JaxSampler(engine_lib.Engine):
   def __init__(self, model, tokenizer, image_processor=None, max_new_tokens: int = 512,
                temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_len: int = 8192,
                bucket: int = 128, stop: Sequence[str] = (), cache_dtype: Any = None,
-               pad_batch_pow2: bool = True, progress: bool = False, decode_steps: int = 64):
+               pad_batch_pow2: bool = True, progress: bool = False, decode_steps: int = 64,
+               prefix_cache_slots: int = 0):
     """Args:
       model: a `Qwen3VLModel` (nnx.Module) with `__call__`, `logits`, `init_cache` (docs/INTERFACES.md).
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`), for `Generation.text` and stop strings.
@@ -113,6 +113,8 @@ class JaxSampler(engine_lib.Engine):
       decode_steps: decode steps per device call (one host sync each; SGLang's `num_continuous_decode_steps`),
         an integer >= 1; a call ends early once every row is done. With stop strings at most `_STOP_CHUNK` (8):
         they are checked on the host after each call.
+      prefix_cache_slots: keep the KV of this many earlier rows (`prefix_cache.PrefixCache`, slots of max_len
+        tokens) and prefill only what follows a row's longest cached prefix; 0 (default): no cache.
     Raises:
       ValueError: naming the parameter, for any value outside the ranges above (e.g. top_p=0, a negative or NaN
         temperature, max_new_tokens=0, a bare string as `stop`).
@@ -130,8 +132,12 @@ class JaxSampler(engine_lib.Engine):
     self.progress = progress
     self.decode_steps = _check_int('decode_steps', decode_steps, 1)
     self._key = jax.random.key(_check_int('seed', seed, 0))
+    slots = _check_int('prefix_cache_slots', prefix_cache_slots, 0)
+    self.prefix_cache = (prefix_cache_lib.PrefixCache(slots, prefill_inputs.round_up(self.max_len, self.bucket))
+                         if slots else None)
     self.set_model(model)
     self.stats: dict[str, float] = {}
+    self.cached_tokens: list[int] = []   # per context of the last `generate`: prompt ids reused from the cache
 
   @property
   def temperature(self) -> float:
@@ -172,7 +178,7 @@ class JaxSampler(engine_lib.Engine):
 
     The sampler keeps a snapshot (`nnx.clone`: new Variables over the same immutable arrays, nothing copied), so a
     trainer's later in-place update of `model` (e.g. while a rollout runs, `grpo.max_staleness` 1) does not reach
-    it until the next `set_model`.
+    it until the next `set_model`. Empties the prefix cache (its KV came from the old weights).
     """
     model = nnx.clone(model)
     graphdef, state = nnx.split(model)
@@ -182,6 +188,8 @@ class JaxSampler(engine_lib.Engine):
     self._model = model
     if not hasattr(self, '_jit_cache'):
       self._jit_cache = {}
+    if self.prefix_cache is not None:
+      self.prefix_cache.clear()
 
   def reseed(self, seed: int) -> None:
     """Restarts the sampler's PRNG stream from `seed` (e.g. one seed per training step, for resumable runs).
@@ -201,24 +209,24 @@ class JaxSampler(engine_lib.Engine):
     return self._model.init_cache(batch, cache_len, self.cache_dtype)
 
   def _prefill_fn(self, grids: tuple, greedy: bool, use_top_p: bool):
-    """jit(state, ids [B,T], pos [3,B,T], mask [B,T], pixels [N,D]|None, last [B], cache, key, temp, top_p)."""
+    """jit(state, ids [B,T], pos [3,B,T], mask [B,T], pixels [N,D]|None, last [B], start [B], cache, key, temp,
+    top_p): row b's T ids are written at cache slots start[b].. (after its cached prefix)."""
     key = ('prefill', grids, greedy, use_top_p, self.never_sampled)
     if key not in self._jit_cache:
       graphdef, banned = self._graphdef, self.never_sampled
       grid_thw = np.asarray(grids, np.int32).reshape(-1, 3) if grids else None
 
-      def prefill(state, input_ids, position_ids, attention_mask, pixel_values, last, cache, rng, temperature,
-                  top_p):
+      def prefill(state, input_ids, position_ids, attention_mask, pixel_values, last, start, cache, rng,
+                  temperature, top_p):
         model = nnx.merge(graphdef, state)
-        batch = input_ids.shape[0]
         hidden, cache = model(input_ids, position_ids, attention_mask, pixel_values, grid_thw, cache=cache,
-                              cache_index=jnp.zeros((batch,), jnp.int32))
+                              cache_index=start)
         hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)  # [B, 1, H]
         logits = model.logits(hidden_last)[:, 0]
         ids, logprobs = sampling.sample_logits(logits, rng, temperature, top_p, greedy, use_top_p, banned)
         return ids, logprobs, cache
 
-      self._jit_cache[key] = jax.jit(prefill, donate_argnums=(6,))
+      self._jit_cache[key] = jax.jit(prefill, donate_argnums=(7,))
     return self._jit_cache[key]
 
   def _decode_fn(self, greedy: bool, use_top_p: bool, chunk: int):
@@ -301,7 +309,9 @@ class JaxSampler(engine_lib.Engine):
     contexts = [engine_lib.Context(c.prompt_ids, self._image_refs(c.images)) for c in contexts]
     max_new = self.max_new_tokens if max_new_tokens is None else _check_int('max_new_tokens', max_new_tokens, 1)
     stop = self.stop if stop is None else _check_stop('stop', stop)
+    prefill_inputs.check_image_pads(contexts, self._rope_kw().get('image_token_id', prefill_inputs.IMAGE_PAD_ID))
     results: list[engine_lib.Generation | None] = [None] * len(contexts)
+    self.cached_tokens = [0] * len(contexts)
 
     # Rows that cannot emit anything (no budget) are answered without running the model.
     live = []
@@ -312,62 +322,49 @@ class JaxSampler(engine_lib.Engine):
       else:
         live.append(i)
     if live:
-      for i, gen in zip(live, self._generate_batch([contexts[i] for i in live], max_new, stop)):
-        results[i] = gen
+      gens, cached = self._generate_batch([contexts[i] for i in live], max_new, stop)
+      for i, gen, c in zip(live, gens, cached):
+        results[i], self.cached_tokens[i] = gen, c
     return results
 
-  def _generate_batch(self, contexts: list, max_new: int, stop: tuple) -> list:
+  def _rope_kw(self) -> dict:
+    config = getattr(self._model, 'config', None)
+    if config is None:
+      return {}
+    return {'image_token_id': config.image_token_id, 'spatial_merge_size': config.vision.spatial_merge_size}
+
+  def _generate_batch(self, contexts: list, max_new: int, stop: tuple) -> tuple[list, list]:
+    """(Generations, cached prefix length per row) of n live contexts, all run in one batch."""
     t_start = time.perf_counter()
     n = len(contexts)
     batch = _next_pow2(n) if self.pad_batch_pow2 else n
     lengths = np.asarray([len(c.prompt_ids) for c in contexts] + [1] * (batch - n), np.int32)
-    prompt_pad = _round_up(int(lengths.max()), self.bucket)
-    cache_len = _round_up(min(self.max_len, int(lengths.max()) + max_new), self.bucket)
-    cache_len = max(cache_len, prompt_pad)
     limits = np.asarray([min(max_new, self.max_len - l) for l in lengths], np.int32)  # emitted ids per row
-
-    input_ids = np.full((batch, prompt_pad), PAD_ID, np.int32)
-    position_ids = np.zeros((3, batch, prompt_pad), np.int32)
-    attention_mask = np.zeros((batch, prompt_pad), bool)
-    deltas = np.zeros((batch,), np.int32)  # rope_deltas: next position of row b = cache index + delta
-    config = getattr(self._model, 'config', None)
-    rope_kw = {}
-    if config is not None:
-      rope_kw = {'image_token_id': config.image_token_id, 'spatial_merge_size': config.vision.spatial_merge_size}
-    pixel_values, grids = [], []
-    for b in range(batch):
-      if b < n:
-        ids, images = contexts[b].prompt_ids, contexts[b].images
-      else:
-        ids, images = np.asarray([PAD_ID], np.int32), []
-      length = len(ids)
-      n_pads = int(np.sum(ids == rope_kw.get('image_token_id', IMAGE_PAD_ID)))
-      if n_pads != sum(im.num_tokens for im in images):
-        raise ValueError(f'context {b}: {n_pads} <|image_pad|> tokens but its {len(images)} image(s) need '
-                         f'{sum(im.num_tokens for im in images)}')
-      input_ids[b, :length] = ids
-      attention_mask[b, :length] = True
-      row_grid = np.asarray([np.asarray(im.grid_thw).reshape(3) for im in images], np.int32).reshape(-1, 3)
-      pos, delta = rope.get_rope_index(ids[None], row_grid if len(images) else None, None, **rope_kw)
-      pos = np.asarray(pos, np.int32)[:, 0]  # [3, length]
-      position_ids[:, b, :length] = pos
-      deltas[b] = int(np.asarray(delta).reshape(-1)[0])
-      position_ids[:, b, length:] = length + deltas[b] + np.arange(prompt_pad - length)[None]
-      for im in images:
-        pixel_values.append(np.asarray(im.pixel_values, np.float32))
-        grids.append(tuple(int(x) for x in np.asarray(im.grid_thw).reshape(3)))
-    pixels = np.concatenate(pixel_values, 0) if pixel_values else None
-
+    rope_kw = self._rope_kw()
+    prefix, slots = np.zeros((batch,), np.int32), np.full((batch,), -1, np.int32)
+    if self.prefix_cache is not None:
+      image_token_id = rope_kw.get('image_token_id', prefill_inputs.IMAGE_PAD_ID)
+      keys = [prefix_cache_lib.row_keys(c.prompt_ids, c.images, image_token_id) for c in contexts]
+      for b in range(n):
+        prefix[b], slots[b] = self.prefix_cache.match(keys[b])
+    inputs = prefill_inputs.build(contexts, batch, prefix, self.bucket, rope_kw)
+    cache_len = prefill_inputs.round_up(min(self.max_len, int(lengths.max()) + max_new), self.bucket)
+    cache_len = max(cache_len, inputs.input_ids.shape[1])
+    deltas = inputs.deltas
     greedy = self.temperature <= 0.0
     use_top_p = (not greedy) and self.top_p < 1.0
     temperature = jnp.float32(max(self.temperature, 1e-6))
     top_p = jnp.float32(self.top_p)
     state = self._state
 
-    cache = self._init_cache(batch, cache_len)
-    prefill = self._prefill_fn(tuple(grids), greedy, use_top_p)
-    tok, lp, cache = prefill(state, input_ids, position_ids, attention_mask, pixels,
-                             jnp.asarray(lengths - 1), cache, self._next_key(), temperature, top_p)
+    if prefix.any():
+      cache = self.prefix_cache.gather(slots, prefix, cache_len)
+    else:
+      cache = self._init_cache(batch, cache_len)
+    prefill = self._prefill_fn(inputs.grids, greedy, use_top_p)
+    tok, lp, cache = prefill(state, inputs.input_ids, inputs.position_ids, inputs.attention_mask,
+                             inputs.pixel_values, jnp.asarray(lengths - prefix - 1), jnp.asarray(prefix), cache,
+                             self._next_key(), temperature, top_p)
     tok.block_until_ready()
     t_prefill = time.perf_counter()
 
@@ -406,15 +403,20 @@ class JaxSampler(engine_lib.Engine):
         bar.update(int(new.max()))
     if bar is not None:
       bar.close()
+    if self.prefix_cache is not None:   # valid KV: prompt + emitted ids but the last (never fed)
+      self.prefix_cache.store(cache, [(b, np.concatenate([keys[b], np.asarray(out_ids[b][:-1], np.int64)]),
+                                       int(slots[b])) for b in range(n)])
     t_end = time.perf_counter()
     emitted = sum(len(x) for x in out_ids)
     self.stats = {'prefill_s': t_prefill - t_start, 'decode_s': t_end - t_prefill, 'decode_steps': steps,
-                  'emitted_tokens': emitted, 'batch': batch, 'prompt_pad': prompt_pad, 'cache_len': cache_len,
-                  'decode_tokens_per_s': emitted / max(t_end - t_prefill, 1e-9)}
-    return [engine_lib.Generation(ids=np.asarray(out_ids[b], np.int32), logprobs=np.asarray(out_lp[b], np.float32),
+                  'emitted_tokens': emitted, 'batch': batch, 'prompt_pad': inputs.input_ids.shape[1],
+                  'cache_len': cache_len, 'decode_tokens_per_s': emitted / max(t_end - t_prefill, 1e-9),
+                  'prompt_tokens': int(lengths[:n].sum()), 'cached_tokens': int(prefix.sum())}
+    gens = [engine_lib.Generation(ids=np.asarray(out_ids[b], np.int32), logprobs=np.asarray(out_lp[b], np.float32),
                                   text=engine_lib.decode_text(self.tokenizer, out_ids[b]), finish_reason=reasons[b],
                                   weight_version=self.weight_version)
             for b in range(n)]
+    return gens, [int(p) for p in prefix[:n]]
 
   def _finish(self, ids: list, logprobs: list, start: int, limit: int, stop: tuple) -> str | None:
     """Finish reason of a row whose ids[start:] are new, or None while it runs (ids / logprobs cut in place).

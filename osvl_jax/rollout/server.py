@@ -13,7 +13,7 @@ Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sgl
   POST /update_weights_from_disk  {model_path, weight_version?, ...}: new weights between two batches
                                   (`JaxSampler.set_model`, no recompile); the version is `weight_version`, or
                                   the old one + 1 when it is an integer and none is given.
-  GET|POST /flush_cache           no prefix cache here: always succeeds.
+  GET|POST /flush_cache           empties the sampler's prefix cache (between two batches); always succeeds.
   GET /health, /health_generate, /ready
   GET /model_info, /server_info   and the deprecated `/get_model_info`, `/get_server_info`.
   POST /v1/chat/completions       OpenAI-compatible, text out (judges, pipeline stages): messages rendered by
@@ -34,6 +34,10 @@ strings)); per-row
 largest cap). A weight update is a job too: the rows before it finish on the old weights, the rows after it
 start on the new ones, so no generation straddles an update (each answer has one version span).
 
+Prefix cache: with `JaxSampler(prefix_cache_slots=N)` (the `osvl_jax.serve` default), a row reuses the KV of
+the longest prefix (tokens and images) an earlier row computed and prefills only the rest, as SGLang's
+RadixAttention does; `meta_info.cached_tokens` is that prefix's length. A weight update empties it.
+
 Log-probs are temperature-1 log-probabilities of the emitted ids under the served weights (`JaxSampler`'s).
 A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream advances per batch).
 """
@@ -52,13 +56,13 @@ from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.trajectory import tokens as tokens_lib
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
     GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
-    default_like, expand_image_pads, load_policy, parse_sampling, render_messages)
+    default_like, expand_image_pads, load_policy, parse_generate, parse_sampling, render_messages)
 
 
 @dataclasses.dataclass
 class _Job:
-  kind: str                      # 'generate' | 'update'
-  payload: Any                   # list[Row] | dict (update request)
+  kind: str                      # 'generate' | 'update' | 'flush'
+  payload: Any                   # list[Row] | dict (update request) | None (flush)
   future: Future
 
 
@@ -116,66 +120,22 @@ class SamplerService:
     self._queue.put(_Job('update', request, fut))
     return fut
 
+  def submit_flush(self) -> Future:
+    """Queues a prefix-cache flush (run between two batches); the future's result is True."""
+    fut: Future = Future()
+    self._queue.put(_Job('flush', None, fut))
+    return fut
+
   def parse_generate(self, body: dict) -> tuple[list[Row], bool]:
-    """A `/generate` body -> (rows, is_batch).
+    """A `/generate` body -> (rows, is_batch) (`server_requests.parse_generate`, ids checked against the served
+    model's vocabulary).
 
     Raises:
       RequestError: a field this server cannot honour, malformed ids or images, pad counts that do not match.
     """
-    if not isinstance(body, dict):
-      raise RequestError('the body must be a JSON object')
-    for key, value in body.items():
-      if key not in GENERATE_FIELDS and not default_like(value):
-        raise RequestError(f'field {key!r} is not supported by osvl_jax.serve (token ids in, no text prompts)')
-    if body.get('stream'):
-      raise RequestError('stream=true is not supported by osvl_jax.serve')
-    if body.get('top_logprobs_num'):
-      raise RequestError('top_logprobs_num is not supported by osvl_jax.serve')
-    if body.get('logprob_start_len') not in (None, -1):
-      raise RequestError('logprob_start_len (prompt log-probs) is not supported by osvl_jax.serve')
-    input_ids = body.get('input_ids')
-    if not isinstance(input_ids, list) or not input_ids:
-      raise RequestError('input_ids must be a non-empty list of token ids (or a list of such lists)')
-    is_batch = isinstance(input_ids[0], list)
-    batch = input_ids if is_batch else [input_ids]
-    n = len(batch)
-
-    def per_row(value, name):
-      if is_batch and isinstance(value, list):
-        if len(value) != n:
-          raise RequestError(f'{name} has {len(value)} entries for {n} rows')
-        return value
-      return [value] * n
-
-    images = body.get('image_data')
-    if images is None:
-      images = [[] for _ in range(n)]
-    elif is_batch:
-      if not isinstance(images, list) or len(images) != n:
-        raise RequestError(f'image_data must hold one entry per row ({n})')
-      images = [[] if im is None else im if isinstance(im, list) else [im] for im in images]
-    else:
-      images = [images if isinstance(images, list) else [images]]
-    sps = per_row(body.get('sampling_params'), 'sampling_params')
-    lps = per_row(body.get('return_logprob'), 'return_logprob')
     config = getattr(self.sampler._model, 'config', None)  # pylint: disable=protected-access
     vocab = getattr(config, 'vocab_size', tokens_lib.VOCAB_SIZE)
-    rows = []
-    for ids, row_images, sp, lp in zip(batch, images, sps, lps):
-      if not isinstance(ids, list) or not ids or not all(
-          isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
-        raise RequestError(f'input_ids must be non-empty lists of integers in [0, {vocab})')
-      refs = []
-      for k, item in enumerate(row_images):
-        try:
-          refs.append(self.image_processor.process(decode_image(item), name=f'image_data[{k}]'))
-        except ValueError as e:
-          raise RequestError(str(e)) from e
-      context = engine_lib.Context(expand_image_pads(ids, refs), refs)
-      rows.append(Row(context=context, return_logprob=bool(lp),
-                      return_text_in_logprobs=bool(body.get('return_text_in_logprobs')),
-                      **parse_sampling(sp, self.default_max_new_tokens)))
-    return rows, is_batch
+    return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens)
 
   # -- worker --------------------------------------------------------------------------------------------------
   def _run(self) -> None:
@@ -205,7 +165,10 @@ class SamplerService:
           continue
         self._generate_jobs(segment)
         segment = []
-        self._update(j)
+        if j.kind == 'update':
+          self._update(j)
+        else:
+          self._flush(j)
       self._generate_jobs(segment)
 
   def _update(self, job: _Job) -> None:
@@ -223,6 +186,12 @@ class SamplerService:
     self.weight_version, self.model_path = str(version), str(req['model_path'])
     self.stats['updates'] += 1
     job.future.set_result((True, f'Succeeded to update model weights (weight_version {old} -> {version}).'))
+
+  def _flush(self, job: _Job) -> None:
+    cache = getattr(self.sampler, 'prefix_cache', None)
+    if cache is not None:
+      cache.clear()
+    job.future.set_result(True)
 
   def _generate_jobs(self, jobs: list[_Job]) -> None:
     if not jobs:
@@ -244,6 +213,7 @@ class SamplerService:
           self.sampler.temperature, self.sampler.top_p = temperature, top_p
           gens = self.sampler.generate([it[2].context for it in chunk],
                                        max_new_tokens=max(it[2].max_new_tokens for it in chunk), stop=stop)
+          cached = list(getattr(self.sampler, 'cached_tokens', None) or [0] * len(chunk))
         except Exception as e:  # pylint: disable=broad-except
           for it in chunk:
             failed[id(it[0])] = e
@@ -251,8 +221,8 @@ class SamplerService:
         self.stats['batches'] += 1
         self.stats['rows'] += len(chunk)
         self.stats['max_rows_per_batch'] = max(self.stats['max_rows_per_batch'], len(chunk))
-        for (job, k, row), gen in zip(chunk, gens):
-          outputs[id(job)][k] = self._row_output(row, gen, version)
+        for (job, k, row), gen, n_cached in zip(chunk, gens, cached):
+          outputs[id(job)][k] = {**self._row_output(row, gen, version), 'cached_tokens': int(n_cached)}
     for j in jobs:
       if id(j) in failed:
         j.future.set_exception(failed[id(j)])
@@ -298,7 +268,7 @@ class SamplerService:
     """One row's `/generate` answer in SGLang's layout."""
     n = len(out['ids'])
     meta = {'id': rid, 'finish_reason': out['finish_reason'], 'prompt_tokens': out['prompt_tokens'],
-            'completion_tokens': n, 'cached_tokens': 0, 'weight_version': out['weight_version'],
+            'completion_tokens': n, 'cached_tokens': out['cached_tokens'], 'weight_version': out['weight_version'],
             'weight_versions': [{'version': out['weight_version'], 'start': 0, 'end': n}],
             'e2e_latency': time.time() - started}
     if row.return_logprob:
@@ -328,7 +298,15 @@ class SamplerService:
             'devices': [str(d) for d in jax.devices()], 'startup_time': self.started,
             'image_processor': {'min_pixels': self.image_processor.min_pixels,
                                 'max_pixels': self.image_processor.max_pixels},
-            'internal_states': [{'stats': dict(self.stats), 'last_batch': dict(s.stats)}]}
+            'internal_states': [{'stats': dict(self.stats), 'last_batch': dict(s.stats),
+                                 'prefix_cache': self.prefix_cache_info()}]}
+
+  def prefix_cache_info(self) -> dict:
+    """{slots, used_slots, slot_tokens} of the sampler's prefix cache ({'slots': 0} without one)."""
+    cache = getattr(self.sampler, 'prefix_cache', None)
+    if cache is None:
+      return {'slots': 0}
+    return {'slots': cache.slots, 'used_slots': cache.used_slots, 'slot_tokens': cache.max_len}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -387,6 +365,7 @@ def create_app(service: SamplerService, host: str = '', port: int = 0):
 
   @app.api_route('/flush_cache', methods=['GET', 'POST'])
   async def flush_cache():
+    await asyncio.wrap_future(service.submit_flush())
     return PlainTextResponse('Cache flushed.\n')
 
   @app.get('/health')

@@ -139,6 +139,68 @@ def expand_image_pads(ids: Sequence[int], refs: Sequence[Any]) -> np.ndarray:
   return np.asarray(out, np.int32)
 
 
+def parse_generate(body: Any, image_processor: Any, vocab: int,
+                   default_max_new_tokens: int) -> tuple[list[Row], bool]:
+  """A SGLang `/generate` body -> (rows, is_batch): ids in [0, vocab), images decoded and processed with
+  `image_processor` (`ImageProcessor`), pads expanded; a row without max_new_tokens gets `default_max_new_tokens`.
+
+  Raises:
+    RequestError: a field this server cannot honour, malformed ids or images, pad counts that do not match.
+  """
+  if not isinstance(body, dict):
+    raise RequestError('the body must be a JSON object')
+  for key, value in body.items():
+    if key not in GENERATE_FIELDS and not default_like(value):
+      raise RequestError(f'field {key!r} is not supported by osvl_jax.serve (token ids in, no text prompts)')
+  if body.get('stream'):
+    raise RequestError('stream=true is not supported by osvl_jax.serve')
+  if body.get('top_logprobs_num'):
+    raise RequestError('top_logprobs_num is not supported by osvl_jax.serve')
+  if body.get('logprob_start_len') not in (None, -1):
+    raise RequestError('logprob_start_len (prompt log-probs) is not supported by osvl_jax.serve')
+  input_ids = body.get('input_ids')
+  if not isinstance(input_ids, list) or not input_ids:
+    raise RequestError('input_ids must be a non-empty list of token ids (or a list of such lists)')
+  is_batch = isinstance(input_ids[0], list)
+  batch = input_ids if is_batch else [input_ids]
+  n = len(batch)
+
+  def per_row(value, name):
+    if is_batch and isinstance(value, list):
+      if len(value) != n:
+        raise RequestError(f'{name} has {len(value)} entries for {n} rows')
+      return value
+    return [value] * n
+
+  images = body.get('image_data')
+  if images is None:
+    images = [[] for _ in range(n)]
+  elif is_batch:
+    if not isinstance(images, list) or len(images) != n:
+      raise RequestError(f'image_data must hold one entry per row ({n})')
+    images = [[] if im is None else im if isinstance(im, list) else [im] for im in images]
+  else:
+    images = [images if isinstance(images, list) else [images]]
+  sps = per_row(body.get('sampling_params'), 'sampling_params')
+  lps = per_row(body.get('return_logprob'), 'return_logprob')
+  rows = []
+  for ids, row_images, sp, lp in zip(batch, images, sps, lps):
+    if not isinstance(ids, list) or not ids or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+      raise RequestError(f'input_ids must be non-empty lists of integers in [0, {vocab})')
+    refs = []
+    for k, item in enumerate(row_images):
+      try:
+        refs.append(image_processor.process(decode_image(item), name=f'image_data[{k}]'))
+      except ValueError as e:
+        raise RequestError(str(e)) from e
+    context = engine_lib.Context(expand_image_pads(ids, refs), refs)
+    rows.append(Row(context=context, return_logprob=bool(lp),
+                    return_text_in_logprobs=bool(body.get('return_text_in_logprobs')),
+                    **parse_sampling(sp, default_max_new_tokens)))
+  return rows, is_batch
+
+
 def default_like(value: Any) -> bool:
   """True for a value SGLang treats as unset (None, False, 0, [], {}): such an unsupported field is accepted."""
   return value is None or value is False or (isinstance(value, (int, float)) and value == 0) or value in ([], {})

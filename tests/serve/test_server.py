@@ -1,4 +1,5 @@
-"""The server over an in-process JaxSampler (uvicorn in a thread): SGLang API parity, batching, chat, refusals."""
+"""The server over an in-process JaxSampler (uvicorn in a thread): SGLang API parity, batching, chat, refusals,
+the prefix cache (`cached_tokens`, `/flush_cache`, emptied by a weight update)."""
 
 import concurrent.futures
 
@@ -8,16 +9,21 @@ import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import jax_sampler
 from osvl_jax.rollout import server
 from osvl_jax.rollout import sglang_client as sc
-from tests.serve.conftest import NEW, reference_sampler, serve_in_thread
+from tests.serve.conftest import BUCKET, MAX_LEN, NEW, serve_in_thread
 
 
 @pytest.fixture(scope='module')
 def service(tiny_model, tokenizer, processor):
-  svc = server.SamplerService(reference_sampler(tiny_model, tokenizer, processor), tokenizer, processor,
-                              model_path='tiny', weight_version='0', batch_window_s=0.02,
-                              default_max_new_tokens=NEW)
+  """`reference_sampler`'s settings plus a prefix cache (as `osvl_jax.serve` runs); model_path 'tiny' reloads the
+  same weights."""
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
+                                   temperature=0.0, max_len=MAX_LEN, bucket=BUCKET, prefix_cache_slots=16)
+  loader = lambda path: tiny_model if path == 'tiny' else server.load_policy(path)[0]
+  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                              batch_window_s=0.02, default_max_new_tokens=NEW, loader=loader)
   yield svc
   svc.close()
 
@@ -29,14 +35,16 @@ def url(service):
 
 
 def test_greedy_through_http_equals_in_process(url, reference, tokenizer, contexts):
+  """Twice: the second time every prompt but its last id comes from the server's prefix cache."""
   want = reference.generate(contexts)
   engine = sc.SGLangEngine(url, tokenizer, max_new_tokens=NEW, temperature=0.0)
-  got = engine.generate(contexts)
-  for w, g in zip(want, got):
-    assert g.ids.tolist() == w.ids.tolist()
-    np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
-    assert g.finish_reason == w.finish_reason and g.text == w.text
-    assert g.weight_version == '0'
+  for _ in range(2):
+    got = engine.generate(contexts)
+    for w, g in zip(want, got):
+      assert g.ids.tolist() == w.ids.tolist()
+      np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+      assert g.finish_reason == w.finish_reason and g.text == w.text
+      assert g.weight_version == '0'
 
 
 def test_concurrent_rows_are_batched_and_cut_per_row(service, contexts):
@@ -128,3 +136,32 @@ def test_chat_completions_endpoint(url):
   assert out['object'] == 'chat.completion' and out['usage']['completion_tokens'] == 3
   assert isinstance(out['choices'][0]['message']['content'], str)
   assert out['choices'][0]['finish_reason'] == 'length'
+
+
+def test_prefix_cache_is_reported_flushed_and_emptied_by_updates(url, service, contexts):
+  ids = [int(i) for i in contexts[0][0]]
+
+  def generate(input_ids):
+    body = {'input_ids': input_ids, 'sampling_params': {'max_new_tokens': 3, 'temperature': 0},
+            'return_logprob': True}
+    out = httpx.post(url + '/generate', json=body, timeout=60).json()
+    meta = out['meta_info']
+    return meta['cached_tokens'], out['output_ids'], [e[0] for e in meta['output_token_logprobs']]
+
+  assert httpx.post(url + '/flush_cache', timeout=30).status_code == 200
+  assert service.prefix_cache_info()['used_slots'] == 0
+  cached, first, first_lp = generate(ids)
+  assert cached == 0 and service.prefix_cache_info()['used_slots'] == 1
+  cached, again, again_lp = generate(ids)
+  assert cached == len(ids) - 1 and again == first   # all but the last prompt id (its logits are needed)
+  np.testing.assert_allclose(again_lp, first_lp, atol=1e-5)
+  assert generate(ids + first + [500, 600])[0] == len(ids) + 2   # prompt + 3 ids but the last (never fed)
+  assert httpx.get(url + '/flush_cache', timeout=30).text == 'Cache flushed.\n'
+  assert service.prefix_cache_info()['used_slots'] == 0
+  assert generate(ids)[0] == 0
+  reply = httpx.post(url + '/update_weights_from_disk', json={'model_path': 'tiny', 'weight_version': '0'},
+                     timeout=60).json()
+  assert reply['success'], reply
+  cached, after, after_lp = generate(ids)
+  assert cached == 0 and after == first
+  np.testing.assert_allclose(after_lp, first_lp, atol=1e-5)

@@ -1,0 +1,106 @@
+"""Host-side inputs of the embedded sampler's prefill (`jax_sampler.JaxSampler`): a batch of contexts as
+right-padded ids, 3-D MRoPE positions, rope deltas and pixel patches, each row starting after its cached prefix.
+
+Row b feeds `prompt_ids[starts[b]:]` (`starts[b]` = the length of its prefix already in the KV cache, 0 without
+one). Positions come from `rope.get_rope_index` on the WHOLE row (the single source of truth shared with training;
+positions of a prefix do not depend on what follows it), then are sliced, so the suffix continues exactly where the
+cached prefix stopped. Only the images whose `<|image_pad|>` run lies in the suffix are sent to the vision tower
+(features of one image do not depend on the others: vision attention is per image); a prefix never ends inside an
+image run (`prefix_cache.PrefixCache.match`).
+"""
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.trajectory import tokens as tokens_lib
+
+PAD_ID = tokens_lib.ENDOFTEXT_ID  # <|endoftext|>, never attended to by real tokens (right padding).
+IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID  # <|image_pad|>, one per merged image patch.
+
+
+class PrefillInputs(NamedTuple):
+  """One prefill batch (B rows, T = the suffix length bucket).
+
+  Attributes:
+    input_ids: int32 [B, T], the suffixes right-padded with `PAD_ID` (dummy rows: one `PAD_ID`).
+    position_ids: int32 [3, B, T], MRoPE positions of the suffix tokens (pads continue the text positions).
+    attention_mask: bool [B, T], True on real suffix tokens.
+    deltas: int32 [B], HF's `rope_deltas`: the next position of row b is its cache index + deltas[b].
+    pixel_values: float32 [N, C*Tp*P*P] patches of the suffix images in order, or None.
+    grids: ((t, h, w), ...) of those images (static under jit).
+  """
+  input_ids: np.ndarray
+  position_ids: np.ndarray
+  attention_mask: np.ndarray
+  deltas: np.ndarray
+  pixel_values: np.ndarray | None
+  grids: tuple
+
+
+def round_up(n: int, multiple: int) -> int:
+  """The smallest positive multiple of `multiple` >= n (at least `multiple`)."""
+  return max(multiple, -(-n // multiple) * multiple)
+
+
+def check_image_pads(contexts: Sequence[Any], image_token_id: int = IMAGE_PAD_ID) -> None:
+  """Every context holds as many `<|image_pad|>` ids as its images need (`ImageRef.num_tokens` each).
+
+  Raises:
+    ValueError: naming the first context whose count differs.
+  """
+  for b, c in enumerate(contexts):
+    n_pads = int(np.sum(np.asarray(c.prompt_ids) == image_token_id))
+    need = sum(im.num_tokens for im in c.images)
+    if n_pads != need:
+      raise ValueError(f'context {b}: {n_pads} <|image_pad|> tokens but its {len(c.images)} image(s) need {need}')
+
+
+def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, rope_kw: dict) -> PrefillInputs:
+  """The prefill inputs of `contexts` (n <= batch rows; rows n.. are dummy one-`PAD_ID` rows).
+
+  Args:
+    contexts: n `engine.Context`s (pad counts checked by `check_image_pads`).
+    batch: padded batch size B >= n.
+    starts: int [B], the cached prefix length of each row (0: none); starts[b] < len(prompt_ids) and never
+      inside an image run.
+    bucket: the suffix length T is rounded up to a multiple of this.
+    rope_kw: `image_token_id` / `spatial_merge_size` for `rope.get_rope_index` (empty: its defaults).
+  Raises:
+    ValueError: a start that cuts an image run or leaves no token to prefill.
+  """
+  image_token_id = rope_kw.get('image_token_id', IMAGE_PAD_ID)
+  rows = [(np.asarray(c.prompt_ids, np.int32), list(c.images)) for c in contexts]
+  rows += [(np.asarray([PAD_ID], np.int32), [])] * (batch - len(rows))
+  starts = np.asarray(starts, np.int64)
+  suffix = np.asarray([len(ids) for ids, _ in rows]) - starts
+  if (suffix < 1).any():
+    raise ValueError(f'starts leave no token to prefill in rows {np.flatnonzero(suffix < 1).tolist()}')
+  pad_len = round_up(int(suffix.max()), bucket)
+  input_ids = np.full((batch, pad_len), PAD_ID, np.int32)
+  position_ids = np.zeros((3, batch, pad_len), np.int32)
+  attention_mask = np.zeros((batch, pad_len), bool)
+  deltas = np.zeros((batch,), np.int32)
+  pixel_values, grids = [], []
+  for b, (ids, images) in enumerate(rows):
+    length, start = len(ids), int(starts[b])
+    row_grid = np.asarray([np.asarray(im.grid_thw).reshape(3) for im in images], np.int32).reshape(-1, 3)
+    pos, delta = rope.get_rope_index(ids[None], row_grid if images else None, None, **rope_kw)
+    deltas[b] = int(np.asarray(delta).reshape(-1)[0])
+    n = length - start
+    input_ids[b, :n] = ids[start:]
+    attention_mask[b, :n] = True
+    position_ids[:, b, :n] = np.asarray(pos, np.int32)[:, 0, start:]
+    position_ids[:, b, n:] = length + deltas[b] + np.arange(pad_len - n)[None]
+    cached_pads, skip = int(np.sum(ids[:start] == image_token_id)), 0
+    while cached_pads > 0 and skip < len(images):   # the images whose runs lie in the cached prefix
+      cached_pads -= images[skip].num_tokens
+      skip += 1
+    if cached_pads != 0:
+      raise ValueError(f'row {b}: its cached prefix of {start} ids ends inside an image run')
+    for im in images[skip:]:
+      pixel_values.append(np.asarray(im.pixel_values, np.float32))
+      grids.append(tuple(int(x) for x in np.asarray(im.grid_thw).reshape(3)))
+  pixels = np.concatenate(pixel_values, 0) if pixel_values else None
+  return PrefillInputs(input_ids, position_ids, attention_mask, deltas, pixels, tuple(grids))
