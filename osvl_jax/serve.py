@@ -11,12 +11,14 @@ OpenAI client on `/v1/chat/completions`. The image processor uses the checkpoint
 (`--min_pixels` / `--max_pixels` override it; the tiny model defaults to 32*32 .. 64*64). The last line printed
 before serving is `serving url=http://HOST:PORT model=... weight_version=...`.
 
-Prefix cache (`--prefix_cache_slots`, default 256; 0 = off): the KV of the last N rows (prompt + generated ids) is
+Prefix cache (`--prefix_cache_slots`, default -1 = auto; 0 = off): the KV of the last N rows (prompt + generated ids) is
 kept on the device and a new row prefills only what follows its longest cached prefix of tokens and images
 (`osvl_jax.rollout.prefix_cache`, SGLang's RadixAttention idea); `meta_info.cached_tokens` reports it,
 `/flush_cache` and weight updates empty it. Memory: N slots x 2 (k, v) x layers x kv heads x head_dim x max_len
 (rounded up to --bucket) values of the cache dtype, allocated at the first batch: 0.5 MiB a slot for --tiny at
---max_len=2048; 1.125 GiB a slot for Qwen3-VL-8B in bfloat16 at --max_len=8192, so size N to the accelerator.
+--max_len=2048; 1.125 GiB a slot for Qwen3-VL-8B in bfloat16 at --max_len=8192. Auto (-1): as many slots as fit
+in a quarter of the device's memory (of the host's RAM where the device reports none), at most 256; an explicit N
+over half of it is refused at startup.
 """
 
 from absl import app, flags, logging
@@ -44,21 +46,21 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_pixels', None, 'image processor max_pixels (default: the checkpoint records it).')
   flags.DEFINE_string('served_model_name', 'osvl-jax', 'model name reported by /v1/models and /model_info.')
   flags.DEFINE_string('weight_version', '0', 'initial weight_version (bumped by each update that gives none).')
-  flags.DEFINE_integer('prefix_cache_slots', 256, 'rows whose KV (prompt + generated ids, max_len each) are kept '
-                       'for reuse by later rows that share a prefix (0: no prefix cache); memory: see the module '
-                       'docstring.')
+  flags.DEFINE_integer('prefix_cache_slots', -1, 'rows whose KV (prompt + generated ids, max_len each) are kept '
+                       'for reuse by later rows that share a prefix (0: no prefix cache; -1: as many as fit in a '
+                       'quarter of the device memory, at most 256); memory: see the module docstring.')
 
 
 def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: int | None = None,
                   hf_config: str | None = None, tiny: bool = False, seed: int = 0, max_new_tokens: int = 512,
                   max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.02,
                   min_pixels: int | None = None, max_pixels: int | None = None,
-                  served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = 256):
+                  served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1):
   """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above).
 
   Raises:
     FileNotFoundError / ValueError: from `server.load_policy`, or no pixel budget for a checkpoint without one.
-    ValueError: a prefix cache larger than half the device's memory (`prefix_cache_slots`).
+    ValueError: from `prefix_cache_size` (a bad `prefix_cache_slots`, or one over half the device's memory).
   """
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
@@ -81,7 +83,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
     processor = tj.ImageProcessor()   # an HF folder: the Qwen3-VL defaults
   else:
     processor = tj.ImageProcessor(min_pixels=int(lo), max_pixels=int(hi))
-  _check_prefix_cache(model, prefix_cache_slots, max_len, bucket)
+  prefix_cache_slots = prefix_cache_size(model, prefix_cache_slots, max_len, bucket)
   tokenizer = tj.load_tokenizer()
   sampler = jax_sampler.JaxSampler(model, tokenizer, image_processor=processor, max_new_tokens=max_new_tokens,
                                    temperature=1.0, seed=seed, max_len=max_len, bucket=bucket,
@@ -92,19 +94,39 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
                                default_max_new_tokens=max_new_tokens)
 
 
-def _check_prefix_cache(model, slots: int, max_len: int, bucket: int) -> None:
-  """Logs the prefix cache's size (module docstring); ValueError when it exceeds half the device's memory."""
+AUTO_PREFIX_CACHE_SLOTS = 256  # the most slots `--prefix_cache_slots=-1` picks
+
+
+def prefix_cache_size(model, slots: int, max_len: int, bucket: int) -> int:
+  """The number of prefix-cache slots to use for `--prefix_cache_slots=slots` (module docstring).
+
+  Args:
+    model: the served `Qwen3VLModel` (its text config and dtype size a slot).
+    slots: -1 = auto (a quarter of the device memory, at most `AUTO_PREFIX_CACHE_SLOTS`), 0 = off, N > 0 = N.
+    max_len, bucket: the sampler's (a slot holds max_len rounded up to the bucket tokens).
+  Returns:
+    The slot count (>= 0).
+  Raises:
+    ValueError: slots < -1, or N slots needing more than half the device's memory (the host's RAM on CPU).
+  """
+  import os  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  if slots < -1:
+    raise ValueError(f'--prefix_cache_slots must be -1 (auto), 0 (off) or a positive count, got {slots}')
   text = model.config.text
   tokens = -(-max_len // bucket) * bucket
-  need = (slots * 2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * tokens
-          * np.dtype(model.dtype).itemsize)
-  limit = (jax.devices()[0].memory_stats() or {}).get('bytes_limit')
-  if limit and need > limit // 2:
-    raise ValueError(f'--prefix_cache_slots={slots} needs {need / 2**30:.1f} GiB, more than half of the device\'s '
-                     f'{limit / 2**30:.1f} GiB: lower it (0 = no prefix cache)')
-  logging.info('prefix cache: %d slots of %d tokens, %.2f GiB', slots, tokens, need / 2**30)
+  per_slot = (2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * tokens
+              * np.dtype(model.dtype).itemsize)
+  limit = ((jax.devices()[0].memory_stats() or {}).get('bytes_limit')
+           or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))
+  if slots == -1:
+    slots = int(min(AUTO_PREFIX_CACHE_SLOTS, limit // 4 // per_slot))
+  elif slots * per_slot > limit // 2:
+    raise ValueError(f'--prefix_cache_slots={slots} needs {slots * per_slot / 2**30:.1f} GiB, more than half of the '
+                     f'{limit / 2**30:.1f} GiB of device memory: lower it (0 = no prefix cache, -1 = auto)')
+  logging.info('prefix cache: %d slots of %d tokens, %.2f GiB', slots, tokens, slots * per_slot / 2**30)
+  return slots
 
 
 def main(argv) -> None:

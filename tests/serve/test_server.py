@@ -4,6 +4,7 @@ the prefix cache (`cached_tokens`, `/flush_cache`, emptied by a weight update)."
 import concurrent.futures
 
 import httpx
+import jax
 import numpy as np
 import pytest
 
@@ -165,3 +166,21 @@ def test_prefix_cache_is_reported_flushed_and_emptied_by_updates(url, service, c
   cached, after, after_lp = generate(ids)
   assert cached == 0 and after == first
   np.testing.assert_allclose(after_lp, first_lp, atol=1e-5)
+
+
+def test_prefix_cache_size_auto_explicit_and_refused(tiny_model, monkeypatch):
+  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
+  t = tiny_model.config.text
+  per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 256 * 4   # max_len 200 -> 256 tokens
+  assert serve.prefix_cache_size(tiny_model, 0, 200, 128) == 0
+  assert serve.prefix_cache_size(tiny_model, 7, 200, 128) == 7
+  assert serve.prefix_cache_size(tiny_model, -1, 200, 128) == serve.AUTO_PREFIX_CACHE_SLOTS  # the tiny slot is small
+  with pytest.raises(ValueError, match='prefix_cache_slots must be -1'):
+    serve.prefix_cache_size(tiny_model, -2, 200, 128)
+  # A device reporting 100 slots' worth of memory: auto takes a quarter, an explicit count over half is refused.
+  device = type('Device', (), {'memory_stats': lambda self: {'bytes_limit': 100 * per_slot}})()
+  monkeypatch.setattr(jax, 'devices', lambda: [device])
+  assert serve.prefix_cache_size(tiny_model, -1, 200, 128) == 25
+  assert serve.prefix_cache_size(tiny_model, 50, 200, 128) == 50
+  with pytest.raises(ValueError, match='prefix_cache_slots=51 needs'):
+    serve.prefix_cache_size(tiny_model, 51, 200, 128)
