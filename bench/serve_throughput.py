@@ -7,7 +7,9 @@ Starts `python -m osvl_jax.serve --tiny` on a free 127.0.0.1 port (or uses `--ur
 compile is not timed), then times, interleaved `--repeats` times: the requests sent one after another (each waits
 for the previous answer), and the same requests sent at once through `SGLangEngine` (one HTTP request each; the
 server batches those waiting). Greedy decoding of exactly `--new-tokens` ids per request (no stop ids), so both
-modes do the same work. Prints the best wall time of each mode, the server's batch sizes, the machine load, and
+modes do the same work. The server it starts runs without a prefix cache (`--prefix_cache_slots=0`): the same
+prompts are sent again and again, and this bench measures request batching alone (bench/rollout_concurrency.py
+measures the cache on agent episodes). Prints the best wall time of each mode, the server's batch sizes, the machine load, and
 last `batching_speedup=<sequential seconds / concurrent seconds>`.
 """
 
@@ -50,7 +52,7 @@ def main() -> None:
     port = _free_port()
     url = f'http://127.0.0.1:{port}'
     proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--bucket=64',
-                             '--max_len=512', f'--batch_window_ms={args.batch_window_ms}',
+                             '--max_len=512', f'--batch_window_ms={args.batch_window_ms}', '--prefix_cache_slots=0',
                              f'--max_batch={max(64, args.requests)}'],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
