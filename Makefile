@@ -18,7 +18,7 @@ demo: $(VENV_STAMP)
 	$(PY) -m osvl_jax.demo --workdir=$(WORKDIR)
 
 test: $(VENV_STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
 	rm -rf workdir .pytest_cache

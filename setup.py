@@ -51,7 +51,8 @@ setuptools.setup(
         'torch==2.13.0',
     ],
     extras_require={
-        # gcp-storage-emulator: a local fake GCS server for the gs:// checkpoint test (tests/distributed).
-        'dev': ['pytest==9.0.3', 'pytest-timeout==2.4.0', 'gcp-storage-emulator==2026.7.19'],
+        # gcp-storage-emulator: a local fake GCS server for the gs:// checkpoint test (tests/distributed);
+        # pytest-xdist: `make test` runs the test files on 2 workers (`-n 2 --dist loadfile`).
+        'dev': ['pytest==9.0.3', 'pytest-timeout==2.4.0', 'pytest-xdist==3.8.0', 'gcp-storage-emulator==2026.7.19'],
     },
 )
