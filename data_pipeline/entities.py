@@ -212,10 +212,28 @@ def name_tokens(text: str) -> list[str]:
 MAX_NAME_TOKENS = 8  # longest token run the name matcher compares
 
 
+def _word_spans(text: str) -> list[tuple[int, int]]:
+  """Character spans [start, end) of the words of `text`: runs of letters / digits and combining marks (so a
+  decomposed 'São' — 'a' + U+0303 — is one word, as its folded form is), and each '&' alone."""
+  spans, start = [], None
+  for i, c in enumerate(text):
+    inside = c.isalnum() or (start is not None and unicodedata.combining(c))
+    if start is not None and not inside:
+      spans.append((start, i))
+      start = None
+    if c == '&':
+      spans.append((i, i + 1))
+    elif inside and start is None:
+      start = i
+  if start is not None:
+    spans.append((start, len(text)))
+  return spans
+
+
 def _name_runs(text: str) -> dict[str, list[tuple[int, int]]]:
-  """Every run of at most `MAX_NAME_TOKENS` consecutive word tokens of `text` (`[^\\W_]+` or `&`), keyed by its
+  """Every run of at most `MAX_NAME_TOKENS` consecutive words of `text` (`_word_spans`), keyed by its
   folded tokens joined without spaces (`name_tokens` of each token), -> its character spans [start, end)."""
-  toks = [(m.start(), m.end(), ''.join(name_tokens(m.group()))) for m in re.finditer(r'[^\W_]+|&', text)]
+  toks = [(a, b, ''.join(name_tokens(text[a:b]))) for a, b in _word_spans(text)]
   runs: dict[str, list[tuple[int, int]]] = {}
   for i in range(len(toks)):
     key = ''

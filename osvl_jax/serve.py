@@ -15,7 +15,7 @@ Prefix cache (`--prefix_cache_slots`, default -1 = auto; 0 = off): the KV of the
 kept on the device and a new row prefills only what follows its longest cached prefix of tokens and images
 (`osvl_jax.rollout.prefix_cache`, SGLang's RadixAttention idea); `meta_info.cached_tokens` reports it,
 `/flush_cache` and weight updates empty it. Memory: N slots x 2 (k, v) x layers x kv heads x head_dim x max_len
-(rounded up to --bucket) values of the cache dtype, allocated at the first batch: 0.5 MiB a slot for --tiny at
+(rounded up to --bucket) values of the cache dtype, allocated at the first batch: 1 MiB a slot for --tiny (float32) at
 --max_len=2048; 1.125 GiB a slot for Qwen3-VL-8B in bfloat16 at --max_len=8192. Auto (-1): as many slots as fit
 in a quarter of the device's memory (of the host's RAM where the device reports none), at most 256; an explicit N
 over half of it is refused at startup.

@@ -1,5 +1,7 @@
 """Fuzzy rewrite order and the non-leakage check."""
 
+import unicodedata
+
 from data_pipeline import entities
 from data_pipeline import ground
 from data_pipeline import rewrite
@@ -62,6 +64,10 @@ def test_name_spans_fold_case_accents_and_punctuation_whole_tokens_only():
   assert entities.name_spans(q, ['São Paulo', 'St Louis']) == [(36, 45), (50, 59)]
   assert entities.name_spans('Uruguay and Ur', ['Ur']) == [(12, 14)]           # never inside a longer word
   assert entities.name_spans('Sao Tome and Principe', ['Sao Tome', 'São Tomé and Príncipe']) == [(0, 21)]  # longest
+  # Decomposed accents (a letter + a combining mark) stay inside their word: no 'Sa' in 'São', no 'Ur' in 'Uŕuguay'.
+  nfd = unicodedata.normalize('NFD', 'Who built São Paulo in Uŕuguay?')
+  assert entities.names_in_text(nfd, ['Sa', 'Sao Paulo', 'Ur', 'Uruguay']) == ['Sao Paulo', 'Uruguay']
+  assert entities.name_spans(nfd, ['Sao Paulo']) == [(10, 20)]
 
 
 def test_ablation_template_replaces_only_mentions_of_v0(graph):

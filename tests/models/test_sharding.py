@@ -176,7 +176,8 @@ def _moe_block_outputs_and_grads(block, x, mesh=None, rules=sharding.LOGICAL_RUL
         lambda path, v: sharding.path_sharding('mlp.' + jax.tree_util.keystr(path, simple=True, separator='.')
                                                .removesuffix('.value'), v.shape, mesh, rules), state)
     nnx.update(block, jax.device_put(state, placement))
-    x = jax.device_put(x, sharding.data_sharding(mesh, 3, rules=rules))
+    x = jax.device_put(x, jax.sharding.NamedSharding(  # rows split over the batch axes where they divide
+        mesh, sharding.logical_to_spec(('batch', None, None), x.shape, mesh, rules)))
   step = nnx.jit(nnx.value_and_grad(_moe_block_loss, argnums=(0, 1), has_aux=True))
   with sharding.use_mesh(mesh, rules) if mesh is not None else contextlib.nullcontext():
     (_, y), (grads, dx) = step(block, x)
@@ -185,7 +186,9 @@ def _moe_block_outputs_and_grads(block, x, mesh=None, rules=sharding.LOGICAL_RUL
 
 MOE_MESHES = [({'fsdp': 2, 'expert': 4}, ('data', 'fsdp')), ({'fsdp': 2, 'tensor': 2, 'expert': 2}, ('data', 'fsdp')),
               ({'fsdp': 2, 'tensor': 4}, ('data', 'fsdp')), ({'expert': 8}, ('data', 'fsdp')),
-              ({'fsdp': 2, 'expert': 4}, ('data', 'fsdp', 'expert'))]
+              ({'fsdp': 2, 'expert': 4}, ('data', 'fsdp', 'expert')),
+              ({'data': 2, 'expert': 4}, ('data',)), ({'fsdp': 2, 'expert': 4}, ('data',)),   # tokens whole along fsdp
+              ({'expert': 8}, ('expert',))]
 
 
 @multi
@@ -206,6 +209,20 @@ def test_moe_block_routed_per_device_equals_the_whole_batch_routing(mesh_kw, bat
   got = _moe_block_outputs_and_grads(block, x, sharding.make_mesh(**mesh_kw), rules)
   assert block.experts.gate_up_proj[...].addressable_shards[0].data.shape[0] == 8 // mesh_kw.get('expert', 1)
   assert len(got) == len(want) == 5          # output, dx, router kernel, gate_up_proj, down_proj
+  for g, w in zip(got, want):
+    assert np.linalg.norm(g - w) <= 1e-5 * np.linalg.norm(w)
+
+
+@multi
+def test_moe_block_with_a_batch_that_does_not_split_over_the_mesh():
+  """One row on fsdp=2 x expert=4: the rows stay whole (replicated over fsdp, as the dense layers leave them) and
+  the per-device routing still equals the whole-batch one (it once failed to trace: the weights' fsdp gather
+  typed the output as varying over fsdp)."""
+  text = dataclasses.replace(MOE.text, num_experts=8, num_experts_per_tok=3)
+  make = lambda: moe.SparseMoeBlock(text, rngs=nnx.Rngs(0), dtype=jnp.float32, param_dtype=jnp.float32)
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((1, 6, text.hidden_size)), jnp.float32)
+  want = _moe_block_outputs_and_grads(make(), x)
+  got = _moe_block_outputs_and_grads(make(), x, sharding.make_mesh(fsdp=2, expert=4), sharding.LOGICAL_RULES)
   for g, w in zip(got, want):
     assert np.linalg.norm(g - w) <= 1e-5 * np.linalg.norm(w)
 

@@ -97,9 +97,9 @@ class Qwen3VLModel(nnx.Module):
       table = self.language_model.embed_tokens.embedding[...]
     else:
       table = self.lm_head.kernel[...].T
-    if table.dtype != hidden.dtype:
+    if table.dtype.itemsize > hidden.dtype.itemsize:
       table = sharding.constrain(table.astype(hidden.dtype), ('vocab', None))
-    return jnp.einsum('bth,vh->btv', hidden, table, preferred_element_type=jnp.float32)
+    return jnp.einsum('bth,vh->btv', hidden, table.astype(hidden.dtype), preferred_element_type=jnp.float32)
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
     """Empty KV cache {'k','v': [L, B, Hkv, max_len, D] (head-major), 'mask': bool [B, max_len]} (dtype defaults

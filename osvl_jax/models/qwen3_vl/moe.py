@@ -137,16 +137,16 @@ class Experts(nnx.Module):
     # it; gate_up_proj's [gate | up] columns are then gathered and each device slices its gate and up blocks.
     inner_axes = _axes(down_spec[1]) if not token_axes & set(live(down_spec[1])) else ()
     summed = tuple(a for a in expert_axes + inner_axes if a not in token_axes)
-    weight_gathers = ([(1, _axes(gu_spec[1])), (2, _axes(gu_spec[2]))],
-                      [(1, () if inner_axes else _axes(down_spec[1])), (2, _axes(down_spec[2]))])
-    dtype = self.dtype
+    # The weights enter split over their expert axes (and down_proj's intermediate dim over inner_axes) only: the
+    # other dims ('embed' over 'fsdp', gate_up's intermediate) are gathered by GSPMD at the shard_map boundary, after
+    # the cast to the compute dtype, as FSDP gathers every weight. Inside, they are then invariant along those
+    # axes, so the output varies only where the tokens do, whatever the rules split the tokens over (an
+    # all_gather inside would type it varying along 'fsdp' even where the tokens are whole along it).
+    gu_in = jax.sharding.PartitionSpec(gu_spec[0], None, None)
+    down_in = jax.sharding.PartitionSpec(down_spec[0], down_spec[1] if inner_axes else None, None)
+    gate_up, down = gate_up.astype(self.dtype), down.astype(self.dtype)
 
     def local(x, top_index, top_weight, gate_up, down):
-      gate_up, down = gate_up.astype(dtype), down.astype(dtype)     # gathered in the compute dtype
-      for dim, axes in weight_gathers[0]:
-        gate_up = jax.lax.all_gather(gate_up, axes, axis=dim, tiled=True) if axes else gate_up
-      for dim, axes in weight_gathers[1]:
-        down = jax.lax.all_gather(down, axes, axis=dim, tiled=True) if axes else down
       if inner_axes:
         width, start = down.shape[1], jax.lax.axis_index(inner_axes) * down.shape[1]
         half = gate_up.shape[2] // 2
@@ -165,7 +165,7 @@ class Experts(nnx.Module):
         out = jax.lax.psum_scatter(out, axes, scatter_dimension=dim, tiled=True)
       return out
 
-    return jax.shard_map(local, in_specs=(token_spec, token_spec, token_spec, gu_spec, down_spec),
+    return jax.shard_map(local, in_specs=(token_spec, token_spec, token_spec, gu_in, down_in),
                          out_specs=token_spec)(x, top_index, top_weight, gate_up, down)
 
 

@@ -65,8 +65,8 @@ def embed_lookup(embed: nnx.Embed, input_ids):
   gather, so the gathered copy is in the compute dtype; its gradient is still accumulated in the parameter dtype
   (`_take_rows_cast`). Same values as casting the looked-up rows."""
   table = embed.embedding[...]
-  if table.dtype == jnp.dtype(embed.dtype):
-    return jnp.take(sharding.constrain(table, ('vocab', None)), input_ids, axis=0)
+  if table.dtype.itemsize <= jnp.dtype(embed.dtype).itemsize:
+    return jnp.take(sharding.constrain(table, ('vocab', None)), input_ids, axis=0).astype(embed.dtype)
   return _take_rows_cast(table, input_ids, jnp.dtype(embed.dtype))
 
 
