@@ -24,7 +24,7 @@ from osvl_jax.models.qwen3_vl import sharding, weights
 from osvl_jax.rollout import sglang_client as sc
 from osvl_jax.train import checkpoint, grpo, grpo_update, metrics, policy
 from tests.distributed import conftest
-from tests.serve.conftest import healthy, serve_process, wait_until
+from tests.serve.conftest import healthy_server
 
 STEPS = 3  # resumed at step 1: steps 2 and 3 run
 SERVER_FLAGS = ('--max_len=512', '--bucket=64')  # after the serve conftest's TINY_FLAGS: the last value wins
@@ -82,8 +82,7 @@ def _load_config(path):
 @pytest.fixture(scope='module')
 def server(tmp_path_factory):
   log = tmp_path_factory.mktemp('server') / 'w.log'
-  with serve_process(log, *SERVER_FLAGS) as (url, proc):
-    wait_until(lambda: healthy(url), 120, 'worker', proc, log)
+  with healthy_server(log, *SERVER_FLAGS) as url:
     yield url
 
 

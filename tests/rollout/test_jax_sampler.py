@@ -23,11 +23,6 @@ def tokenizer():
 
 
 @pytest.fixture(scope='module')
-def model():
-  return model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-
-
-@pytest.fixture(scope='module')
 def image_ref():
   """A 64x64 random image -> grid (1, 4, 4), 4 image-pad tokens."""
   proc = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)

@@ -17,11 +17,6 @@ KW = {'max_new_tokens': NEW, 'temperature': 0.0, 'max_len': 256, 'bucket': 64}  
 
 
 @pytest.fixture(scope='module')
-def model():
-  return model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-
-
-@pytest.fixture(scope='module')
 def images():
   """Three 64x64 images (4 pads each); 0 and 2 have the same grid, only their pixels differ."""
   proc = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)

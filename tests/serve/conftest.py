@@ -76,6 +76,14 @@ def serve_process(log_path, *flags, timeout: float = 120.0):
 
 
 @contextlib.contextmanager
+def healthy_server(log_path, *flags, timeout: float = 120.0):
+  """`serve_process` that yields only the URL, once /health answers (else fails with the log's tail)."""
+  with serve_process(log_path, *flags) as (url, proc):
+    wait_until(lambda: healthy(url), timeout, 'worker', proc, log_path)
+    yield url
+
+
+@contextlib.contextmanager
 def serve_in_thread(service):
   """The FastAPI app of `service` under uvicorn in a thread of this process (shares the jit caches)."""
   import uvicorn

@@ -15,7 +15,7 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import sglang_client as sc
 from osvl_jax.train import checkpoint, data, grpo, metrics, policy
-from tests.serve.conftest import healthy, serve_process, wait_until
+from tests.serve.conftest import healthy_server
 from tests.serve.test_weight_sync import trainer_logprobs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -45,8 +45,7 @@ def _config(url: str = 'http://127.0.0.1:9', max_staleness: int = 0) -> ml_colle
 def server(tmp_path_factory):
   """One tiny worker (initial weights: Qwen3VLConfig.tiny() at nnx.Rngs(0)) for the module."""
   log = tmp_path_factory.mktemp('server') / 'w.log'
-  with serve_process(log, *SERVER_FLAGS) as (url, proc):
-    wait_until(lambda: healthy(url), 120, 'worker', proc, log)
+  with healthy_server(log, *SERVER_FLAGS) as url:
     yield url
 
 
