@@ -112,10 +112,11 @@ def prefix_cache_size(model, slots: int, max_len: int, bucket: int) -> int:
   import os  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout import prefill_inputs  # pylint: disable=g-import-not-at-top
   if slots < -1:
     raise ValueError(f'--prefix_cache_slots must be -1 (auto), 0 (off) or a positive count, got {slots}')
   text = model.config.text
-  tokens = -(-max_len // bucket) * bucket
+  tokens = prefill_inputs.round_up(max_len, bucket)   # the sampler's slot length
   per_slot = (2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * tokens
               * np.dtype(model.dtype).itemsize)
   limit = ((jax.devices()[0].memory_stats() or {}).get('bytes_limit')
