@@ -59,6 +59,36 @@ def test_rules_map_parameters_to_mesh_axes():
   assert sharding.logical_to_spec(('embed', 'kv_heads'), (64, 6), sharding.make_mesh()) == P('fsdp', 'tensor')
 
 
+# Matrices a rule deliberately leaves whole along one dim: the MoE router [hidden, E] (E is tiny), the patch
+# embedding's and learned position table's input dims (1,536 patch values; grid cells).
+HALF_SHARDED = ('mlp.gate.kernel', 'patch_embed.proj.kernel', 'pos_embed.embedding')
+
+
+@pytest.mark.parametrize('config,scan', [(Qwen3VLConfig.tiny(tie_word_embeddings=False), False),
+                                         (Qwen3VLConfig.tiny_moe(), False), (Qwen3VLConfig.tiny(), True)],
+                         ids=['dense', 'moe', 'dense_scan_layers'])
+def test_every_matrix_parameter_is_sharded_by_a_rule(config, scan):
+  """No matrix (ndim >= 2) falls through the rules to replication: a misspelt rule (say `linear_fc2`, the k/v
+  projections or a dense `down_proj`) would put a full copy of those weights on every device. Every dim of a
+  linear layer's kernel is named, except the few listed in HALF_SHARDED, which still shard their other dim."""
+  model = nnx.eval_shape(lambda: Qwen3VLModel(config, nnx.Rngs(0), scan_layers=scan))
+  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  matrices = {'.'.join(map(str, path)): v.get_value().shape for path, v in flat}
+  matrices = {path: shape for path, shape in matrices.items() if len(shape) >= 2}
+  assert any('linear_fc2' in p for p in matrices) and any('k_proj' in p for p in matrices)
+  for path, shape in matrices.items():
+    axes = sharding.logical_axes(path, len(shape))
+    if axes[0] == 'layers':  # scan_layers' stacked axis stays whole (MaxText); the per-layer array is what counts
+      axes, shape = axes[1:], shape[1:]
+      if len(shape) < 2:
+        continue
+    named = [axis for axis in sharding.logical_to_spec(axes) if axis is not None]
+    if path.endswith(HALF_SHARDED):
+      assert len(named) == len(shape) - 1, (path, spec)
+    else:
+      assert len(named) == len(shape), (path, spec)
+
+
 def test_stacked_layer_rules_hold_under_a_prefix_and_constrain_checks_its_axes():
   assert sharding.logical_axes('policy.language_model.layers.self_attn.q_proj.kernel', 3) == ('layers', 'embed',
                                                                                                'heads')
