@@ -12,9 +12,18 @@
 #    sglang-router of setup.py. 0.5.23's base package has everything the server needs; its [all] extra only adds
 #    the diffusion, tracing and http2 stacks (pass --sglang_spec='sglang[all]==0.5.23' to have them anyway).
 # 2. `python -m sglang.launch_server --model-path ... --tp-size ... --mem-fraction-static ... --host --port`, with
-#    SGLANG_RETURN_ORIGINAL_LOGPROB=1: SGLang 0.5.23 (srt/layers/sampler.py) then returns the log-probs of the
+#    SGLANG_MM_AVOID_RETOKENIZE=1: for a pre-tokenized request with images, SGLang 0.5.23 then keeps the sent
+#    input_ids verbatim and only expands each <|image_pad|> into the image's features
+#    (srt/multimodal/processors/base_processor.py, process_and_combine_mm_data -> _expand_input_ids); off, it
+#    decodes the ids and re-tokenizes the text (retokenization drift, sgl-project/sglang#26555). 0.5.23 defaults
+#    it on (srt/environ.py); the script sets it so that a host environment cannot turn it off. The client checks
+#    every answer's meta_info.prompt_tokens against the context it sent.
+#    And SGLANG_RETURN_ORIGINAL_LOGPROB=1: SGLang 0.5.23 (srt/layers/sampler.py) then returns the log-probs of the
 #    untempered distribution (log_softmax of the logits, before temperature), as osvl_jax.serve, JaxSampler and
 #    the trainer do; without it a sampled request gets temperature-scaled log-probs.
+#    No flag is needed to keep vision ids out of sampling: the client sends sampling_params.logit_bias (native in
+#    0.5.23, added to the logits before sampling), not a custom_logit_processor (which would need
+#    --enable-custom-logit-processor).
 # 3. With --router_port: the server runs in the background (log: server.log beside the venv), the script waits
 #    for its /health, then runs `python -m sglang_router.launch_router --worker-urls ...` (this server plus
 #    --worker_urls, round robin) in the foreground. Without it the server runs in the foreground.
@@ -42,7 +51,7 @@ dry_run=0
 extra=()
 
 usage() {
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
@@ -114,7 +123,7 @@ if [[ "$skip_setup" == 0 ]]; then
   run "$py" -m pip install -q "$sglang_spec" "$ROUTER_SPEC"
 fi
 
-server=(env SGLANG_RETURN_ORIGINAL_LOGPROB=1 "$py" -m sglang.launch_server --model-path "$model_path"
+server=(env SGLANG_MM_AVOID_RETOKENIZE=1 SGLANG_RETURN_ORIGINAL_LOGPROB=1 "$py" -m sglang.launch_server --model-path "$model_path"
   --tp-size "$tp_size" --mem-fraction-static "$mem_fraction_static" --host "$host" --port "$port")
 if [[ -n "$context_length" ]]; then
   server+=(--context-length "$context_length")

@@ -4,44 +4,23 @@
 Token ids in, token ids and their log-probs out: never a chat template, so trajectories stay token-exact. The
 agent loop cannot tell `SGLangEngine` from `jax_sampler.JaxSampler`.
 
-The request (one `POST /generate` per context; fields of SGLang's `GenerateReqInput`, checked against SGLang
-0.5.23's `io_struct.py` by `tests/serve/test_sglang_schema.py`):
-
-  {"input_ids": [int, ...],                       the context, each image's pad run collapsed to ONE pad
-   "image_data": ["data:image/png;base64,..."],   one per image, in order (omitted without images)
-   "sampling_params": {"max_new_tokens", "temperature", "top_p", "stop" (strings, when any),
-                       "stop_token_ids": [<|im_end|>, <|endoftext|>], "skip_special_tokens": false,
-                       "no_stop_trim": true},
-   "return_logprob": true}
-
-Images. SGLang's `image_data` takes, per image, a URL, a file path, raw bytes or a base64 string / data URL
-(`sglang.srt.utils.load_image`); the client sends the image's ORIGINAL pixels (`ImageRef.pixels`) as a lossless
-PNG data URL. SGLang's multimodal processor resizes them itself, with the folder's `preprocessor_config.json`
-(which `export_hf` writes with the training pixel budget), so its grid equals the trajectory's. For pre-tokenized
-prompts SGLang 0.5.23 expects ONE `<|image_pad|>` placeholder per image inside `<|vision_start|>...<|vision_end|>`
-and expands the i-th placeholder into that image's feature count itself (`BaseMultimodalProcessor.
-_expand_input_ids`; without `SGLANG_MM_AVOID_RETOKENIZE` the ids are decoded and the HF processor expands the
-placeholders the same way). The trajectory's context holds the expanded run (`ImageRef.num_tokens` pads), so the
-client collapses each run to one pad (checking its length against the image) before sending. `osvl_jax.serve`
-accepts both forms.
-
-The response: `output_ids` (the emitted ids, including the stop id when one matched) and `meta_info` with
-`output_token_logprobs` = [[logprob, token_id, text|null], ...] (one per emitted id), `finish_reason` =
-{"type": "stop", "matched": <id | string>} | {"type": "length", "length": n} | {"type": "abort", ...},
-`weight_version` and, when an update landed mid-request, `weight_versions` = [{version, start, end}, ...].
+One `POST /generate` per context; the request and response fields, and how SGLang 0.5.23 keeps them exact, are in
+`sglang_protocol` (whose names this module re-exports): `input_ids` with one `<|image_pad|>` per image (SGLang
+expands it; `SGLANG_MM_AVOID_RETOKENIZE` keeps the other ids verbatim), each image's PNG data URL encoded once
+per `ImageRef`, the vision ids banned from sampling by `sampling_params.logit_bias` (native in 0.5.23, no server
+flag; not `custom_logit_processor`, which needs `--enable-custom-logit-processor`), and every answer's
+`meta_info.prompt_tokens` checked against the context's length.
 
 Failures: a refused connection, a timeout, a dropped connection or an HTTP 5xx / 429 is retried with exponential
 backoff (on the next URL of the list), then raised as `EngineError`; a 4xx is raised at once (the request is
-wrong; retrying cannot help). The agent loop records an `EngineError` on the trajectory (never a tool error).
+wrong; retrying cannot help); an answer whose `prompt_tokens` differs from the context is an `EngineError` of kind
+'prompt_mismatch'. The agent loop records an `EngineError` on the trajectory (never a tool error).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
-import dataclasses
-import io
 import itertools
 import threading
 from collections.abc import Awaitable, Callable
@@ -51,102 +30,14 @@ import httpx
 import numpy as np
 
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.trajectory import tokens as tokens_lib
+from osvl_jax.rollout import sglang_protocol as protocol
+# The wire format's names, for callers of this module.
+from osvl_jax.rollout.sglang_protocol import (  # pylint: disable=unused-import
+    BANNED_LOGIT_BIAS, ERROR_ABORT, ERROR_CONNECTION, ERROR_HTTP, ERROR_KINDS, ERROR_PROMPT, ERROR_RESPONSE,
+    ERROR_TIMEOUT, IMAGE_PAD_ID, VISION_LOGIT_BIAS, DataURLCache, EngineError, SGLangGeneration,
+    collapse_image_pads, image_data_url)
 
-IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID
 RETRY_STATUS = (429, 500, 502, 503, 504)
-
-# EngineError.kind values.
-ERROR_CONNECTION = 'connection'   # refused / reset / dropped connection
-ERROR_TIMEOUT = 'timeout'         # connect, read or write timeout
-ERROR_HTTP = 'http_status'        # a non-2xx answer (after retries for 5xx / 429)
-ERROR_RESPONSE = 'bad_response'   # a 2xx answer this client cannot read (missing fields, lengths differ)
-ERROR_ABORT = 'abort'             # the server aborted the request (finish_reason type 'abort')
-ERROR_KINDS = (ERROR_CONNECTION, ERROR_TIMEOUT, ERROR_HTTP, ERROR_RESPONSE, ERROR_ABORT)
-
-
-class EngineError(RuntimeError):
-  """A generation or admin call that failed after its retries.
-
-  Attributes:
-    kind: one of `ERROR_KINDS`.
-    url: the last URL tried.
-    status: the HTTP status of the last answer, or None (no answer).
-    attempts: how many requests were sent.
-  """
-
-  def __init__(self, kind: str, message: str, url: str = '', status: int | None = None, attempts: int = 1):
-    super().__init__(f'{kind}: {message} (url={url}, status={status}, attempts={attempts})')
-    self.kind, self.url, self.status, self.attempts = kind, url, status, attempts
-
-
-@dataclasses.dataclass
-class SGLangGeneration(engine_lib.Generation):
-  """A `Generation` (with `weight_version` / `weight_versions` from `meta_info`) and the rest of what the server
-  reported.
-
-  Attributes:
-    meta_info: the whole `meta_info` of the answer, minus the per-token log-prob lists.
-  """
-  meta_info: dict | None = None
-
-
-def image_data_url(image: Any) -> str:
-  """`data:image/png;base64,...` of an `ImageRef`'s original pixels (or of a uint8 [H, W, 3] array)."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  pixels = np.asarray(getattr(image, 'pixels', image))
-  if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[-1] != 3:
-    raise ValueError(f'an image must be an ImageRef or uint8 [H, W, 3], got {pixels.dtype} {pixels.shape}')
-  buf = io.BytesIO()
-  Image.fromarray(pixels).save(buf, format='PNG', compress_level=1)
-  return 'data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode('ascii')
-
-
-def collapse_image_pads(prompt_ids: np.ndarray, images: Sequence[Any]) -> list[int]:
-  """The context with each image's `<|image_pad|>` run replaced by one pad (SGLang expands it again).
-
-  Args:
-    prompt_ids: int [T], the context, with `ImageRef.num_tokens` consecutive pads per image.
-    images: the context's images in order (`ImageRef`s; raw arrays are accepted unchecked).
-  Returns:
-    The ids as a list of ints, one pad per image.
-  Raises:
-    ValueError: the number of pad runs differs from the number of images, or a run's length differs from its
-      image's `num_tokens`.
-  """
-  ids = [int(i) for i in np.asarray(prompt_ids).reshape(-1)]
-  out, k, i = [], 0, 0
-  while i < len(ids):
-    if ids[i] != IMAGE_PAD_ID:
-      out.append(ids[i])
-      i += 1
-      continue
-    j = i
-    while j < len(ids) and ids[j] == IMAGE_PAD_ID:
-      j += 1
-    if k >= len(images):
-      raise ValueError(f'context has more <|image_pad|> runs than its {len(images)} image(s)')
-    want = getattr(images[k], 'num_tokens', None)
-    if want is not None and j - i != want:
-      raise ValueError(f'image {k + 1}: a run of {j - i} <|image_pad|> but the image needs {want}')
-    out.append(IMAGE_PAD_ID)
-    k, i = k + 1, j
-  if k != len(images):
-    raise ValueError(f'context has {k} <|image_pad|> run(s) but {len(images)} image(s)')
-  return out
-
-
-def _finish_reason(meta: dict, url: str) -> str:
-  reason = meta.get('finish_reason')
-  kind = reason.get('type') if isinstance(reason, dict) else reason
-  if kind == 'stop':
-    matched = reason.get('matched') if isinstance(reason, dict) else None
-    return engine_lib.FINISH_STOP_STRING if isinstance(matched, str) else engine_lib.FINISH_STOP
-  if kind == 'length':
-    return engine_lib.FINISH_LENGTH
-  if kind == 'abort':
-    raise EngineError(ERROR_ABORT, f'request aborted by the server: {reason}', url)
-  raise EngineError(ERROR_RESPONSE, f'unknown finish_reason {reason!r}', url)
 
 
 class SGLangEngine(engine_lib.Engine):
@@ -161,7 +52,9 @@ class SGLangEngine(engine_lib.Engine):
   requests, log-probs of the temperature-scaled distribution (top-p not applied), and temperature-1 log-probs
   for greedy batches or when the server runs with `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (set it on the GPU servers
   so that rollout log-probs are comparable to the trainer's); `osvl_jax.serve` always returns temperature-1
-  log-probs, like `JaxSampler`. At temperature 1 (GRPO rollouts) all agree.
+  log-probs, like `JaxSampler`. At temperature 1 (GRPO rollouts) all agree. SGLang adds the vision-id
+  `logit_bias` before computing them, so its log-probs are normalised over the other ids (the trainer's and
+  `JaxSampler`'s are not: they differ by log(1 - p(vision ids)), ~0 for a trained policy).
   """
   continuous_batching = True
 
@@ -169,7 +62,8 @@ class SGLangEngine(engine_lib.Engine):
                temperature: float = 1.0, top_p: float = 1.0, stop: Sequence[str] = (),
                stop_token_ids: Sequence[int] = engine_lib.EOS_IDS, timeout: float = 600.0, retries: int = 4,
                backoff: float = 0.5, max_backoff: float = 8.0, concurrency: int = 256,
-               admin_urls: Sequence[str] | None = None, transport: httpx.AsyncBaseTransport | None = None):
+               admin_urls: Sequence[str] | None = None, ban_vision_ids: bool = True,
+               transport: httpx.AsyncBaseTransport | None = None):
     """Args:
       urls: base URL (`http://host:port`) of a server or router, or a list of them (requests round-robin).
       tokenizer: the Qwen tokenizer for `Generation.text` (None: `trajectory.load_tokenizer()`).
@@ -185,6 +79,9 @@ class SGLangEngine(engine_lib.Engine):
       concurrency: HTTP connections per event loop: requests in flight at once (more wait for a connection).
       admin_urls: the servers that admin calls (`update_weights_from_disk`, `flush_cache`) go to (default:
         `urls`; behind a router pass the workers' URLs here).
+      ban_vision_ids: send `sampling_params.logit_bias` = `VISION_LOGIT_BIAS`, so that the server never samples a
+        vision id (SGLang needs it; `JaxSampler` bans them itself). False only for a server that refuses
+        `logit_bias`: the agent loop then still makes a turn holding a vision id a malformed step.
       transport: httpx async transport (tests: `httpx.MockTransport`).
     Raises:
       ValueError: an empty URL list or a parameter out of range.
@@ -217,6 +114,8 @@ class SGLangEngine(engine_lib.Engine):
     self._cycle = itertools.cycle(range(len(self.urls)))
     self._lock = threading.Lock()
     self.stats = {'requests': 0, 'retries': 0, 'errors': 0}
+    self.ban_vision_ids = bool(ban_vision_ids)
+    self.image_urls = DataURLCache()  # each live ImageRef's data URL, encoded once
 
   # -- HTTP ----------------------------------------------------------------------------------------------------
   def _client(self) -> httpx.AsyncClient:
@@ -304,10 +203,13 @@ class SGLangEngine(engine_lib.Engine):
   # -- generation ----------------------------------------------------------------------------------------------
   def request_body(self, context: engine_lib.Context | tuple, max_new_tokens: int | None = None,
                    stop: Sequence[str] | None = None) -> dict:
-    """The `/generate` JSON body of one context (the module docstring lists its fields).
+    """The `/generate` JSON body of one context (`sglang_protocol`'s docstring lists its fields): the vision ids
+    banned by `sampling_params.logit_bias` unless `ban_vision_ids=False`; each `ImageRef`'s data URL from
+    `self.image_urls` (encoded on its first request only).
 
     Raises:
-      ValueError: the context's pad runs do not match its images (`collapse_image_pads`).
+      ValueError: the context's pad runs do not match its images (`collapse_image_pads`), or an image that is not
+        uint8 [H, W, 3].
     """
     context = engine_lib.as_context(context)
     stop = self.stop if stop is None else tuple(stop)
@@ -316,46 +218,36 @@ class SGLangEngine(engine_lib.Engine):
                 'stop_token_ids': list(self.stop_token_ids), 'skip_special_tokens': False, 'no_stop_trim': True}
     if stop:
       sampling['stop'] = list(stop)
+    if self.ban_vision_ids:
+      sampling['logit_bias'] = dict(VISION_LOGIT_BIAS)
     body = {'input_ids': collapse_image_pads(context.prompt_ids, context.images),
             'sampling_params': sampling, 'return_logprob': True}
     if context.images:
-      body['image_data'] = [image_data_url(im) for im in context.images]
+      body['image_data'] = [self.image_urls.url(im) for im in context.images]
     return body
 
-  def parse_response(self, out: dict, url: str = '') -> SGLangGeneration:
+  def parse_response(self, out: dict, url: str = '', prompt_len: int | None = None,
+                     sent_len: int | None = None) -> SGLangGeneration:
     """A `/generate` answer -> `SGLangGeneration` (ids, log-probs, finish reason, weight version).
 
+    Args:
+      out: the decoded JSON answer.
+      url: the server, for errors.
+      prompt_len: the context's length (pads expanded); when given, `meta_info.prompt_tokens` must equal it.
+      sent_len: the number of `input_ids` sent (default `prompt_len`), for the mismatch message.
     Raises:
-      EngineError: kind 'bad_response' for an answer without ids / log-probs or whose lengths differ; 'abort'
-        for an aborted request.
+      EngineError: kind 'bad_response' for an answer without ids / log-probs or whose lengths differ (or without
+        `prompt_tokens` when `prompt_len` is given); 'abort' for an aborted request; 'prompt_mismatch' naming
+        both counts when the server ran a prompt of another length.
     """
-    meta = out.get('meta_info') if isinstance(out, dict) else None
-    if not isinstance(meta, dict):
-      raise EngineError(ERROR_RESPONSE, f'no meta_info in {str(out)[:200]}', url)
-    token_lps = meta.get('output_token_logprobs')
-    if token_lps is None:
-      raise EngineError(ERROR_RESPONSE, 'no output_token_logprobs in meta_info (return_logprob ignored?)', url)
-    try:
-      lp_ids = [int(entry[1]) for entry in token_lps]
-      logprobs = np.asarray([float(entry[0]) for entry in token_lps], np.float32)
-    except (TypeError, ValueError, IndexError) as e:
-      raise EngineError(ERROR_RESPONSE, f'unreadable output_token_logprobs: {e}', url) from e
-    ids = out.get('output_ids')
-    ids = lp_ids if ids is None else [int(i) for i in ids]
-    if ids != lp_ids:
-      raise EngineError(ERROR_RESPONSE, f'output_ids ({len(ids)}) and output_token_logprobs ({len(lp_ids)}) '
-                        'disagree', url)
-    reason = _finish_reason(meta, url)
-    rest = {k: v for k, v in meta.items() if not k.endswith('token_logprobs')}
-    return SGLangGeneration(ids=np.asarray(ids, np.int32), logprobs=logprobs,
-                            text=engine_lib.decode_text(self.tokenizer, ids), finish_reason=reason,
-                            weight_version=None if meta.get('weight_version') is None
-                            else str(meta['weight_version']),
-                            weight_versions=meta.get('weight_versions'), meta_info=rest)
+    gen = protocol.parse_generate(out, self.tokenizer, url)
+    if prompt_len is not None:
+      protocol.check_prompt_tokens(gen.meta_info, prompt_len, prompt_len if sent_len is None else sent_len, url)
+    return gen
 
-  async def _generate_one(self, body: dict) -> SGLangGeneration:
+  async def _generate_one(self, body: dict, prompt_len: int) -> SGLangGeneration:
     resp = await self._request('POST', '/generate', json=body)
-    return self.parse_response(self._json(resp), str(resp.url))
+    return self.parse_response(self._json(resp), str(resp.url), prompt_len, len(body['input_ids']))
 
   async def agenerate(self, contexts, max_new_tokens=None, stop=None):
     """Samples one assistant turn per context (`engine.Engine.generate`): one HTTP request each, all in flight
@@ -365,11 +257,14 @@ class SGLangEngine(engine_lib.Engine):
       B `SGLangGeneration`s in the order of `contexts`.
     Raises:
       ValueError: a context whose pad runs do not match its images.
-      EngineError: a request that failed after its retries (the other rows' results are dropped; the agent loop
-        asks one context per call, so there a failure stays with its own trajectory).
+      EngineError: a request that failed after its retries, or an answer that cannot be trusted (e.g. kind
+        'prompt_mismatch': `meta_info.prompt_tokens` differs from the context's length). The other rows' results
+        are dropped; the agent loop asks one context per call, so there a failure stays with its own trajectory.
     """
+    contexts = [engine_lib.as_context(c) for c in contexts]
     bodies = [self.request_body(c, max_new_tokens, stop) for c in contexts]
-    return list(await asyncio.gather(*(self._generate_one(b) for b in bodies)))
+    return list(await asyncio.gather(*(self._generate_one(b, int(np.asarray(c.prompt_ids).size))
+                                       for b, c in zip(bodies, contexts))))
 
   def generate(self, contexts, max_new_tokens=None, stop=None):
     """`agenerate` on a fresh event loop (same result and errors)."""

@@ -15,10 +15,14 @@ from osvl_jax.rollout import sglang_client as sc
 SCHEMA = json.loads((pathlib.Path(__file__).with_name('sglang_schema.json')).read_text())
 
 
-def _answer(ids, reason=None, version='7'):
+def _answer(ids, reason=None, version='7', request=None, pads_per_image=1):
+  """SGLang's /generate answer (documented schema); `prompt_tokens` from `request`'s input_ids, each image's one
+  pad expanded to `pads_per_image` as SGLang does."""
   reason = reason or {'type': 'stop', 'matched': ids[-1]}
+  sent = json.loads(request.content)['input_ids'] if request is not None else []
+  prompt_tokens = len(sent) + (pads_per_image - 1) * sent.count(tj.IMAGE_PAD_ID)
   return {'text': 'x', 'output_ids': ids, 'meta_info': {
-      'id': 'r', 'finish_reason': reason, 'weight_version': version,
+      'id': 'r', 'finish_reason': reason, 'weight_version': version, 'prompt_tokens': prompt_tokens,
       'output_token_logprobs': [[-0.5 * (k + 1), i, None] for k, i in enumerate(ids)]}}
 
 
@@ -38,7 +42,8 @@ def test_every_request_field_is_in_sglangs_dataclasses(tokenizer, contexts):
   def handler(request):
     sent.append((request.url.path, json.loads(request.content)))
     if request.url.path == '/generate':
-      return httpx.Response(200, json=_answer([5, tj.IM_END_ID]))
+      return httpx.Response(200, json=_answer([5, tj.IM_END_ID], request=request,
+                                              pads_per_image=contexts[2][1][0].num_tokens))
     return httpx.Response(200, json={'success': True, 'message': 'ok', 'num_paused_requests': 0})
 
   engine = _engine(tokenizer, handler, stop=('</tool_call>',))
@@ -100,7 +105,7 @@ def test_retries_5xx_then_succeeds_round_robin(tokenizer):
     calls['n'] += 1
     if calls['n'] <= 2:
       return httpx.Response(503, text='busy')
-    return httpx.Response(200, json=_answer([3, tj.IM_END_ID]))
+    return httpx.Response(200, json=_answer([3, tj.IM_END_ID], request=request))
 
   engine = _engine(tokenizer, handler, urls=['http://a:1', 'http://b:1'])
   (gen,) = engine.generate([(np.asarray([1, 2, 3], np.int32), [])])
@@ -159,7 +164,7 @@ def test_a_retry_fails_over_to_the_url_after_the_failed_one(tokenizer):
     hosts.append(request.url.host)
     if request.url.host == 'dead':
       raise httpx.ConnectError('refused')
-    return httpx.Response(200, json=_answer([3, tj.IM_END_ID]))
+    return httpx.Response(200, json=_answer([3, tj.IM_END_ID], request=request))
 
   engine = _engine(tokenizer, handler, urls=['http://live:1', 'http://dead:1'], retries=1)
   gens = engine.generate([(np.asarray([1, k], np.int32), []) for k in range(8)])
