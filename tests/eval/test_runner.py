@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from osvl_jax import trajectory as tj
-from osvl_jax.eval import degrade, runner
+from osvl_jax.eval import degrade, policy, results, runner, runs
 from osvl_jax.judges import base as judges_base
 from osvl_jax.rollout import engine as engine_lib
 from tools import env as tools_env
@@ -80,7 +80,7 @@ def test_resume_after_a_kill_judges_no_item_twice(tmp_path, tokenizer, env):
   rep = runner.evaluate(config, tmp_path, engine=engine, judge=second, env=env, tokenizer=tokenizer)
   assert len(second.judged) == 3  # only the three items not stored
   assert not set(first.judged) & set(second.judged)
-  keys = [runner.ResultStore.key(json.loads(l)) for l in (tmp_path / 'results.jsonl').read_text().splitlines()
+  keys = [results.ResultStore.key(json.loads(l)) for l in (tmp_path / 'results.jsonl').read_text().splitlines()
           if l.startswith('{"run"') and l.endswith('}')]
   assert len(keys) == len(set(keys)) == 6
   assert rep['meta']['torn_result_lines'] == 1 and rep['items'] == 6
@@ -105,7 +105,10 @@ def test_judge_errors_are_neither_right_nor_wrong(tmp_path, tokenizer, env):
   rep = runner.evaluate(config, tmp_path, engine=engine, judge=CountingJudge(error=True), env=env,
                         tokenizer=tokenizer)
   s = rep['runs']['agentic']['benchmarks']['fvqa']
-  assert s['judged'] == 0 and s['judge_error_rate'] == 1.0 and s['pass_at_1'] == 0.0
+  assert s['judged'] == 0 and s['judge_error_rate'] == 1.0 and s['judge_errors'] == 2
+  assert s['pass_at_1'] is None and rep['runs']['agentic']['average_pass_at_1'] is None  # n/a, not 0.0
+  assert rep['runs']['agentic']['average_covers'] == [] and 'fvqa' in rep['runs']['agentic']['average_excludes']
+  assert '| fvqa | 2 | 0 | n/a | 2 (100.0%) |' in (tmp_path / 'report.md').read_text()
   records = [json.loads(l) for l in (tmp_path / 'results.jsonl').read_text().splitlines()]
   assert all(r['correct'] is None and r['judge_error'].startswith('JudgeParseError') for r in records)
 
@@ -131,11 +134,11 @@ def test_degradations_keep_shape_and_change_pixels():
 
 
 def test_plan_runs_and_bad_modes():
-  runs = runner.plan_runs(small_config(modes=('agentic', 'direct'), budgets=(2, 4)))
-  assert [(r.key, r.mode, r.max_tool_calls) for r in runs] == [
+  planned = runs.plan_runs(small_config(modes=('agentic', 'direct'), budgets=(2, 4)))
+  assert [(r.key, r.mode, r.max_tool_calls) for r in planned] == [
       ('agentic', 'agentic', 2), ('direct', 'direct', 0), ('budget_2', 'agentic', 2), ('budget_4', 'agentic', 4)]
   with pytest.raises(ValueError, match='eval mode'):
-    runner.plan_runs(small_config(modes=('sideways',)))
+    runs.plan_runs(small_config(modes=('sideways',)))
 
 
 def test_tiny_policy_every_mode_and_budget_sweep(tmp_path, env):
@@ -196,7 +199,7 @@ def test_benchmarks_merged_into_the_training_set_are_evaluated_on_their_held_out
   (data / 'build_config.json').write_text(json.dumps({'merge_external': False, 'merge_sources': ['fvqa']}))
   assert len(ev.load_items()[0]['fvqa']) == 2 and ev.trained_on == {}
   with pytest.raises(FileNotFoundError, match='train_data='):
-    runner.train_settings(tmp_path / 'nowhere')
+    policy.train_settings(tmp_path / 'nowhere')
   # A merging build whose recorded settings lack a field: an error, not a guess that could leak trained-on items.
   with pytest.raises(ValueError, match='merge_holdout'):
     benchmarks.held_out_items('fvqa', all_fvqa, {'merge_external': True, 'merge_sources': ['fvqa']})
