@@ -148,3 +148,28 @@ def test_benchmarks_merged_into_the_training_set_are_evaluated_on_their_held_out
   # A merging build whose recorded settings lack a field: an error, not a guess that could leak trained-on items.
   with pytest.raises(ValueError, match='merge_holdout'):
     benchmarks.held_out_items('fvqa', all_fvqa, {'merge_external': True, 'merge_sources': ['fvqa']})
+
+
+def test_bad_entries_are_counted_per_benchmark_by_kind_and_the_rest_evaluated(tmp_path, tokenizer, env):
+  data = tmp_path / 'vdr.jsonl'
+  data.write_text('\ufeff' + '\n'.join([
+      '{"id": "v1", "question": "Which river?", "answer": "Tagus River"}',
+      '{"id": "v2", "question": "torn',
+      '"a string"',
+      '{"id": "v1", "question": "Which bridge?", "answer": "x"}',
+      '{"id": "v4", "question": "No gold?"}',
+      '{"id": "v5", "question": "Which sea?", "answer": "Tagus River"}']) + '\n', encoding='utf-8')
+  config = small_config(benchmarks=('vdr_bench',), modes=('direct',), max_items_per_benchmark=0)
+  config.benchmark_files.vdr_bench = str(data)
+  judge = CountingJudge()
+  rep = runner.evaluate(config, tmp_path / 'w', engine=engine_lib.ScriptedEngine([SCRIPT[1]], tokenizer),
+                        judge=judge, env=env, tokenizer=tokenizer)
+  assert sorted(judge.judged) == ['Which river?', 'Which sea?']
+  s = rep['runs']['direct']['benchmarks']['vdr_bench']
+  assert s['items'] == 2 and s['pass_at_1'] == 1.0
+  assert rep['rejected'] == {'vdr_bench': {
+      'entries': 4, 'by_kind': {'bad_json': 1, 'not_an_object': 1, 'duplicate_id': 1, 'no_answer': 1},
+      'examples': rep['rejected']['vdr_bench']['examples']}}
+  assert rep['rejected']['vdr_bench']['examples'][0].startswith(f'{data}:2 (bad_json)')
+  assert 'vdr_bench' not in rep['benchmarks_not_run']
+  assert "- vdr_bench: 4 entr(y/ies), by kind {'bad_json': 1" in (tmp_path / 'w' / 'report.md').read_text()
