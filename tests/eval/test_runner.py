@@ -173,3 +173,13 @@ def test_bad_entries_are_counted_per_benchmark_by_kind_and_the_rest_evaluated(tm
   assert rep['rejected']['vdr_bench']['examples'][0].startswith(f'{data}:2 (bad_json)')
   assert 'vdr_bench' not in rep['benchmarks_not_run']
   assert "- vdr_bench: 4 entr(y/ies), by kind {'bad_json': 1" in (tmp_path / 'w' / 'report.md').read_text()
+
+
+def test_rule_judge_scores_letter_replies_on_real_livevqa_items(tmp_path, tokenizer, env):
+  """The offline judge through the runner: item '1' (gold option A) and '4' (gold B), both answered 'B'."""
+  config = small_config(benchmarks=('livevqa',), modes=('direct',), max_items_per_benchmark=2)
+  engine = engine_lib.ScriptedEngine(['<think>the second option</think>\n<response>(B)</response>'], tokenizer)
+  rep = runner.evaluate(config, tmp_path, engine=engine, env=env, tokenizer=tokenizer)
+  records = {r['id']: r['correct'] for r in map(json.loads, (tmp_path / 'results.jsonl').read_text().splitlines())}
+  assert records == {'1': False, '4': True}
+  assert rep['runs']['direct']['benchmarks']['livevqa']['pass_at_1'] == 0.5
