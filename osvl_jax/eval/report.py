@@ -22,7 +22,8 @@ or a budget of the sweep) and per benchmark:
 `average_pass_at_1` is the unweighted mean of the benchmarks' Pass@1 (the paper's "Avg."), over the benchmarks
 with a Pass@1 (`average_covers` names them; `average_excludes` says why each other one is left out); None when
 none has one. `rejected` (report.json top level, from the runner) counts per benchmark the file entries that were
-not items, by kind (`data.eval_items`: bad_json, not_an_object, no_question, no_answer, duplicate_id, ...). `seconds` is the item's own time: the wall time of each batched generate call it took
+not items, by kind (`data.eval_items`: bad_json, not_an_object, no_question, no_answer, duplicate_id, ...).
+`seconds` is the item's own time: the wall time of each batched generate call it took
 part in, plus its own tool time.
 """
 
