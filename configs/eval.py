@@ -4,9 +4,11 @@ Run:
   .venv/bin/python -m osvl_jax.evaluate --config=configs/eval.py --workdir=workdir/eval \
       --config.checkpoint=workdir/demo/grpo_ckpt --config.max_items_per_benchmark=8
   (no --config.checkpoint: the tiny random model; --config.modes=agentic,direct,rag,degrade for all four modes;
-  --config.budgets=2,4,8,16 adds the tool-call budget sweep and its plot; rerun with the same workdir to resume)
+  --config.budgets=2,4,8,16 adds the tool-call budget sweep and its plot; --config.benchmarks=fvqa,mmsearch;
+  rerun with the same workdir to resume: a workdir evaluated with other settings is refused, naming them)
 
-Writes `<workdir>/results.jsonl` (one judged record per run x item, appended as items finish), `report.json`,
+Writes `<workdir>/eval_settings.json` (what decides a result: policy, prompts, engine, sampling, judge, tools),
+`<workdir>/results.jsonl` (one judged record per run x item, appended as items finish), `report.json`,
 `report.md`, and with budgets `budget_sweep.json` + `budget_sweep.png`. Last line printed:
   benchmarks=<n> items=<m> report=<workdir>/report.json
 """
@@ -20,7 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
 
-  # Benchmarks by name (osvl_jax.data.benchmarks.BENCHMARKS). Those whose files are absent are reported, not run.
+  # Benchmarks by name (osvl_jax.data.benchmarks.BENCHMARKS), a tuple or 'a,b'; an unknown name is an error before
+  # anything is built. Those whose files are absent are reported, not run.
   c.benchmarks = ('simplevqa', 'mmsearch', 'livevqa', 'browsecomp_vl', 'fvqa', 'infoseek', 'vdr_bench')
   c.max_items_per_benchmark = 0  # 0 = all items
   # Per-benchmark overrides: {name: path or [paths]} and {name: image folder}; '' data_dir = osvl_jax.paths.
@@ -33,7 +36,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.train_data = ''
 
   # Modes: agentic (the agent loop with tools), direct (no tools, one turn), rag (text-search results for the
-  # question in the user turn, one turn), degrade (agentic on blurred / downscaled / skewed images).
+  # question in the user turn, one turn), degrade (agentic on blurred / downscaled / skewed images). `modes` and
+  # `budgets` take a tuple or a comma-separated string ('agentic,direct', '2,4').
   c.modes = ('agentic',)
   c.budgets = ()  # tool-call budget sweep, e.g. (2, 4, 8, 16): agentic runs with max_tool_calls = b, + plot
   c.max_tool_calls = 8  # tool calls per item in agentic / degrade (max_turns = max_tool_calls + 1)

@@ -3,8 +3,8 @@
   EvalItem{id, benchmark, question, images, answers (gold first, then aliases), metadata, problems}
 
 Adapters are registered by name in `ADAPTERS` (an `osvl_jax.registry.Registry`); each is
-`adapter(path, benchmark=..., image_root=...) -> list[EvalItem]`. `BENCHMARKS` names every benchmark the evaluator
-knows, with its adapter and its file(s) relative to `osvl_jax.paths.data_dir()`:
+`adapter(path, benchmark=..., image_root=...) -> list[EvalItem | Rejected]`, in file order. `BENCHMARKS` names
+every benchmark the evaluator knows, with its adapter and its file(s) relative to `osvl_jax.paths.data_dir()`:
 
   name                adapter              file(s) (under <data_dir>/benchmarks/)         notes
   browsecomp_vl       browsecomp_vl        browsecomp_vl/bc_vl_level{1,2}.jsonl          question, image_path, answers
@@ -25,8 +25,12 @@ Images: `EvalItem.images` holds image sources (an absolute local path, an http(s
 are decoded by `load_images` with `tools.image_io.load_image`, the project's one decoder. An image that cannot be
 used is never a crash and never a silent drop: the adapter records each missing local file in `item.problems`
 (and `load_images` each URL it does not fetch and each file it cannot decode), and the item stays in the list.
-Relative paths are resolved against `image_root` (default: the data file's folder), also trying the path's
-trailing components (so `browsecomp-vl/images/level1/x.jpg` is found under an `images/level1` root too).
+An entry that cannot be an item is a `Rejected` with its place and kind, never a crash of the whole file and
+never a silent drop: a line that is not JSON, valid JSON that is not an object, an object with unreadable fields,
+no question (a LiveVQA level missing), no gold answer; `load_benchmark` adds a repeated id and repeated content.
+A UTF-8 byte-order mark is accepted. Relative paths are resolved against `image_root` (default: the data file's
+folder), also trying the path's trailing components (so `browsecomp-vl/images/level1/x.jpg` is found under an
+`images/level1` root too).
 """
 
 import dataclasses
@@ -40,37 +44,14 @@ import numpy as np
 
 from osvl_jax import paths
 from osvl_jax import registry as registry_lib
+from osvl_jax.data import eval_items
+from osvl_jax.data.eval_items import EvalItem, Rejected, item_key, make_item  # noqa: F401  (re-exported)
 from osvl_jax.data.records import (  # noqa: F401  (read_records, resolve_image: re-exported)
-    ALIAS_KEYS, ANSWER_KEYS, ID_KEYS, IMAGE_KEYS, QUESTION_KEYS, as_strings, dedupe, first_field,
-    image_entries, image_roots, is_url, read_records, resolve_image)
+    ALIAS_KEYS, ANSWER_KEYS, ID_KEYS, IMAGE_KEYS, QUESTION_KEYS, BadLine, as_strings, first_field,
+    image_entries, image_roots, is_url, iter_records, read_records, resolve_image)
 from tools import image_io
 
-
-@dataclasses.dataclass
-class EvalItem:
-  """One benchmark question.
-
-  Attributes:
-    id: unique within its benchmark (the file's own id when it has one, else '<file stem>-<line or index>').
-    benchmark: the benchmark name (a key of `BENCHMARKS`, or the name the caller gave).
-    question: the question text as the model sees it (multiple-choice options included when the format keeps
-      them apart).
-    images: image sources in order: absolute local path (str), http(s) URL (str), or encoded bytes.
-    answers: accepted answers, the gold answer first, then its aliases; never empty for a loadable item.
-    metadata: format-specific fields kept for the report (level, domain, split, ...). `numeric_ranges`
-      (list of [lo, hi]) marks a numeric answer accepted within a range (InfoSeek).
-    problems: why an image cannot be used (missing file, remote URL, unreadable); empty when all are usable.
-  """
-  id: str
-  benchmark: str
-  question: str
-  images: list[str | bytes] = dataclasses.field(default_factory=list)
-  answers: list[str] = dataclasses.field(default_factory=list)
-  metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
-  problems: list[str] = dataclasses.field(default_factory=list)
-
-
-Adapter = Callable[..., list[EvalItem]]
+Adapter = Callable[..., list[EvalItem | Rejected]]
 ADAPTERS: registry_lib.Registry[Adapter] = registry_lib.Registry('benchmark adapter')
 
 
@@ -104,19 +85,27 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 # read when their files are placed under <data_dir>/benchmarks or given in the eval config).
 PAPER_BENCHMARKS = ('simplevqa', 'vdr_bench', 'mmsearch', 'livevqa', 'browsecomp_vl', 'fvqa', 'infoseek')
 
-def _make_item(benchmark: str, item_id: str, question: str, answers: Sequence[str], image_entries: Sequence[Any],
-               roots: Sequence[pathlib.Path], metadata: dict, problems: Sequence[str] = ()) -> EvalItem:
-  item = EvalItem(id=str(item_id), benchmark=benchmark, question=question.strip(), answers=dedupe(answers),
-                  metadata=metadata, problems=list(problems))
-  for entry in image_entries:
-    source, problem = resolve_image(entry, roots)
-    if source is not None:
-      item.images.append(source)
-    if problem is not None:
-      item.problems.append(problem)
-  if not item.answers:
-    item.problems.append('no reference answer in the record')
-  return item
+
+def _entries(path: pathlib.Path, benchmark: str,
+             build: Callable[[int, dict, str], Any]) -> list[EvalItem | Rejected]:
+  """`build(n, record, where)` (an item, a `Rejected`, or a list of them) over the records of `path`; a bad line,
+  a non-object entry and a record whose fields `build` cannot read become `Rejected` in their place."""
+  out = []
+  for n, record in iter_records(path):
+    where = f'{path}:{n}'
+    if isinstance(record, BadLine):
+      out.append(Rejected(benchmark, record.where, eval_items.BAD_JSON, record.detail))
+    elif not isinstance(record, dict):
+      out.append(Rejected(benchmark, where, eval_items.NOT_AN_OBJECT,
+                          f'a JSON {type(record).__name__}, not an object: {str(record)[:80]!r}'))
+    else:
+      try:
+        built = build(n, record, where)
+      except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        built = Rejected(benchmark, where, eval_items.MALFORMED, f'{type(e).__name__}: {str(e)[:200]}',
+                         str(first_field(record, ID_KEYS) or ''))
+      out.extend(built if isinstance(built, list) else [built])
+  return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -124,7 +113,8 @@ def _make_item(benchmark: str, item_id: str, question: str, answers: Sequence[st
 # ----------------------------------------------------------------------------------------------------------------
 
 @ADAPTERS.register('generic')
-def generic(path: str | os.PathLike, benchmark: str, image_root: str | os.PathLike | None = None) -> list[EvalItem]:
+def generic(path: str | os.PathLike, benchmark: str,
+            image_root: str | os.PathLike | None = None) -> list[EvalItem | Rejected]:
   """Any jsonl/json list whose records name question, answer(s) and image(s) with common keys.
 
   Question: first of `QUESTION_KEYS`; answers: first of `ANSWER_KEYS` plus every `ALIAS_KEYS` field; images:
@@ -134,36 +124,36 @@ def generic(path: str | os.PathLike, benchmark: str, image_root: str | os.PathLi
   are kept in metadata.
 
   Raises:
-    FileNotFoundError / ValueError: from `read_records`.
+    FileNotFoundError: no such file.
   """
   path = pathlib.Path(path)
   roots = image_roots(path, image_root)
-  items = []
   used = set(QUESTION_KEYS + ANSWER_KEYS + ALIAS_KEYS + IMAGE_KEYS + ID_KEYS)
-  for n, record in read_records(path):
-    question = first_field(record, QUESTION_KEYS) or ''
+
+  def build(n, record, where):
     answers = as_strings(first_field(record, ANSWER_KEYS)) + [s for k in ALIAS_KEYS for s in as_strings(record.get(k))]
     item_id = first_field(record, ID_KEYS)
     metadata = {k: v for k, v in record.items()
                 if k not in used and isinstance(v, (str, int, float, bool)) and len(str(v)) <= 500}
-    items.append(_make_item(benchmark, item_id if item_id is not None else f'{path.stem}-{n}', str(question),
-                            answers, image_entries(first_field(record, IMAGE_KEYS)), roots, metadata))
-  return items
+    return make_item(benchmark, item_id if item_id is not None else f'{path.stem}-{n}',
+                     first_field(record, QUESTION_KEYS), answers, image_entries(first_field(record, IMAGE_KEYS)),
+                     roots, metadata, where)
+  return _entries(path, benchmark, build)
 
 
 @ADAPTERS.register('browsecomp_vl')
-def browsecomp_vl(path, benchmark: str = 'browsecomp_vl', image_root=None) -> list[EvalItem]:
+def browsecomp_vl(path, benchmark: str = 'browsecomp_vl', image_root=None) -> list[EvalItem | Rejected]:
   """BrowseComp-VL (WebWatcher): {question, image_path, answers, domain}; id '<file stem>-<line>'."""
   path = pathlib.Path(path)
   roots = image_roots(path, image_root)
   level = path.stem.rsplit('_', 1)[-1]
-  return [_make_item(benchmark, f'{path.stem}-{n}', r.get('question', ''), as_strings(r.get('answers')),
-                     image_entries(r.get('image_path')), roots, {'domain': r.get('domain'), 'level': level})
-          for n, r in read_records(path)]
+  return _entries(path, benchmark, lambda n, r, where: make_item(
+      benchmark, f'{path.stem}-{n}', r.get('question'), as_strings(r.get('answers')),
+      image_entries(r.get('image_path')), roots, {'domain': r.get('domain'), 'level': level}, where))
 
 
 @ADAPTERS.register('webwatcher')
-def webwatcher(path, benchmark: str, image_root=None) -> list[EvalItem]:
+def webwatcher(path, benchmark: str, image_root=None) -> list[EvalItem | Rejected]:
   """WebWatcher's eval jsonl (MMSearch, SimpleVQA, LiveVQA, HLE): {prompt, file_path, answers, question_id, ...}.
 
   `answers` may be a list of strings or (HLE) a list of lists; `file_path` a URL (not fetched offline: reported
@@ -171,100 +161,103 @@ def webwatcher(path, benchmark: str, image_root=None) -> list[EvalItem]:
   """
   path = pathlib.Path(path)
   roots = image_roots(path, image_root)
-  items = []
-  for n, r in read_records(path):
-    item_id = r.get('question_id', f'{path.stem}-{n}')
+
+  def build(n, r, where):
     metadata = {k: r[k] for k in ('task', 'tags', 'lang', 'rationale') if k in r}
     metadata['orig_source'] = r.get('source')
-    items.append(_make_item(benchmark, item_id, first_field(r, QUESTION_KEYS) or '', as_strings(r.get('answers')),
-                            image_entries(first_field(r, ('file_path', 'image_path', 'image'))), roots, metadata))
-  return items
+    return make_item(benchmark, r.get('question_id', f'{path.stem}-{n}'), first_field(r, QUESTION_KEYS),
+                     as_strings(r.get('answers')), image_entries(first_field(r, ('file_path', 'image_path', 'image'))),
+                     roots, metadata, where)
+  return _entries(path, benchmark, build)
 
 
 @ADAPTERS.register('livevqa_official')
-def livevqa_official(path, benchmark: str = 'livevqa_official', image_root=None) -> list[EvalItem]:
-  """Official LiveVQA JSON list; each entry gives up to two items, '<id>-l1' and '<id>-l2' (level1_qa, level2_qa).
+def livevqa_official(path, benchmark: str = 'livevqa_official', image_root=None) -> list[EvalItem | Rejected]:
+  """Official LiveVQA JSON list; each entry gives two items, '<id>-l1' and '<id>-l2' (level1_qa, level2_qa).
 
   The options are appended to the question ("Choices:" then "A. ..."); answers are the gold option's text then
   `Ground_Truth_List`; the gold letter is `metadata['gold_letter']`. Image: the level's `img_path` (else the
-  entry's), else its `img_url`.
+  entry's), else its `img_url`. A level that is missing or has no question is a `Rejected` (`no_question`).
   """
   path = pathlib.Path(path)
   roots = image_roots(path, image_root)
-  items = []
-  for _, r in read_records(path):
+
+  def build(n, r, where):
+    out = []
     for level in ('level1_qa', 'level2_qa'):
-      qa = r.get(level)
-      if not isinstance(qa, dict) or not qa.get('question'):
+      qa, item_id, at = r.get(level), f'{r.get("id")}-l{level[5]}', f'{where}/l{level[5]}'
+      if not isinstance(qa, dict):
+        out.append(Rejected(benchmark, at, eval_items.NO_QUESTION, f'entry has no {level} object', item_id))
         continue
       options = [str(o) for o in qa.get('options') or []]
-      question = qa['question'] + ('\nChoices:\n' + '\n'.join(options) if options else '')
+      question = qa.get('question')
+      if isinstance(question, str) and options:
+        question += '\nChoices:\n' + '\n'.join(options)
       letter = str(qa.get('Ground_Truth', '')).strip()
       gold = [o.split('.', 1)[1].strip() for o in options if o.split('.', 1)[0].strip() == letter and '.' in o]
       image = qa.get('img_path') or r.get('img_path') or qa.get('img_url')
-      items.append(_make_item(
-          benchmark, f'{r.get("id")}-l{level[5]}', question, gold + as_strings(qa.get('Ground_Truth_List')),
-          image_entries(image), roots,
-          {'level': int(level[5]), 'question_type': qa.get('question_type'), 'gold_letter': letter,
-           'source': r.get('source'), 'time': r.get('time'), 'file': path.stem}))
-  return items
+      out.append(make_item(
+          benchmark, item_id, question, gold + as_strings(qa.get('Ground_Truth_List')), image_entries(image), roots,
+          {'level': int(level[5]), 'question_type': qa.get('question_type'), 'gold_letter': letter or None,
+           'source': r.get('source'), 'time': r.get('time'), 'file': path.stem}, at))
+    return out
+  return _entries(path, benchmark, build)
 
 
 @ADAPTERS.register('fvqa')
-def fvqa(path, benchmark: str = 'fvqa', image_root=None) -> list[EvalItem]:
+def fvqa(path, benchmark: str = 'fvqa', image_root=None) -> list[EvalItem | Rejected]:
   """FVQA (MMSearch-R1): {data_id, question, ground_truth, candidate_answers, image, category, ...}."""
   path = pathlib.Path(path)
   roots = image_roots(path, image_root)
-  return [_make_item(benchmark, r.get('data_id', f'{path.stem}-{n}'), r.get('question', ''),
-                     as_strings(r.get('ground_truth')) + as_strings(r.get('candidate_answers')),
-                     image_entries(r.get('image')), roots,
-                     {'category': r.get('category'), 'source_split': r.get('source_split')})
-          for n, r in read_records(path)]
+  return _entries(path, benchmark, lambda n, r, where: make_item(
+      benchmark, r.get('data_id', f'{path.stem}-{n}'), r.get('question'),
+      as_strings(r.get('ground_truth')) + as_strings(r.get('candidate_answers')), image_entries(r.get('image')),
+      roots, {'category': r.get('category'), 'source_split': r.get('source_split')}, where))
 
 
 @ADAPTERS.register('webqa')
-def webqa(path, benchmark: str, image_root=None) -> list[EvalItem]:
+def webqa(path, benchmark: str, image_root=None) -> list[EvalItem | Rejected]:
   """WebQA val gold columns: {Guid, Qcate, Q, A (list), Keywords_A}.
 
   Answers: `A` then `Keywords_A` (unless 'TBD'). Image queries name no image here (their ids are in the 7 GB
   release), so each such item carries the problem 'image not in this release'; text queries need none.
   """
   path = pathlib.Path(path)
-  image_query = 'img' in path.stem
-  items = []
-  for n, r in read_records(path):
+  problems = ['image not in this release (WebQA image ids are in the full release)'] if 'img' in path.stem else []
+
+  def build(n, r, where):
     keywords = [] if str(r.get('Keywords_A', '')).strip() in ('', 'TBD') else as_strings(r.get('Keywords_A'))
-    problems = ['image not in this release (WebQA image ids are in the full release)'] if image_query else []
-    items.append(_make_item(benchmark, r.get('Guid', f'{path.stem}-{n}'), first_field(r, QUESTION_KEYS) or '',
-                            as_strings(r.get('A')) + keywords, (), [], {'qcate': r.get('Qcate')}, problems))
-  return items
+    return make_item(benchmark, r.get('Guid', f'{path.stem}-{n}'), first_field(r, QUESTION_KEYS),
+                     as_strings(r.get('A')) + keywords, (), [], {'qcate': r.get('Qcate')}, where, problems)
+  return _entries(path, benchmark, build)
 
 
 @ADAPTERS.register('infoseek')
-def infoseek(path, benchmark: str = 'infoseek', image_root=None) -> list[EvalItem]:
+def infoseek(path, benchmark: str = 'infoseek', image_root=None) -> list[EvalItem | Rejected]:
   """InfoSeek (Chen et al. 2023): {data_id, image_id, question, answer, answer_eval, data_split}.
 
   `answer_eval` entries are strings, or for numerical questions `{"wikidata": x, "range": [lo, hi]}`: the
   value is added to the answers and the range kept in `metadata['numeric_ranges']` (a response number inside
-  it is correct, InfoSeek's own rule; other numbers match within ±10%, `metadata['numeric_tolerance']`). The image is `<image_root>/<image_id>.{jpg,JPEG,jpeg,png}` (OVEN images).
+  it is correct, InfoSeek's own rule; other numbers match within ±10%, `metadata['numeric_tolerance']`).
+  The image is `<image_root>/<image_id>.{jpg,JPEG,jpeg,png}` (OVEN images).
   """
   path = pathlib.Path(path)
   roots = image_roots(path, image_root)
-  items = []
-  for n, r in read_records(path):
+
+  def build(n, r, where):
     ranges = [list(map(float, e['range'])) for e in r.get('answer_eval') or []
               if isinstance(e, dict) and isinstance(e.get('range'), (list, tuple)) and len(e['range']) == 2]
     image_id = r.get('image_id')
     entries = []
     if image_id:
       names = [f'{image_id}{ext}' for ext in ('.jpg', '.JPEG', '.jpeg', '.png')]
-      entries = [next((n for n in names if resolve_image(n, roots)[0] is not None), names[0])]
+      entries = [next((m for m in names if resolve_image(m, roots)[0] is not None), names[0])]
     metadata = {'data_split': r.get('data_split'), 'image_id': image_id, 'numeric_tolerance': 0.1}
     if ranges:
       metadata['numeric_ranges'] = ranges
-    items.append(_make_item(benchmark, r.get('data_id', f'{path.stem}-{n}'), r.get('question', ''),
-                            as_strings(r.get('answer')) + as_strings(r.get('answer_eval')), entries, roots, metadata))
-  return items
+    return make_item(benchmark, r.get('data_id', f'{path.stem}-{n}'), r.get('question'),
+                     as_strings(r.get('answer')) + as_strings(r.get('answer_eval')), entries, roots, metadata, where)
+  return _entries(path, benchmark, build)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -323,7 +316,8 @@ def held_out_items(name: str, items: Sequence[EvalItem], train_settings: dict) -
 
 def load_benchmark(name: str, files: Sequence[str | os.PathLike] | str | None = None,
                    image_root: str | os.PathLike | None = None, adapter: str | None = None,
-                   limit: int | None = None, data_dir: str | os.PathLike | None = None) -> list[EvalItem]:
+                   limit: int | None = None, data_dir: str | os.PathLike | None = None,
+                   rejected: list[Rejected] | None = None) -> list[EvalItem]:
   """Items of benchmark `name`, in file order (the first `limit` when given).
 
   Args:
@@ -333,10 +327,13 @@ def load_benchmark(name: str, files: Sequence[str | os.PathLike] | str | None = 
     adapter: registered adapter name instead of the benchmark's.
     limit: at most this many items (None / <= 0: all).
     data_dir: the data folder (default `paths.data_dir()`).
+    rejected: when given, every entry that is not an item is appended to it (`Rejected`, module docstring),
+      also an item whose id or content (`item_key`) an earlier item of the benchmark has (the first one is
+      kept). Pass a list whenever the entries left out must be reported.
   Returns:
     EvalItems; items with unusable images are kept and carry `problems`.
   Raises:
-    ValueError: unknown benchmark or adapter; a malformed file.
+    ValueError: unknown benchmark or adapter.
     FileNotFoundError: a benchmark file is missing (the message names it).
   """
   spec = BENCHMARKS.get(name)
@@ -349,13 +346,28 @@ def load_benchmark(name: str, files: Sequence[str | os.PathLike] | str | None = 
     paths_ = benchmark_files(name, data_dir)
   else:
     paths_ = [pathlib.Path(files)] if isinstance(files, (str, os.PathLike)) else [pathlib.Path(f) for f in files]
-  items = []
+  missing = [p for p in paths_ if not p.is_file()]
+  if missing:
+    raise FileNotFoundError(f'benchmark {name!r}: file {missing[0]} does not exist')
+  items, left_out, ids, keys = [], [], set(), {}
   for p in paths_:
-    if not p.is_file():
-      raise FileNotFoundError(f'benchmark {name!r}: file {p} does not exist')
-    items.extend(fn(p, benchmark=name, image_root=image_root))
+    for entry in fn(p, benchmark=name, image_root=image_root):
+      if isinstance(entry, Rejected):
+        left_out.append(entry)
+      elif entry.id in ids:
+        left_out.append(Rejected(name, str(p), eval_items.DUPLICATE_ID,
+                                 f'id {entry.id!r} is already the id of an earlier item', entry.id))
+      elif item_key(entry) in keys:
+        left_out.append(Rejected(name, str(p), eval_items.DUPLICATE_ITEM,
+                                 f'same question, answers and images as item {keys[item_key(entry)]!r}', entry.id))
+      else:
+        ids.add(entry.id)
+        keys[item_key(entry)] = entry.id
+        items.append(entry)
     if limit and limit > 0 and len(items) >= limit:
       break
+  if rejected is not None:
+    rejected.extend(left_out)
   return items[:limit] if limit and limit > 0 else items
 
 

@@ -6,6 +6,7 @@ Used by the adapters of `osvl_jax.data.benchmarks`; nothing here decodes pixels 
 
 import base64
 import binascii
+import dataclasses
 import json
 import os
 import pathlib
@@ -24,28 +25,60 @@ ID_KEYS = ('id', 'data_id', 'question_id', 'sample_id', 'Guid', 'uid')
 # Reading
 # ----------------------------------------------------------------------------------------------------------------
 
-def read_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
-  """(1-based line number, or 0-based list index for .json, record) of a .jsonl file or a .json list.
+@dataclasses.dataclass(frozen=True)
+class BadLine:
+  """A line (or a whole .json file) of a data file that is not JSON.
+
+  Attributes:
+    where: '<file>:<line>' (1-based line), or '<file>' for a .json file.
+    detail: the parser's message.
+  """
+  where: str
+  detail: str
+
+
+def iter_records(path: str | os.PathLike) -> list[tuple[int, Any]]:
+  """(1-based line number, or 0-based list index for .json, parsed JSON value or `BadLine`) of a file.
+
+  Tolerant: a UTF-8 byte-order mark (at the start of the file or of a line, as concatenated files carry it) is
+  dropped; a line that is not JSON gives a `BadLine` in its place and the other lines are still read; a .json
+  file that is not JSON gives one `BadLine` (line 0). Values are returned as parsed (objects, but also lists,
+  strings, numbers: the caller decides what an entry must be).
+
+  Raises:
+    FileNotFoundError: no such file.
+    UnicodeDecodeError: the file is not UTF-8.
+  """
+  path = pathlib.Path(path)
+  text = path.read_text(encoding='utf-8-sig')
+  if path.suffix == '.json':
+    try:
+      data = json.loads(text)
+    except json.JSONDecodeError as e:
+      return [(0, BadLine(str(path), f'not JSON: {e}'))]
+    return list(enumerate(data if isinstance(data, list) else [data]))
+  out = []
+  for line_no, line in enumerate(text.splitlines(), 1):
+    line = line.lstrip('\ufeff')
+    if line.strip():
+      try:
+        out.append((line_no, json.loads(line)))
+      except json.JSONDecodeError as e:
+        out.append((line_no, BadLine(f'{path}:{line_no}', f'not JSON: {e}')))
+  return out
+
+
+def read_records(path: str | os.PathLike) -> list[tuple[int, Any]]:
+  """`iter_records`, strict: the first line (or .json file) that is not JSON raises.
 
   Raises:
     FileNotFoundError: no such file.
     ValueError: a line (or the .json file) that is not JSON, naming the file and line.
   """
-  path = pathlib.Path(path)
-  text = path.read_text(encoding='utf-8')
-  if path.suffix == '.json':
-    try:
-      data = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'{path}: not JSON: {e}') from e
-    return list(enumerate(data if isinstance(data, list) else [data]))
-  out = []
-  for line_no, line in enumerate(text.splitlines(), 1):
-    if line.strip():
-      try:
-        out.append((line_no, json.loads(line)))
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{line_no}: not JSON: {e}') from e
+  out = iter_records(path)
+  bad = next((r for _, r in out if isinstance(r, BadLine)), None)
+  if bad is not None:
+    raise ValueError(f'{bad.where}: {bad.detail}')
   return out
 
 

@@ -3,10 +3,12 @@
 Input: the judged records of `results.jsonl` (one per run x item; fields in `runner.make_record`). Per run (a mode,
 or a budget of the sweep) and per benchmark:
 
-  items               records
-  judged              records with a verdict (a judge error has none)
-  pass_at_1           correct / judged (judge errors are not counted as wrong: they are reported apart)
-  judge_error_rate    records whose judge gave no parseable verdict / items
+  items               records (every item that was run)
+  judged              records with a verdict (a judge error has none; no response is wrong without a judge call)
+  judge_errors        records whose judge gave no verdict after its retries (retried on the next resume)
+  pass_at_1           correct / items: a judge error counts as not correct (DESIGN §9), its count beside;
+                      None (n/a) when not a single record was judged
+  judge_error_rate    judge_errors / items
   no_answer_rate      records without a final <response> (stop reason in `stop_reasons`)
   abstention_rate     responses that abstain ("cannot determine", "unable to tell", "I don't know", ...)
   fatal_rate          records that ended in a fatal tool-error cascade (K consecutive execution errors)
@@ -17,8 +19,11 @@ or a budget of the sweep) and per benchmark:
   tool_usage          {tool name: calls}, and `tool_share` {tool name: fraction of all calls}
   stop_reasons        {reason: records}
 
-`average_pass_at_1` is the unweighted mean of the benchmarks' Pass@1 (the paper's "Avg."), over benchmarks with
-at least one judged item. `seconds` is the item's own time: the wall time of each batched generate call it took
+`average_pass_at_1` is the unweighted mean of the benchmarks' Pass@1 (the paper's "Avg."), over the benchmarks
+with a Pass@1 (`average_covers` names them; `average_excludes` says why each other one is left out); None when
+none has one. `rejected` (report.json top level, from the runner) counts per benchmark the file entries that were
+not items, by kind (`data.eval_items`: bad_json, not_an_object, no_question, no_answer, duplicate_id, ...).
+`seconds` is the item's own time: the wall time of each batched generate call it took
 part in, plus its own tool time.
 """
 
@@ -48,13 +53,14 @@ def summarize_records(records: Sequence[dict]) -> dict:
   n = len(records)
   judged = [r for r in records if r.get('correct') is not None]
   correct = sum(bool(r['correct']) for r in judged)
+  judge_errors = sum(r.get('judge_error') is not None for r in records)
   tool_calls = sum(int(r.get('tool_calls', 0)) for r in records)
   usage = collections.Counter()
   for r in records:
     usage.update(r.get('tools') or {})
   out = {
-      'items': n, 'judged': len(judged), 'correct': correct, 'pass_at_1': _rate(correct, len(judged)),
-      'judge_error_rate': _rate(sum(r.get('judge_error') is not None for r in records), n),
+      'items': n, 'judged': len(judged), 'correct': correct, 'judge_errors': judge_errors,
+      'pass_at_1': _rate(correct, n) if judged else None, 'judge_error_rate': _rate(judge_errors, n),
       'no_answer_rate': _rate(sum(r.get('response') is None for r in records), n),
       'abstention_rate': _rate(sum(bool(r.get('abstained')) for r in records), n),
       'fatal_rate': _rate(sum(bool(r.get('fatal')) for r in records), n),
@@ -83,15 +89,19 @@ def summarize(records: Iterable[dict], run_order: Sequence[str] = ()) -> dict:
     for r in rows:
       by_bench[r['benchmark']].append(r)
     benches = {b: summarize_records(v) for b, v in sorted(by_bench.items())}
-    scored = [s['pass_at_1'] for s in benches.values() if s['judged']]
+    covers = [b for b, s in benches.items() if s['pass_at_1'] is not None]
     out[key] = {'mode': rows[0].get('mode'), 'max_tool_calls': rows[0].get('max_tool_calls'),
-                'benchmarks': benches, 'average_pass_at_1': float(np.mean(scored)) if scored else 0.0,
+                'benchmarks': benches,
+                'average_pass_at_1': float(np.mean([benches[b]['pass_at_1'] for b in covers])) if covers else None,
+                'average_covers': covers,
+                'average_excludes': {b: f"no judgement ({s['judge_errors']} judge errors of {s['items']} items)"
+                                     for b, s in benches.items() if s['pass_at_1'] is None},
                 'all': summarize_records(rows)}
   return out
 
 
-def _pct(x: float) -> str:
-  return f'{100.0 * x:.1f}'
+def _pct(x: float | None) -> str:
+  return 'n/a' if x is None else f'{100.0 * x:.1f}'
 
 
 def to_markdown(report: dict) -> str:
@@ -104,14 +114,16 @@ def to_markdown(report: dict) -> str:
   lines.append('')
   for key, run in report['runs'].items():
     lines += [f"## Run `{key}` (mode {run['mode']}, max tool calls {run['max_tool_calls']})", '',
-              '| benchmark | items | judged | Pass@1 (%) | no answer | abstain | fatal | judge err | image problems |',
-              '|---|---|---|---|---|---|---|---|---|']
+              '| benchmark | items | judged | Pass@1 (%) | judge errors | no answer | abstain | fatal | '
+              'image problems |', '|---|---|---|---|---|---|---|---|---|']
     for name, s in run['benchmarks'].items():
-      lines.append(f"| {name} | {s['items']} | {s['judged']} | {_pct(s['pass_at_1'])} | {_pct(s['no_answer_rate'])} | "
-                   f"{_pct(s['abstention_rate'])} | {_pct(s['fatal_rate'])} | {_pct(s['judge_error_rate'])} | "
-                   f"{_pct(s['image_problem_rate'])} |")
-    lines += [f"| **Avg.** | | | **{_pct(run['average_pass_at_1'])}** | | | | | |", '',
-              '| cost per item | mean | median | p90 |', '|---|---|---|---|']
+      lines.append(f"| {name} | {s['items']} | {s['judged']} | {_pct(s['pass_at_1'])} | {s['judge_errors']} "
+                   f"({_pct(s['judge_error_rate'])}%) | {_pct(s['no_answer_rate'])} | {_pct(s['abstention_rate'])} | "
+                   f"{_pct(s['fatal_rate'])} | {_pct(s['image_problem_rate'])} |")
+    covers = ', '.join(run['average_covers']) or 'none'
+    lines += [f"| **Avg.** (over {covers}) | | | **{_pct(run['average_pass_at_1'])}** | | | | | |", '']
+    lines += [f'Left out of the average: {name}: {why}.' for name, why in run['average_excludes'].items()]
+    lines += ['', '| cost per item | mean | median | p90 |', '|---|---|---|---|']
     for field in COST_FIELDS:
       d = run['all'][field]
       lines.append(f"| {field} | {d['mean']:.2f} | {d['median']:.2f} | {d['p90']:.2f} |")
@@ -132,6 +144,11 @@ def to_markdown(report: dict) -> str:
   if report.get('benchmarks_not_run'):
     lines += ['## Benchmarks not run', '']
     lines += [f'- {name}: {why}' for name, why in report['benchmarks_not_run'].items()]
+    lines.append('')
+  if report.get('rejected'):
+    lines += ['## File entries that are not items (not run)', '']
+    for name, r in report['rejected'].items():
+      lines.append(f"- {name}: {r['entries']} entr(y/ies), by kind {r['by_kind']}, e.g. {r['examples'][0]}")
     lines.append('')
   if report.get('problems'):
     lines += ['## Items with unusable images', '']

@@ -6,18 +6,20 @@ Runs (`plan_runs`): one per mode in `config.modes`, plus `budget_<b>` per tool-c
   direct    no tools offered (one turn; a tool call anyway gets `unknown_tool`), prompt `agent_direct_v1`
   rag       `text_search` results for the question appended to the user turn, then one turn, `agent_rag_v1`
 
-Resumable per item: every judged item is appended at once to `<workdir>/results.jsonl` (flushed, fsynced) under
-the key (run, benchmark, id); a rerun skips the keys present, so a killed run resumes without judging an item
-twice (a torn last line is ignored and its item redone). Items are rolled out `batch_size` at a time.
+Resumable per item (`eval.results`): every judged item is appended at once to `<workdir>/results.jsonl` under the
+key (run, benchmark, item content hash), with the fingerprint of the settings that produced it
+(`<workdir>/eval_settings.json`; a rerun with other settings is refused, naming them). A rerun skips the items
+stored, so a killed run resumes without judging an item twice (a torn last line is ignored and its item redone);
+an item whose judge failed is judged again (its stored response, no new rollout). Items are rolled out
+`batch_size` at a time. The config's names are checked (`eval.runs.check_config`) before anything is built.
 
-A benchmark whose file is missing is listed under `benchmarks_not_run`; an item whose image cannot be used is
-run without it and its `problems` are recorded (and counted in the report), never dropped.
+A benchmark whose file is missing is listed under `benchmarks_not_run`; a file entry that is not an item (bad
+line, not an object, no question, no gold answer, repeated id or content) is counted under `rejected`; an item
+whose image cannot be used is run without it and its `problems` are recorded (and counted), never dropped.
 """
 
 import collections
-import dataclasses
 import json
-import os
 import pathlib
 import re
 import time
@@ -31,16 +33,14 @@ import tqdm
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.data import benchmarks as bench_lib
 from osvl_jax.eval import degrade as degrade_lib
-from osvl_jax.eval import plots, report as report_lib
+from osvl_jax.eval import plots, policy as policy_lib, report as report_lib, results as results_lib
+from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import prompts as prompts_lib
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.judges import rule as rule_judge
 from osvl_jax.rollout import agent_loop
 from tools import base as tools_base
-
-MODES = ('agentic', 'direct', 'rag', 'degrade')
-RESULTS_FILE = 'results.jsonl'
 
 _ABSTAIN_RE = re.compile(
     r"\b(can ?not|can't|unable to|could not|couldn't|impossible to)\s+(be\s+)?"
@@ -61,158 +61,6 @@ def is_abstention(response: str | None) -> bool:
   return bool(response) and _ABSTAIN_RE.search(response) is not None
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """One evaluation run: a mode at a tool-call budget; `key` names it in results.jsonl and the report."""
-  key: str
-  mode: str
-  max_tool_calls: int
-
-
-def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
-  """The runs of a config: one per `modes` entry, then `budget_<b>` (agentic) per `budgets` entry.
-
-  Raises:
-    ValueError: an unknown mode, or a budget < 1.
-  """
-  runs = []
-  for mode in config.modes:
-    if mode not in MODES:
-      raise ValueError(f'eval mode {mode!r} is not one of {MODES}')
-    calls = int(config.max_tool_calls) if mode in ('agentic', 'degrade') else 0
-    runs.append(Run(mode, mode, calls))
-  for b in config.get('budgets') or ():
-    if int(b) < 1:
-      raise ValueError(f'tool-call budget {b} must be >= 1')
-    runs.append(Run(f'budget_{int(b)}', 'agentic', int(b)))
-  return runs
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# results.jsonl
-# ----------------------------------------------------------------------------------------------------------------
-
-class ResultStore:
-  """Append-only judged records, keyed by (run, benchmark, id).
-
-  Args:
-    path: the results.jsonl file (created on the first append).
-  Attributes:
-    records: the records read or appended, in order.
-    torn_lines: lines that were not JSON (a write cut by a kill); ignored, their items are redone.
-  """
-
-  def __init__(self, path: str | pathlib.Path):
-    self.path = pathlib.Path(path)
-    self.records: list[dict] = []
-    self.torn_lines = 0
-    self._done: set[tuple[str, str, str]] = set()
-    if self.path.is_file():
-      for line in self.path.read_text(encoding='utf-8').splitlines():
-        if not line.strip():
-          continue
-        try:
-          record = json.loads(line)
-          key = self.key(record)
-        except (json.JSONDecodeError, KeyError, TypeError):
-          self.torn_lines += 1
-          continue
-        if key not in self._done:
-          self._done.add(key)
-          self.records.append(record)
-
-  @staticmethod
-  def key(record: dict) -> tuple[str, str, str]:
-    return str(record['run']), str(record['benchmark']), str(record['id'])
-
-  def done(self, run: str, benchmark: str, item_id: str) -> bool:
-    return (run, benchmark, str(item_id)) in self._done
-
-  def append(self, record: dict) -> None:
-    """Appends one record (one line), flushed and fsynced before returning.
-
-    Raises:
-      ValueError: the key is already stored (an item is never judged twice).
-    """
-    key = self.key(record)
-    if key in self._done:
-      raise ValueError(f'result {key} is already in {self.path}')
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    needs_newline = self.path.is_file() and self.path.stat().st_size > 0 and not self._ends_with_newline()
-    with self.path.open('a', encoding='utf-8') as f:
-      f.write(('\n' if needs_newline else '') + json.dumps(record, ensure_ascii=False, default=str) + '\n')
-      f.flush()
-      os.fsync(f.fileno())
-    self._done.add(key)
-    self.records.append(record)
-
-  def _ends_with_newline(self) -> bool:
-    with self.path.open('rb') as f:
-      f.seek(-1, os.SEEK_END)
-      return f.read(1) == b'\n'
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Policy and environment
-# ----------------------------------------------------------------------------------------------------------------
-
-def train_settings(train_data: str | os.PathLike) -> dict:
-  """The build settings (`build_config.json`) of the dataset folder `train_data`; {} when `train_data` is ''.
-
-  Raises:
-    FileNotFoundError: naming `train_data` when it has no build_config.json (not a pipeline dataset folder).
-  """
-  if not train_data:
-    return {}
-  path = pathlib.Path(train_data) / 'build_config.json'
-  if not path.is_file():
-    raise FileNotFoundError(f'train_data={train_data}: no build_config.json there (expected the dataset folder '
-                            'the policy was trained on, e.g. <workdir>/data)')
-  return json.loads(path.read_text())
-
-
-def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, str]:
-  """(workdir, checkpoint folder name) of `path`: a `*_ckpt` folder, or a workdir holding grpo_ckpt / sft_ckpt.
-
-  Raises:
-    FileNotFoundError: neither.
-  """
-  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
-  path = pathlib.Path(path)
-  if path.name.endswith('_ckpt') and path.is_dir():
-    return path.parent, path.name
-  if path.is_dir():
-    name, _ = export_hf.latest_checkpoint(path)
-    return path, name
-  raise FileNotFoundError(f'checkpoint {path} does not exist (a <workdir>/grpo_ckpt or sft_ckpt, or a workdir)')
-
-
-def load_policy(config: ml_collections.ConfigDict):
-  """(model, description): `config.checkpoint` restored (architecture from its meta), else `config.model`.
-
-  Raises:
-    FileNotFoundError: a checkpoint path without a checkpoint.
-    ValueError: a checkpoint that does not fit its recorded architecture.
-  """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
-  from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
-  from osvl_jax.train import checkpoint, policy  # pylint: disable=g-import-not-at-top
-  if not config.get('checkpoint'):
-    model = policy.build_model(config, seed=config.seed)
-    return model, (f'hf:{config.model.hf_path}' if config.model.get('hf_path') else
-                   f'{config.model.name} (random init, seed {config.seed})')
-  workdir, name = find_checkpoint(config.checkpoint)
-  mngr = checkpoint.manager(workdir, name)
-  if mngr.latest_step() is None:
-    raise FileNotFoundError(f'no checkpoint step in {workdir / name}')
-  meta = checkpoint.read_meta(mngr)
-  model = model_lib.Qwen3VLModel(export_hf.read_config(None, meta), nnx.Rngs(0),
-                                 scan_layers=bool(meta.get('scan_layers', False)))
-  restored = checkpoint.restore(mngr, model)
-  return model, f'{workdir / name} step {restored["step"]}'
-
-
 class _NoTools:
   """The environment of the no-tool modes: any call is an `unknown_tool` error (no tools were offered)."""
 
@@ -224,6 +72,10 @@ class _NoTools:
 
 def _system_prompt(spec: str) -> str | None:
   return None if spec == 'builder_default' else prompts_lib.load(spec)
+
+
+def _prompt_text(spec: str) -> str:
+  return _system_prompt(spec) or traj_lib.DEFAULT_INSTRUCTIONS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -245,8 +97,20 @@ class Evaluator:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, engine=None,
                judge: judges_base.Judge | None = None, env=None, tokenizer=None):
     self.config = config
+    self.runs, self.benchmarks = runs_lib.check_config(config)  # before anything is built
     self.workdir = pathlib.Path(workdir)
-    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.judge = judge or judges_registry.get_judge(config.get('judge'))
+    if engine is None:
+      policy = policy_lib.policy_identity(config)
+      engine_id = {'class': 'osvl_jax.rollout.jax_sampler.JaxSampler'}
+    else:
+      policy, engine_id = {'given_engine': True}, results_lib.engine_identity(engine)
+    prompts = {k: _prompt_text(config[k]) for k in ('system_prompt', 'direct_prompt', 'rag_prompt')}
+    self.settings = results_lib.run_settings(
+        config, policy, engine_id, results_lib.judge_identity(self.judge, config.get('judge'), judge is not None),
+        prompts)
+    self.fingerprint = results_lib.check_resume(self.workdir, self.settings)  # refuses other settings
+    self.store = results_lib.ResultStore(self.workdir / results_lib.RESULTS_FILE, self.fingerprint)
     self.tokenizer = tokenizer or traj_lib.load_tokenizer()
     self.processor = traj_lib.ImageProcessor(min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels)
     if env is None:
@@ -256,14 +120,14 @@ class Evaluator:
     self.policy_name = 'given engine'
     if engine is None:
       from osvl_jax.rollout import jax_sampler  # pylint: disable=g-import-not-at-top
-      model, self.policy_name = load_policy(config)
+      model, self.policy_name = policy_lib.load_policy(config)
       r = config.rollout
       engine = jax_sampler.JaxSampler(model, self.tokenizer, self.processor, max_new_tokens=r.max_new_tokens,
                                       temperature=r.temperature, top_p=r.top_p, seed=config.seed,
                                       max_len=r.max_total_tokens + r.max_new_tokens)
     self.engine = engine
-    self.judge = judge or judges_registry.get_judge(config.get('judge'))
-    self.store = ResultStore(self.workdir / RESULTS_FILE)
+    self.rejected: dict[str, list[bench_lib.Rejected]] = {}
+    self.rejudged = 0
 
   # -- items -----------------------------------------------------------------------------------------------------
   def load_items(self) -> tuple[dict[str, list[bench_lib.EvalItem]], dict[str, str]]:
@@ -271,16 +135,19 @@ class Evaluator:
     loaded, not_run = {}, {}
     files = dict(self.config.get('benchmark_files') or {})
     roots = dict(self.config.get('image_roots') or {})
-    settings = train_settings(self.config.get('train_data') or '')
+    settings = policy_lib.train_settings(self.config.get('train_data') or '')
     limit = int(self.config.max_items_per_benchmark or 0)
-    self.trained_on = {}
-    for name in self.config.benchmarks:
+    self.trained_on, self.rejected = {}, {}
+    for name in self.benchmarks:
+      rejected: list[bench_lib.Rejected] = []
       try:
         items = bench_lib.load_benchmark(name, files=files.get(name), image_root=roots.get(name) or None,
-                                         data_dir=self.config.get('data_dir') or None)
-      except (FileNotFoundError, ValueError) as e:
+                                         data_dir=self.config.get('data_dir') or None, rejected=rejected)
+      except (FileNotFoundError, ValueError) as e:  # a missing file; one that is not UTF-8
         not_run[name] = f'{type(e).__name__}: {e}'
         continue
+      if rejected:
+        self.rejected[name] = rejected
       items, left_out = bench_lib.held_out_items(name, items, settings)
       if left_out:
         self.trained_on[name] = left_out
@@ -291,7 +158,7 @@ class Evaluator:
         not_run[name] = 'no items'
     return loaded, not_run
 
-  def _prepare(self, run: Run, item: bench_lib.EvalItem) -> tuple[dict, dict]:
+  def _prepare(self, run: runs_lib.Run, item: bench_lib.EvalItem) -> tuple[dict, dict]:
     """(agent_loop item mapping, info: problems, degrade kind, rag status) of one item in one run."""
     images, problems = bench_lib.load_images(item)
     problems = list(item.problems) + problems
@@ -311,7 +178,7 @@ class Evaluator:
             'answers': list(item.answers)}, info
 
   # -- rollouts ----------------------------------------------------------------------------------------------------
-  def _rollout(self, run: Run, prepared: Sequence[dict]) -> list:
+  def _rollout(self, run: runs_lib.Run, prepared: Sequence[dict]) -> list:
     r = self.config.rollout
     tools = run.mode in ('agentic', 'degrade')
     spec = self.config.system_prompt if tools else (
@@ -324,7 +191,7 @@ class Evaluator:
         max_turns=run.max_tool_calls + 1 if tools else 1, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
         max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens)
 
-  def _rollout_each(self, run: Run, prepared: Sequence[dict]) -> list:
+  def _rollout_each(self, run: runs_lib.Run, prepared: Sequence[dict]) -> list:
     """Trajectories (or the error string of an item whose rollout failed), batched, one by one on failure."""
     try:
       return list(self._rollout(run, prepared))
@@ -346,20 +213,21 @@ class Evaluator:
       return False, None, 0.0  # no answer: wrong by construction, no judge call (DESIGN §6)
     if isinstance(self.judge, rule_judge.RuleJudge):
       self.judge._count('calls')  # pylint: disable=protected-access
-      score = rule_judge.accuracy(response, item.answers,
-                                  rel_tol=float(item.metadata.get('numeric_tolerance', 1e-2)),
-                                  ranges=item.metadata.get('numeric_ranges') or ())
+      score = rule_judge.accuracy(
+          response, item.answers, rel_tol=float(item.metadata.get('numeric_tolerance', 1e-2)),
+          ranges=item.metadata.get('numeric_ranges') or (),
+          gold_letter=item.metadata.get('gold_letter') or rule_judge.gold_choice(item.question, item.answers))
       return bool(score), None, score
     verdict = self.judge.accuracy(item.question, response, item.answers)
     if verdict.error is not None:
       return None, verdict.error, float(verdict.score)
     return bool(verdict.score >= 0.5), None, float(verdict.score)
 
-  def make_record(self, run: Run, item: bench_lib.EvalItem, info: dict, traj) -> dict:
+  def make_record(self, run: runs_lib.Run, item: bench_lib.EvalItem, info: dict, traj) -> dict:
     """The judged record of one item (fields listed in `eval.report`)."""
     record = {'run': run.key, 'mode': run.mode, 'max_tool_calls': run.max_tool_calls,
-              'benchmark': item.benchmark, 'id': str(item.id), 'answers': list(item.answers)[:10],
-              **info, 'error': None}
+              'benchmark': item.benchmark, 'id': str(item.id), 'item_key': bench_lib.item_key(item),
+              'fingerprint': self.fingerprint, 'answers': list(item.answers)[:10], **info, 'error': None}
     if isinstance(traj, str):  # the rollout itself failed (e.g. a prompt over the token budget)
       record.update(response=None, correct=False, judge_error=None, judge_score=0.0, abstained=False, turns=0,
                     tool_calls=0, tools={}, tool_errors=0, gen_tokens=0, seconds=0.0, fatal=False,
@@ -369,7 +237,7 @@ class Evaluator:
     response = traj.final_response
     correct, judge_error, score = self._judge(item, response)
     record.update(
-        response=response if response is None else response[:1000], correct=correct, judge_error=judge_error,
+        response=response, correct=correct, judge_error=judge_error,
         judge_score=score, abstained=is_abstention(response), turns=len(traj.steps), tool_calls=len(calls),
         tools=dict(collections.Counter(_tool_label(s) for s in calls)),
         tool_errors=sum(s.is_execution_error for s in calls),
@@ -380,16 +248,29 @@ class Evaluator:
         fatal=traj.fatal_step is not None, stop_reason=traj.stop_reason)
     return record
 
+  def rejudge(self, record: dict, item: bench_lib.EvalItem) -> dict:
+    """`record` (a judge error) judged again on its stored response; the rollout fields are kept."""
+    correct, judge_error, score = self._judge(item, record.get('response'))
+    return {**record, 'correct': correct, 'judge_error': judge_error, 'judge_score': score}
+
   # -- the whole evaluation ------------------------------------------------------------------------------------------
   def evaluate(self) -> dict:
-    """Runs every planned run over every loaded benchmark (skipping stored items); writes and returns the report."""
-    runs = plan_runs(self.config)
+    """Runs every planned run over every loaded benchmark (skipping stored items, judging again the items whose
+    judge failed); writes and returns the report."""
     loaded, not_run = self.load_items()
-    todo = [(run, name, item) for run in runs for name, items in loaded.items() for item in items
-            if not self.store.done(run.key, name, item.id)]
+    keyed = [(name, bench_lib.item_key(item), item) for name, items in loaded.items() for item in items]
+    self.rejudged = 0
+    for run in self.runs:
+      for name, key, item in keyed:
+        stored = self.store.get(run.key, name, key)
+        if stored is not None and stored.get('judge_error') is not None:
+          self.store.append(self.rejudge(stored, item))
+          self.rejudged += 1
+    todo = [(run, name, item) for run in self.runs for name, key, item in keyed
+            if self.store.get(run.key, name, key) is None]
     bar = tqdm.tqdm(total=len(todo), desc='eval', unit='item', disable=not self.config.get('progress', True))
     batch = max(1, int(self.config.batch_size))
-    for run in runs:
+    for run in self.runs:
       for name in loaded:
         pending = [it for r, n, it in todo if r == run and n == name]
         for start in range(0, len(pending), batch):
@@ -400,17 +281,26 @@ class Evaluator:
             self.store.append(self.make_record(run, item, info, traj))
             bar.update(1)
     bar.close()
-    return self.write_report(runs, loaded, not_run)
+    return self.write_report(self.runs, loaded, not_run)
 
-  def write_report(self, runs: Sequence[Run], loaded: dict, not_run: dict) -> dict:
+  def _rejected_summary(self) -> dict:
+    """{benchmark: {'entries', 'by_kind': {kind: n}, 'examples': ['<where> (<kind>): <detail>', ...]}}."""
+    out = {}
+    for name, entries in self.rejected.items():
+      out[name] = {'entries': len(entries), 'by_kind': dict(collections.Counter(e.kind for e in entries)),
+                   'examples': [f'{e.where} ({e.kind}): {e.detail}' for e in entries[:3]]}
+    return out
+
+  def write_report(self, runs: Sequence[runs_lib.Run], loaded: dict, not_run: dict) -> dict:
+    """Summarises the stored records of `runs` x the `loaded` items; writes report.json / .md (+ the sweep)."""
     keys = {run.key for run in runs}
-    wanted = {(n, str(it.id)) for n, items in loaded.items() for it in items}
-    records = [r for r in self.store.records if r['run'] in keys and (r['benchmark'], r['id']) in wanted]
+    wanted = {(n, bench_lib.item_key(it)) for n, items in loaded.items() for it in items}
+    records = [r for r in self.store.records if r['run'] in keys and (r['benchmark'], r['item_key']) in wanted]
     problems: dict[str, dict] = {}  # per benchmark: items whose image(s) could not be used (adapter or decode)
     seen = set()
     for r in records:
-      if r.get('problems') and (r['benchmark'], r['id']) not in seen:
-        seen.add((r['benchmark'], r['id']))
+      if r.get('problems') and (r['benchmark'], r['item_key']) not in seen:
+        seen.add((r['benchmark'], r['item_key']))
         p = problems.setdefault(r['benchmark'], {'items': 0, 'examples': []})
         p['items'] += 1
         if len(p['examples']) < 3:
@@ -419,9 +309,11 @@ class Evaluator:
         'meta': {'policy': self.policy_name, 'judge': self.judge.name,
                  'judge_prompt': getattr(self.judge, 'prompt_names', {}).get('accuracy', 'rule (no prompt)'),
                  'system_prompt': self.config.system_prompt, 'results': str(self.store.path),
-                 'torn_result_lines': self.store.torn_lines, 'time': time.strftime('%Y-%m-%d %H:%M:%S')},
+                 'fingerprint': self.fingerprint, 'settings': str(self.workdir / results_lib.SETTINGS_FILE),
+                 'torn_result_lines': self.store.torn_lines, 'judge_errors_rejudged': self.rejudged,
+                 'time': time.strftime('%Y-%m-%d %H:%M:%S')},
         'runs': report_lib.summarize(records, [run.key for run in runs]),
-        'benchmarks_not_run': not_run, 'problems': problems,
+        'benchmarks_not_run': not_run, 'rejected': self._rejected_summary(), 'problems': problems,
         'left_out_as_trained_on': dict(getattr(self, 'trained_on', {})),
         'benchmarks': sorted(loaded), 'items': len(wanted)}
     sweep = [{'budget': run.max_tool_calls, 'mean_tool_calls': rep['runs'][run.key]['all']['tool_calls']['mean'],
@@ -430,7 +322,9 @@ class Evaluator:
     if sweep:
       rep['budget_sweep'] = sweep
       (self.workdir / 'budget_sweep.json').write_text(json.dumps(sweep, indent=1))
-      rep['budget_plot'] = str(plots.plot_budget_sweep(sweep, self.workdir / 'budget_sweep.png'))
+      plotted = [pt for pt in sweep if pt['pass_at_1'] is not None]  # a budget without a judgement: n/a
+      if plotted:
+        rep['budget_plot'] = str(plots.plot_budget_sweep(plotted, self.workdir / 'budget_sweep.png'))
     rep['report'] = str(report_lib.write(rep, self.workdir))
     return rep
 

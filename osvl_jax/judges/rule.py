@@ -4,11 +4,17 @@
   1. normalised exact match, or the normalised alias contained in the normalised response on word boundaries.
      Normalisation: dates in common formats -> ISO `yyyy mm dd` (see `_normalize_dates`), Unicode accents
      stripped, lowercase, dotted acronyms joined (`U.S.` -> `us`), `1,234` -> `1234`, punctuation -> space (the decimal point between digits is kept),
-     articles (a, an, the) dropped, whitespace collapsed;
+     articles (a, an, the) dropped unless they are the whole text (a gold `A` or `The` survives), whitespace
+     collapsed; an answer made only of articles therefore matches only a response that is exactly it;
   2. numeric match when the alias is a number (optionally with a scale word — thousand/million/billion — and
      up to two trailing unit words or `%`, which are ignored): some number in the response (scale words
      applied) is within relative tolerance 1e-2 of it. Plain integers of at most four digits (years, counts)
      must match exactly, since 1e-2 would accept 1969 for 1950.
+  3. multiple choice: a letter-only reply (`B`, `(B)`, `B.`, `**B**`, `Answer: B`, `The answer is B`,
+     `Option B`; `choice_letter`) is judged by its letter alone: correct iff it is the gold letter — the item's
+     (`gold_letter`, e.g. LiveVQA's `Ground_Truth`), else the option of the question that is a gold answer
+     (`gold_choice`), else a gold answer that is itself a single letter. Without any gold letter the reply is
+     matched as text (rules 1–2).
   None, or an empty response -> 0.0.
 
 `query_quality(tool_calls, results, question)` — a heuristic in [0, 1] over the calls of the pre-fatal prefix
@@ -103,7 +109,47 @@ def normalize(text: str) -> str:
   text = re.sub(r'(?<=\d),(?=\d{3}\b)', '', text)  # 1,234 -> 1234
   text = re.sub(r'(?<=\d)\.(?=\d)', '\0', text)  # protect the decimal point
   text = re.sub(r'[^\w\0]+|_', ' ', text).replace('\0', '.')
-  return ' '.join(w for w in text.split() if w not in _ARTICLES)
+  words = text.split()
+  return ' '.join([w for w in words if w not in _ARTICLES] or words)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Multiple choice
+# ----------------------------------------------------------------------------------------------------------------
+
+_LETTER_REPLY_RE = re.compile(
+    r'(?:(?:the\s+)?(?:correct\s+|final\s+)?(?:answer|option|choice)\s*(?:is\s*)?[:\-]?\s*)?'
+    r'[(\[]?\s*([a-z])\s*[)\]]?\s*[.:)]?', re.IGNORECASE)
+_OPTION_LINE_RE = re.compile(r'^\s*\(?([A-Z])[.)]\s+(\S.*?)\s*$', re.MULTILINE)
+_LETTER_ALIAS_RE = re.compile(r'\(?([A-Za-z])\)?\.?')
+
+
+def choice_letter(response: str | None) -> str | None:
+  """The option letter (upper case) of a letter-only reply ('B', '(B)', 'B.', '**B**', 'Answer: B', 'The answer is
+  B', 'Option B'), else None (a reply with more text, e.g. 'B. Pebble Beach' or 'a cat', is not letter-only)."""
+  if not response:
+    return None
+  m = _LETTER_REPLY_RE.fullmatch(response.strip().strip('*_`"\'').strip())
+  return m[1].upper() if m else None
+
+
+def choices(question: str) -> dict[str, str]:
+  """{letter: option text} of the options listed in a question, one per line ('A. text' or 'A) text'); {} when
+  fewer than two."""
+  found = dict(_OPTION_LINE_RE.findall(question or ''))
+  return found if len(found) >= 2 else {}
+
+
+def gold_choice(question: str, answers: Sequence[str]) -> str | None:
+  """The letter of the option of `question` that is a gold answer, else None: the one option whose normalised
+  text equals a gold answer; when none does, the one option that contains a gold answer on word boundaries
+  ('To honor the culinary legacy' for 'honor the culinary legacy'). Several candidates: None (ambiguous)."""
+  gold = {normalize(a) for a in answers} - {''}
+  options = {k: normalize(text) for k, text in choices(question).items()}
+  letters = [k for k, text in options.items() if text in gold]
+  if not letters:
+    letters = [k for k, text in options.items() if any(f' {g} ' in f' {text} ' for g in gold)]
+  return letters[0] if len(letters) == 1 else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -141,7 +187,7 @@ def _numbers_match(gold: float, candidate: float, exact: bool, rel_tol: float) -
 
 
 def accuracy(response: str | None, answers: Sequence[str], rel_tol: float = 1e-2,
-             ranges: Sequence[Sequence[float]] = ()) -> float:
+             ranges: Sequence[Sequence[float]] = (), gold_letter: str | None = None) -> float:
   """r_acc ∈ {0.0, 1.0}: does `response` match any alias in `answers`? (rules in the module docstring).
 
   Args:
@@ -150,9 +196,16 @@ def accuracy(response: str | None, answers: Sequence[str], rel_tol: float = 1e-2
     rel_tol: relative tolerance for numeric answers (InfoSeek-style evaluation uses 0.1).
     ranges: [lo, hi] intervals (inclusive) of accepted numeric answers, e.g. InfoSeek's `answer_eval` ranges:
       any number in the response (scale words applied) inside one of them matches.
+    gold_letter: the correct option of a multiple-choice item (rule 3), or None.
   """
   if response is None or not response.strip():
     return 0.0
+  letter = choice_letter(response)
+  if letter is not None:
+    golds = {gold_letter.strip().upper()} if gold_letter else {
+        m[1].upper() for m in map(_LETTER_ALIAS_RE.fullmatch, (a.strip() for a in answers)) if m}
+    if golds:
+      return float(letter in golds)
   norm_response = normalize(response)
   padded = f' {norm_response} '
   response_numbers = None
@@ -249,9 +302,8 @@ class RuleJudge(base.Judge):
     del config
 
   def accuracy(self, question, response, answers):
-    del question
     self._count('calls')
-    return base.Verdict(accuracy(response, answers))
+    return base.Verdict(accuracy(response, answers, gold_letter=gold_choice(question, answers)))
 
   def query_quality(self, question, tool_calls, results):
     self._count('calls')

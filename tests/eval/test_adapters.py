@@ -122,3 +122,94 @@ def test_unknown_names_and_missing_files_raise():
   with pytest.raises(FileNotFoundError, match='infoseek'):
     benchmarks.load_benchmark('infoseek')
   assert set(benchmarks.PAPER_BENCHMARKS) <= set(benchmarks.BENCHMARKS)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad entries: recorded as that entry's problem, the rest of the file loaded
+# ----------------------------------------------------------------------------------------------------------------
+
+def _jsonl(path, lines, bom=False):
+  path.write_text(('\ufeff' if bom else '') + '\n'.join(lines) + '\n', encoding='utf-8')
+  return path
+
+
+GOOD = {  # adapter -> (file name, one good record as a JSON line, its question)
+    'generic': ('g.jsonl', '{"id": "g1", "question": "Where?", "answer": "Lisbon"}', 'Where?'),
+    'browsecomp_vl': ('bc_vl_level1.jsonl', '{"question": "Where?", "image_path": "x.jpg", "answers": ["Lisbon"]}',
+                      'Where?'),
+    'webwatcher': ('ww.jsonl', '{"prompt": "Where?", "answers": ["Lisbon"], "question_id": 7}', 'Where?'),
+    'fvqa': ('f.jsonl', '{"data_id": "f1", "question": "Where?", "ground_truth": "Lisbon"}', 'Where?'),
+    'webqa': ('webqa_val_txt_queries.jsonl', '{"Guid": "w1", "Q": "Where?", "A": ["Lisbon"]}', 'Where?'),
+    'infoseek': ('i.jsonl', '{"data_id": "i1", "question": "Where?", "answer": ["Lisbon"]}', 'Where?'),
+}
+
+
+@pytest.mark.parametrize('adapter', sorted(GOOD))
+def test_every_jsonl_adapter_records_bad_lines_and_loads_the_rest(tmp_path, adapter):
+  name, good, question = GOOD[adapter]
+  lines = [good,
+           '{"question": "torn',                 # not JSON
+           '"just a string"', '[1, 2]', '42',     # valid JSON, not an object
+           '{"question": "No gold?", "answer": "", "answers": [], "ground_truth": null, "A": []}',
+           '{"answer": "Lisbon", "answers": ["Lisbon"], "ground_truth": "Lisbon", "A": ["Lisbon"]}',  # no question
+           '']
+  path = _jsonl(tmp_path / name, lines, bom=True)  # a UTF-8 byte-order mark in front of the first line
+  rejected = []
+  items = benchmarks.load_benchmark('b', files=path, adapter=adapter, rejected=rejected)
+  assert [it.question for it in items] == [question] and items[0].answers[0] == 'Lisbon'
+  assert [r.kind for r in rejected] == ['bad_json', 'not_an_object', 'not_an_object', 'not_an_object',
+                                        'no_answer', 'no_question']
+  assert [r.where for r in rejected][:2] == [f'{path}:2', f'{path}:3'] and all(r.benchmark == 'b' for r in rejected)
+
+
+def test_duplicate_ids_and_duplicate_content_are_recorded_after_the_first(tmp_path):
+  path = _jsonl(tmp_path / 'g.jsonl', [
+      '{"id": "1", "question": "Q?", "answer": "a1"}',
+      '{"id": "1", "question": "Other Q?", "answer": "a2"}',   # same id, other content
+      '{"id": "2", "question": "Q?", "answer": "a1"}',         # other id, same content
+      '{"id": "3", "question": "Third?", "answer": "a3"}'])
+  rejected = []
+  items = benchmarks.load_benchmark('g', files=path, adapter='generic', rejected=rejected)
+  assert [it.id for it in items] == ['1', '3']
+  assert [(r.kind, r.id) for r in rejected] == [('duplicate_id', '1'), ('duplicate_item', '2')]
+  assert "'1'" in rejected[1].detail
+
+
+def test_malformed_fields_are_that_entrys_problem(tmp_path):
+  path = _jsonl(tmp_path / 'i.jsonl', [
+      '{"data_id": "i1", "question": "Height?", "answer": ["182"], "answer_eval": [{"range": ["x", "y"]}]}',
+      '{"data_id": "i2", "question": "Where?", "answer": ["Lisbon"]}'])
+  rejected = []
+  items = benchmarks.load_benchmark('infoseek', files=path, rejected=rejected)
+  assert [it.id for it in items] == ['i2']
+  assert rejected[0].kind == 'malformed_entry' and rejected[0].id == 'i1' and 'ValueError' in rejected[0].detail
+
+
+def test_livevqa_entries_without_their_question_levels_are_recorded(tmp_path):
+  qa = {'question': 'Which event?', 'options': ['A. One', 'B. Two'], 'Ground_Truth': 'B',
+        'Ground_Truth_List': ['Two']}
+  entries = [{'id': 'e1', 'level1_qa': qa, 'level2_qa': qa | {'question': 'Which year?'}},
+             {'id': 'e2'},                                   # neither level
+             {'id': 'e3', 'level1_qa': qa | {'question': 'Third?'}},  # level 2 missing
+             'a string entry']
+  path = tmp_path / 'News_benchmark.json'
+  path.write_text('\ufeff' + __import__('json').dumps(entries), encoding='utf-8')
+  rejected = []
+  items = benchmarks.load_benchmark('livevqa_official', files=path, rejected=rejected)
+  assert [it.id for it in items] == ['e1-l1', 'e1-l2', 'e3-l1']
+  assert items[0].metadata['gold_letter'] == 'B' and items[0].answers == ['Two']
+  assert [(r.kind, r.id) for r in rejected] == [('no_question', 'e2-l1'), ('no_question', 'e2-l2'),
+                                                ('no_question', 'e3-l2'), ('not_an_object', '')]
+  assert rejected[0].where == f'{path}:1/l1'
+  # A .json file that is not JSON at all: one bad_json entry, no crash.
+  path.write_text('[{"id": "x", ', encoding='utf-8')
+  rejected = []
+  assert benchmarks.load_benchmark('livevqa_official', files=path, rejected=rejected) == []
+  assert [r.kind for r in rejected] == ['bad_json']
+
+
+def test_strict_reader_still_raises_for_the_training_readers(tmp_path):
+  path = _jsonl(tmp_path / 'x.jsonl', ['{"a": 1}', '{"a": '], bom=True)
+  with pytest.raises(ValueError, match='x.jsonl:2'):
+    benchmarks.read_records(path)
+  assert benchmarks.read_records(_jsonl(tmp_path / 'y.jsonl', ['{"a": 1}'], bom=True)) == [(1, {'a': 1})]

@@ -5,65 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from osvl_jax import trajectory as tj
-from osvl_jax.eval import degrade, runner
-from osvl_jax.judges import base as judges_base
+from osvl_jax.eval import degrade, policy, results, runner, runs
 from osvl_jax.rollout import engine as engine_lib
-from tools import env as tools_env
 
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location('eval_config', pathlib.Path(__file__).parents[2] / 'configs/eval.py')
-eval_config = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(eval_config)
-
-
-@pytest.fixture(scope='module')
-def tokenizer():
-  return tj.load_tokenizer()
-
-
-@pytest.fixture(scope='module')
-def env():
-  return tools_env.ToolEnv({'enabled': ('text_search', 'crop', 'sharpen', 'perspective_correct')})
-
-
-def small_config(**kw):
-  c = eval_config.get_config()
-  c.benchmarks = ('fvqa', 'mmsearch')
-  c.max_items_per_benchmark = 3
-  c.batch_size = 2
-  c.progress = False
-  c.max_tool_calls = 2
-  c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64
-  c.update(kw)
-  return c
-
-
-SCRIPT = ['<think>look closer</think>\n<tool_call>{"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, '
-          '"width": 0.5, "height": 0.5}}</tool_call>',
-          '<think>done</think>\n<response>Tagus River</response>']
-
-
-class CountingJudge(judges_base.Judge):
-  """Records every accuracy call; raises KeyboardInterrupt (a kill) at call number `kill_at`."""
-  name = 'counting'
-
-  def __init__(self, kill_at=None, error=False):
-    super().__init__()
-    self.judged, self.kill_at, self.error = [], kill_at, error
-
-  def accuracy(self, question, response, answers):
-    if self.kill_at is not None and len(self.judged) + 1 == self.kill_at:
-      raise KeyboardInterrupt('killed')
-    self.judged.append(question)
-    if self.error:
-      return judges_base.Verdict(0.0, 'JudgeParseError: no Correct/Incorrect verdict', 'Maybe.')
-    return judges_base.Verdict(float('Tagus' in response and 'Tagus River' in answers))
-
-  def query_quality(self, question, tool_calls, results):
-    return judges_base.Verdict(0.0)
+from tests.eval.conftest import SCRIPT, CountingJudge, small_config
 
 
 def test_resume_after_a_kill_judges_no_item_twice(tmp_path, tokenizer, env):
@@ -80,7 +25,7 @@ def test_resume_after_a_kill_judges_no_item_twice(tmp_path, tokenizer, env):
   rep = runner.evaluate(config, tmp_path, engine=engine, judge=second, env=env, tokenizer=tokenizer)
   assert len(second.judged) == 3  # only the three items not stored
   assert not set(first.judged) & set(second.judged)
-  keys = [runner.ResultStore.key(json.loads(l)) for l in (tmp_path / 'results.jsonl').read_text().splitlines()
+  keys = [results.ResultStore.key(json.loads(l)) for l in (tmp_path / 'results.jsonl').read_text().splitlines()
           if l.startswith('{"run"') and l.endswith('}')]
   assert len(keys) == len(set(keys)) == 6
   assert rep['meta']['torn_result_lines'] == 1 and rep['items'] == 6
@@ -105,7 +50,10 @@ def test_judge_errors_are_neither_right_nor_wrong(tmp_path, tokenizer, env):
   rep = runner.evaluate(config, tmp_path, engine=engine, judge=CountingJudge(error=True), env=env,
                         tokenizer=tokenizer)
   s = rep['runs']['agentic']['benchmarks']['fvqa']
-  assert s['judged'] == 0 and s['judge_error_rate'] == 1.0 and s['pass_at_1'] == 0.0
+  assert s['judged'] == 0 and s['judge_error_rate'] == 1.0 and s['judge_errors'] == 2
+  assert s['pass_at_1'] is None and rep['runs']['agentic']['average_pass_at_1'] is None  # n/a, not 0.0
+  assert rep['runs']['agentic']['average_covers'] == [] and 'fvqa' in rep['runs']['agentic']['average_excludes']
+  assert '| fvqa | 2 | 0 | n/a | 2 (100.0%) |' in (tmp_path / 'report.md').read_text()
   records = [json.loads(l) for l in (tmp_path / 'results.jsonl').read_text().splitlines()]
   assert all(r['correct'] is None and r['judge_error'].startswith('JudgeParseError') for r in records)
 
@@ -131,11 +79,11 @@ def test_degradations_keep_shape_and_change_pixels():
 
 
 def test_plan_runs_and_bad_modes():
-  runs = runner.plan_runs(small_config(modes=('agentic', 'direct'), budgets=(2, 4)))
-  assert [(r.key, r.mode, r.max_tool_calls) for r in runs] == [
+  planned = runs.plan_runs(small_config(modes=('agentic', 'direct'), budgets=(2, 4)))
+  assert [(r.key, r.mode, r.max_tool_calls) for r in planned] == [
       ('agentic', 'agentic', 2), ('direct', 'direct', 0), ('budget_2', 'agentic', 2), ('budget_4', 'agentic', 4)]
   with pytest.raises(ValueError, match='eval mode'):
-    runner.plan_runs(small_config(modes=('sideways',)))
+    runs.plan_runs(small_config(modes=('sideways',)))
 
 
 def test_tiny_policy_every_mode_and_budget_sweep(tmp_path, env):
@@ -196,7 +144,42 @@ def test_benchmarks_merged_into_the_training_set_are_evaluated_on_their_held_out
   (data / 'build_config.json').write_text(json.dumps({'merge_external': False, 'merge_sources': ['fvqa']}))
   assert len(ev.load_items()[0]['fvqa']) == 2 and ev.trained_on == {}
   with pytest.raises(FileNotFoundError, match='train_data='):
-    runner.train_settings(tmp_path / 'nowhere')
+    policy.train_settings(tmp_path / 'nowhere')
   # A merging build whose recorded settings lack a field: an error, not a guess that could leak trained-on items.
   with pytest.raises(ValueError, match='merge_holdout'):
     benchmarks.held_out_items('fvqa', all_fvqa, {'merge_external': True, 'merge_sources': ['fvqa']})
+
+
+def test_bad_entries_are_counted_per_benchmark_by_kind_and_the_rest_evaluated(tmp_path, tokenizer, env):
+  data = tmp_path / 'vdr.jsonl'
+  data.write_text('\ufeff' + '\n'.join([
+      '{"id": "v1", "question": "Which river?", "answer": "Tagus River"}',
+      '{"id": "v2", "question": "torn',
+      '"a string"',
+      '{"id": "v1", "question": "Which bridge?", "answer": "x"}',
+      '{"id": "v4", "question": "No gold?"}',
+      '{"id": "v5", "question": "Which sea?", "answer": "Tagus River"}']) + '\n', encoding='utf-8')
+  config = small_config(benchmarks=('vdr_bench',), modes=('direct',), max_items_per_benchmark=0)
+  config.benchmark_files.vdr_bench = str(data)
+  judge = CountingJudge()
+  rep = runner.evaluate(config, tmp_path / 'w', engine=engine_lib.ScriptedEngine([SCRIPT[1]], tokenizer),
+                        judge=judge, env=env, tokenizer=tokenizer)
+  assert sorted(judge.judged) == ['Which river?', 'Which sea?']
+  s = rep['runs']['direct']['benchmarks']['vdr_bench']
+  assert s['items'] == 2 and s['pass_at_1'] == 1.0
+  assert rep['rejected'] == {'vdr_bench': {
+      'entries': 4, 'by_kind': {'bad_json': 1, 'not_an_object': 1, 'duplicate_id': 1, 'no_answer': 1},
+      'examples': rep['rejected']['vdr_bench']['examples']}}
+  assert rep['rejected']['vdr_bench']['examples'][0].startswith(f'{data}:2 (bad_json)')
+  assert 'vdr_bench' not in rep['benchmarks_not_run']
+  assert "- vdr_bench: 4 entr(y/ies), by kind {'bad_json': 1" in (tmp_path / 'w' / 'report.md').read_text()
+
+
+def test_rule_judge_scores_letter_replies_on_real_livevqa_items(tmp_path, tokenizer, env):
+  """The offline judge through the runner: item '1' (gold option A) and '4' (gold B), both answered 'B'."""
+  config = small_config(benchmarks=('livevqa',), modes=('direct',), max_items_per_benchmark=2)
+  engine = engine_lib.ScriptedEngine(['<think>the second option</think>\n<response>(B)</response>'], tokenizer)
+  rep = runner.evaluate(config, tmp_path, engine=engine, env=env, tokenizer=tokenizer)
+  records = {r['id']: r['correct'] for r in map(json.loads, (tmp_path / 'results.jsonl').read_text().splitlines())}
+  assert records == {'1': False, '4': True}
+  assert rep['runs']['direct']['benchmarks']['livevqa']['pass_at_1'] == 0.5

@@ -1,0 +1,106 @@
+"""The evaluated policy: where it comes from (`policy_identity`, read without building it), and loading it.
+
+  config.checkpoint ''      the tiny random model of `config.model` (or `config.model.hf_path`), seed `config.seed`
+  config.checkpoint PATH    a `*_ckpt` folder, or a workdir holding grpo_ckpt / sft_ckpt (its latest step)
+
+`policy_identity` is part of the eval fingerprint (`eval.results`): a checkpoint is named by its folder, step,
+the sha256 of its metadata and the modification time of its step folder, so a retrained or replaced checkpoint at
+the same path is another policy.
+"""
+
+import hashlib
+import json
+import os
+import pathlib
+
+import ml_collections
+
+
+def train_settings(train_data: str | os.PathLike) -> dict:
+  """The build settings (`build_config.json`) of the dataset folder `train_data`; {} when `train_data` is ''.
+
+  Raises:
+    FileNotFoundError: naming `train_data` when it has no build_config.json (not a pipeline dataset folder).
+  """
+  if not train_data:
+    return {}
+  path = pathlib.Path(train_data) / 'build_config.json'
+  if not path.is_file():
+    raise FileNotFoundError(f'train_data={train_data}: no build_config.json there (expected the dataset folder '
+                            'the policy was trained on, e.g. <workdir>/data)')
+  return json.loads(path.read_text())
+
+
+def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, str]:
+  """(workdir, checkpoint folder name) of `path`: a `*_ckpt` folder, or a workdir holding grpo_ckpt / sft_ckpt.
+
+  Raises:
+    FileNotFoundError: neither.
+  """
+  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(path)
+  if path.name.endswith('_ckpt') and path.is_dir():
+    return path.parent, path.name
+  if path.is_dir():
+    name, _ = export_hf.latest_checkpoint(path)
+    return path, name
+  raise FileNotFoundError(f'checkpoint {path} does not exist (a <workdir>/grpo_ckpt or sft_ckpt, or a workdir)')
+
+
+def _open(config: ml_collections.ConfigDict):
+  """(checkpoint folder, orbax manager, latest step, meta) of `config.checkpoint`."""
+  from osvl_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  workdir, name = find_checkpoint(config.checkpoint)
+  mngr = checkpoint.manager(workdir, name)
+  step = mngr.latest_step()
+  if step is None:
+    raise FileNotFoundError(f'no checkpoint step in {workdir / name}')
+  return (workdir / name).resolve(), mngr, int(step), checkpoint.read_meta(mngr, step)
+
+
+def policy_identity(config: ml_collections.ConfigDict) -> dict:
+  """What the policy of `config` is, as JSON values, without building it (module docstring).
+
+  Returns:
+    {'checkpoint', 'step', 'meta_sha256', 'mtime_ns'} for a checkpoint; {'hf_path', 'files': {name: [bytes,
+    mtime_ns]}} for an HF folder (its *.json and *.safetensors); {'model', 'seed'} for a random init.
+  Raises:
+    FileNotFoundError: a checkpoint path without a checkpoint.
+  """
+  if config.get('checkpoint'):
+    folder, _, step, meta = _open(config)
+    blob = json.dumps(meta, sort_keys=True, default=str).encode('utf-8')
+    step_dir = folder / str(step)
+    return {'checkpoint': str(folder), 'step': step, 'meta_sha256': hashlib.sha256(blob).hexdigest(),
+            'mtime_ns': step_dir.stat().st_mtime_ns if step_dir.exists() else None}
+  hf_path = config.model.get('hf_path')
+  if hf_path:
+    folder = pathlib.Path(hf_path)
+    if not folder.is_dir():
+      return {'hf_path': str(hf_path)}
+    files = sorted(p for p in folder.iterdir() if p.suffix in ('.json', '.safetensors') and p.is_file())
+    return {'hf_path': str(folder.resolve()),
+            'files': {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
+  return {'model': config.model.to_dict(), 'seed': int(config.seed)}
+
+
+def load_policy(config: ml_collections.ConfigDict):
+  """(model, description): `config.checkpoint` restored (architecture from its meta), else `config.model`.
+
+  Raises:
+    FileNotFoundError: a checkpoint path without a checkpoint.
+    ValueError: a checkpoint that does not fit its recorded architecture.
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
+  from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
+  from osvl_jax.train import checkpoint, policy  # pylint: disable=g-import-not-at-top
+  if not config.get('checkpoint'):
+    model = policy.build_model(config, seed=config.seed)
+    return model, (f'hf:{config.model.hf_path}' if config.model.get('hf_path') else
+                   f'{config.model.name} (random init, seed {config.seed})')
+  folder, mngr, _, meta = _open(config)
+  model = model_lib.Qwen3VLModel(export_hf.read_config(None, meta), nnx.Rngs(0),
+                                 scan_layers=bool(meta.get('scan_layers', False)))
+  restored = checkpoint.restore(mngr, model)
+  return model, f'{folder} step {restored["step"]}'
