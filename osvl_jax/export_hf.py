@@ -33,7 +33,10 @@ the modes the umask gives ordinary files. Written into DIR:
 
 `transformers.AutoProcessor.from_pretrained(DIR)` gives a `Qwen3VLProcessor` whose image processor, tokenizer and
 chat template reproduce the project's `ImageProcessor` / `TrajectoryBuilder` (see `chat_template` for the
-inherent differences). Heavy modules are imported inside the functions, so `--help` is quick.
+inherent differences). `AutoProcessor` needs torchvision (torchvision==0.28.0 pairs with torch==2.13.0): in
+transformers 5.24 Qwen3-VL's processor always builds its video processor, which has only a torchvision backend,
+and no processor config avoids that; the tokenizer, chat template and image processor (`AutoTokenizer`,
+`AutoImageProcessor`) load without it. Heavy modules are imported inside the functions, so `--help` is quick.
 """
 
 from __future__ import annotations
