@@ -43,7 +43,8 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, grpo_update, metrics, policy, rollouts, sft, storage
+from osvl_jax.train import (batching, checkpoint, data, grpo_update, metrics, policy, preflight, rollouts, sft,
+                            storage)
 
 
 
@@ -284,6 +285,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   version − max_staleness are dropped with their groups (`drop_stale`). A resumed run starts by rolling out
   (no prefetched batch survives a restart); prompts and seeds depend only on the step.
 
+  Before anything is read or written: `check_config`, then `preflight.check` (the checkpoint the policy starts
+  from exists; every rollout server answers /health), so a config fault leaves the workdir untouched.
+
   Multi-host (more than one JAX process, `osvl_jax.distributed`; servers only): process 0 alone reads the prompts,
   rolls out (its background thread with max_staleness 1), drops stale groups and scores; the rollout batch goes to
   every process (`distributed.broadcast_object`, in the main loop at the same point everywhere), which all build
@@ -294,6 +298,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.grpo
   check_config(config, workdir)
+  preflight.check(config, workdir)  # the init checkpoint exists, the servers answer: before anything is written
   prompts = data.load_prompts(config, workdir) if distributed.is_main() else []  # only process 0 rolls out
   mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
   model, optimizer, mngr, start = init_policy(config, workdir, mesh)
