@@ -85,7 +85,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.steps = 450
   c.sft.batch_size = 2
   c.sft.lr = 3e-3
-  c.sft.warmup_steps = 20
+  # 20 of the 450 steps; a fraction of sft.steps (as MaxText's warmup_steps_fraction), so --config.sft.steps=5
+  # runs (warmup 0). An explicit --config.sft.warmup_steps is kept as given (sft.check_config says what fits).
+  c.sft.warmup_steps = c.sft.get_ref('steps') * 2 // 45
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
   c.sft.log_every = 10
@@ -103,7 +105,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.prompts_per_step = 1
   c.grpo.num_generations = 4
   c.grpo.lr = 1e-4
-  c.grpo.warmup_steps = 0  # optimizer steps of linear warmup (policy.make_tx; several per step with mini-batches)
+  c.grpo.warmup_steps = 0  # GRPO steps of linear lr warmup (policy.make_tx), < grpo.steps
   c.grpo.weight_decay = 0.0  # AdamW
   c.grpo.grad_clip = 1.0  # global-norm clipping
   c.grpo.eps_low = 0.2

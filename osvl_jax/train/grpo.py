@@ -54,7 +54,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   Raises:
     ValueError: naming the field: `sft.check_model_config`'s; an unknown fatal_mode / fatal_index / estimator /
       aggregation / judge; grpo.steps / prompts_per_step / ckpt_every not ints >= 1, num_generations < 2 (a group
-      of one has no baseline), lr <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1],
+      of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1],
       delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout
       max_turns / max_new_tokens / fatal_k < 1, max_total_tokens < max_new_tokens; micro_batch_size < 0 or not
       dividing the group batch or not a multiple of the mesh's data x fsdp size (`config.mesh`); the rollout
@@ -78,6 +78,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     checks.positive_int(config, field)
   checks.number(config, 'grpo.num_generations', integer=True, low=2)
   checks.number(config, 'grpo.lr', low=0, low_open=True)
+  checks.warmup_steps(config, 'grpo')
+  checks.number(config, 'grpo.weight_decay', low=0, optional=True)
+  checks.number(config, 'grpo.grad_clip', low=0, low_open=True, optional=True)
   checks.number(config, 'grpo.eps_low', low=0, high=1, high_open=True)
   checks.number(config, 'grpo.eps_high', low=0)
   checks.number(config, 'grpo.beta', low=0)

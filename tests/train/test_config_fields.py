@@ -75,16 +75,39 @@ def test_every_field_the_grpo_trainer_reads_is_in_the_config(name):
   assert missing == []
 
 
-def test_weight_decay_is_set_from_the_command_line(monkeypatch):
+def parse_flags(monkeypatch, *overrides: str):
+  """configs/demo.py with `--config.X=...` overrides, parsed as the trainers' absl mains parse them."""
   from absl import flags
   from ml_collections import config_flags
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file('config', str(REPO / 'configs' / 'demo.py'), flag_values=fv)
-  argv = ['prog', f'--config={REPO / "configs" / "demo.py"}', '--config.grpo.weight_decay=0.05',
-          '--config.grpo.warmup_steps=2']
+  argv = ['prog', f'--config={REPO / "configs" / "demo.py"}', *overrides]
   monkeypatch.setattr(sys, 'argv', argv)   # config_flags reads the overrides from sys.argv
   fv(argv)
-  assert fv.config.grpo.weight_decay == 0.05 and fv.config.grpo.warmup_steps == 2
+  return fv.config
+
+
+def test_weight_decay_is_set_from_the_command_line(monkeypatch):
+  config = parse_flags(monkeypatch, '--config.grpo.weight_decay=0.05', '--config.grpo.warmup_steps=2')
+  assert config.grpo.weight_decay == 0.05 and config.grpo.warmup_steps == 2
+  grpo.check_config(config)
+
+
+def test_fewer_sft_steps_scale_the_default_warmup_and_an_explicit_one_names_the_fix(monkeypatch):
+  from osvl_jax.train import sft
+  assert parse_flags(monkeypatch).sft.warmup_steps == 20            # the demo's 20 of 450
+  config = parse_flags(monkeypatch, '--config.sft.steps=5')
+  assert config.sft.warmup_steps == 0
+  sft.check_config(config)
+  config = parse_flags(monkeypatch, '--config.sft.steps=100')
+  assert config.sft.warmup_steps == 4
+  config = parse_flags(monkeypatch, '--config.sft.steps=5', '--config.sft.warmup_steps=20')
+  with pytest.raises(ValueError, match=r'sft.warmup_steps=20 must be < sft.steps=5.*--config.sft.warmup_steps to '
+                                       r'at most 4'):
+    sft.check_config(config)
+  config = parse_flags(monkeypatch, '--config.grpo.warmup_steps=10')   # the GRPO neighbour (steps 10)
+  with pytest.raises(ValueError, match='grpo.warmup_steps=10 must be < grpo.steps=10.*at most 9'):
+    grpo.check_config(config)
 
 
 def _tiny_sft(workdir):
