@@ -145,7 +145,8 @@ def degrade(records: list[dict], data_dir: str | os.PathLike, image_dir: str | o
     image = image_io.load_image(pathlib.Path(data_dir) / rec['image_path'])
     image_dir = pathlib.Path(image_dir)
     save_png(apply(image, kind, params), image_dir / f"{rec['prompt_id']}.png")
-    rec.update(image_path=f"{image_dir.name}/{rec['prompt_id']}.png", degradation={'kind': kind, 'params': json.dumps(params, sort_keys=True),
+    rec.update(image_path=f"{image_dir.name}/{rec['prompt_id']}.png",
+               degradation={'kind': kind, 'params': json.dumps(params, sort_keys=True),
                                                   'repair_tool': REPAIR_TOOLS[kind]})
     counts['kinds'][kind] += 1
     counts['repair_tools'][REPAIR_TOOLS[kind]] += 1

@@ -3,10 +3,11 @@ LiveVQA, FVQA and WebQA", before Filters A/B).
 
 Items come through the evaluator's benchmark adapters (`osvl_jax.data.benchmarks.load_benchmark`, files under
 `<data_dir>/benchmarks`), by benchmark name (`data.merge_sources`, default `SOURCES`). Each becomes a pool record
-with the item table's columns (`osvl_jax.data.pipeline.ITEM_COLUMNS`): prompt_id '<benchmark>-<id>', the
-question (also as canonical_question: it is not rewritten), answers (gold first, then aliases), image_path (its
-local image, relative to the data folder when it lies in it, as the wiki items' are), no path (hops 0), landmark None, answer_attribute 'external', plus `source`
-(the benchmark) in this stage's own split. An item is not merged, with the reason counted, when:
+with the item table's columns (`osvl_jax.data.pipeline.ITEM_COLUMNS`): prompt_id '<benchmark>-<id>', the question
+(also as canonical_question: it is not rewritten), answers (gold first, then aliases), image_path (its local image,
+relative to the data folder when it lies in it, as the wiki items' are), no path (hops 0), landmark None,
+answer_attribute 'external', plus `source` (the benchmark) in this stage's own split. An item is not merged, with
+the reason counted, when:
   held_out   it falls in the held-out part: `merge_holdout` of each corpus by a deterministic hash of
              '<benchmark>/<id>' (sha256, `benchmarks.holdout_key`), kept for evaluation so a trained model never saw it;
   no_image   it has no usable local image (the adapter's `problems`: a URL not fetched offline, an image that is

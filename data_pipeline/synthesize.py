@@ -395,8 +395,8 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
       if not item.get('path'):  # a merged external item (`merge.py`): no walk for the oracle to follow
         reasons['no path (external item)'] = reasons.get('no path (external item)', 0) + 1
         continue
-      traj, reason = oracle_trajectory(item, pipeline_data.item_image(item, data_dir, dataset_dir), env, make_builder, graph,
-                                       tokenizer, top_k)
+      traj, reason = oracle_trajectory(item, pipeline_data.item_image(item, data_dir, dataset_dir), env,
+                                       make_builder, graph, tokenizer, top_k)
       if traj is None:
         key = reason.split(':')[0] if not reason.startswith('hop') else 'hop'
         reasons[key] = reasons.get(key, 0) + 1

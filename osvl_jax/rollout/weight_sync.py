@@ -1,13 +1,13 @@
 """Publishing the trainer's policy to the rollout engines, versioned (DESIGN.md §6b).
 
 SGLang servers (and `python -m osvl_jax.serve`) load new weights from disk: `publish` exports the policy as an HF
-folder `<root>/v<version>` (`export_folder.write`: written to a temporary folder beside it and renamed as the
-last step, so a server never sees a half-written one; marked as an export of kind 'weight_version'), then calls `/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the
-version, and deletes the oldest version folders beyond `keep` (a server may still be reading the previous one).
-Only exports it wrote are ever replaced or deleted: a `v<digits>` folder without the marker, or holding a file
-the marker does not list, is left in place (a foreign folder under the new version's name is refused). The
-embedded JAX sampler swaps weights in process (`JaxSampler.set_model` on a snapshot of the policy, no export)
-and takes the same version.
+folder `<root>/v<version>` (`export_folder.write`: written to a temporary folder beside it and renamed as the last
+step, so a server never sees a half-written one; marked as an export of kind 'weight_version'), then calls
+`/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the version, and deletes the
+oldest version folders beyond `keep` (a server may still be reading the previous one). Only exports it wrote are
+ever replaced or deleted: a `v<digits>` folder without the marker, or holding a file the marker does not list, is
+left in place (a foreign folder under the new version's name is refused). The embedded JAX sampler swaps weights in
+process (`JaxSampler.set_model` on a snapshot of the policy, no export) and takes the same version.
 
 Multi-host (HTTP engines only): every process calls `publish` at the same point; all take part in gathering the
 full parameters (`host_copy`), process 0 alone writes the folder and calls the servers, then every process waits

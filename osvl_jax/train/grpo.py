@@ -53,13 +53,14 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
 
   Raises:
     ValueError: naming the field: `sft.check_model_config`'s; an unknown fatal_mode / fatal_index / estimator /
-      aggregation / judge; grpo.steps / prompts_per_step / ckpt_every not ints >= 1, num_generations < 2 (a group
-      of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1],
-      delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout
-      max_turns / max_new_tokens / fatal_k < 1, max_total_tokens < max_new_tokens; micro_batch_size < 0 or not
-      dividing the group batch or not a multiple of the mesh's data x fsdp size (`config.mesh`); the rollout
-      engine's (`rollouts.check_engine_config`: engine, urls, admin_urls, weights_dir — a gs:// `workdir` needs
-      it set — weights_dtype, weights_keep); more than one JAX process without rollout.engine='sglang'.
+      aggregation / judge; grpo.steps / prompts_per_step / ckpt_every not ints >= 1, num_generations < 2 (a group of
+      one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay < 0, grad_clip <= 0, eps_low not
+      in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1,
+      temperature <= 0, top_p not in (0, 1]; rollout max_turns / max_new_tokens / fatal_k < 1, max_total_tokens <
+      max_new_tokens; micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's data x
+      fsdp size (`config.mesh`); the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
+      weights_dir — a gs:// `workdir` needs it set — weights_dtype, weights_keep); more than one JAX process without
+      rollout.engine='sglang'.
   """
   if jax.process_count() > 1 and (config.rollout.get('engine') or 'embedded') != 'sglang':
     raise ValueError(f"rollout.engine={config.rollout.get('engine')!r} with {jax.process_count()} processes: a "
