@@ -85,7 +85,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.steps = 450
   c.sft.batch_size = 2
   c.sft.lr = 3e-3
-  c.sft.warmup_steps = 20
+  # 20 of the 450 steps; a fraction of sft.steps (as MaxText's warmup_steps_fraction), so --config.sft.steps=5
+  # runs (warmup 0). An explicit --config.sft.warmup_steps is kept as given (sft.check_config says what fits).
+  c.sft.warmup_steps = c.sft.get_ref('steps') * 2 // 45
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
   c.sft.log_every = 10
@@ -103,6 +105,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.prompts_per_step = 1
   c.grpo.num_generations = 4
   c.grpo.lr = 1e-4
+  c.grpo.warmup_steps = 0  # GRPO steps of linear lr warmup (policy.make_tx), < grpo.steps
+  c.grpo.weight_decay = 0.0  # AdamW
+  c.grpo.grad_clip = 1.0  # global-norm clipping
   c.grpo.eps_low = 0.2
   c.grpo.eps_high = 0.28
   c.grpo.beta = 0.0
@@ -114,6 +119,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.aggregation = 'seq_mean_token_mean'  # Eq. 12 | token_mean | seq_mean_token_sum
   # Dual-clip bound for Â < 0 (verl's clip_ratio_c, e.g. 3.0); None = Eq. 12 exactly.
   c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
+  c.grpo.length_multiple = 1024  # sequence lengths padded to a multiple (few compiled shapes)
+  c.grpo.loss_multiple = 256  # loss positions padded to a multiple
   c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
   # Update schedule (osvl_jax/train/grpo_update.py): prompts' groups per mini-batch = per optimizer step; 0 = the
   # whole rollout batch (the demo keeps one step per rollout batch; the official run: 64 of 256).

@@ -87,6 +87,7 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.model.param_dtype = 'float32'  # parameters, gradients; AdamW state is float32
   c.model.scan_layers = True
   c.model.remat = True
+  c.model.text = ml_collections.ConfigDict()  # overrides of the tiny text config (none: hf_path's architecture)
 
   c.tools = ml_collections.ConfigDict()
   c.tools.enabled = TOOLS
@@ -101,6 +102,14 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   # pool of threads, so one slow search does not hold the others (the agent loop's defaults are for the demo).
   c.rollout.max_concurrency = 512
   c.rollout.tool_workers = 64
+  c.rollout.max_seconds = ml_collections.config_dict.placeholder(float)  # per episode; None = no wall-clock limit
+  # Rollout engine (osvl_jax/train/rollouts.py): 'sglang' with the servers' URLs for the multi-host runs.
+  c.rollout.engine = 'embedded'
+  c.rollout.urls = ml_collections.config_dict.placeholder(object)
+  c.rollout.admin_urls = ml_collections.config_dict.placeholder(object)
+  c.rollout.weights_dir = ''  # '' = <workdir>/weights (must be local: set it for a gs:// workdir)
+  c.rollout.weights_dtype = 'bfloat16'
+  c.rollout.weights_keep = 2
 
   c.sft = ml_collections.ConfigDict()
   c.sft.lr = 2e-5
@@ -129,6 +138,11 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.ppo_epochs = 1
   c.grpo.micro_batch_size = batch_shards  # rows per gradient-accumulation micro-batch (one per batch shard)
   c.grpo.lr = 1e-6
+  c.grpo.warmup_steps = 0  # the official run: constant lr (no warmup)
+  c.grpo.weight_decay = 0.0  # AdamW (the paper does not say; verl's actor default is 0.01)
+  c.grpo.grad_clip = 1.0
+  c.grpo.length_multiple = 1024  # sequence lengths padded to a multiple (few compiled shapes)
+  c.grpo.loss_multiple = 256
   c.grpo.eps_low = 0.2
   c.grpo.eps_high = 0.28
   c.grpo.beta = 0.0

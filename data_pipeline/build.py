@@ -64,7 +64,7 @@ from osvl_jax.data import pipeline as pipeline_data
 
 ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
 STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'merge', 'filter', 'degrade', 'items', 'sft')
-DEGRADED_DIR = 'degraded'  # the degraded anchor images, `<dataset>/degraded/<prompt_id>.png`
+DEGRADED_DIR = pipeline_data.DEGRADED_DIR  # the degraded anchor images, `<dataset>/degraded/<prompt_id>.png`
 BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
 SHAREGPT_FILE = 'sft_sharegpt.jsonl'  # the `sft` split in the official release's ShareGPT SFT format
 # Fields not compared on resume: where it goes / where the shared data sits, and the `sft` stage's settings (a
@@ -412,7 +412,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
       processor = traj_lib.ImageProcessor(min_pixels=config.min_pixels, max_pixels=config.max_pixels)
       return synthesize.synthesize(items, graph, data_dir, config.tools.to_dict(), config.top_k, processor,
                                    progress=lambda it: tqdm.tqdm(it, desc='expert', leave=False),
-                                   config=config.synthesize)
+                                   config=config.synthesize, dataset_dir=out)
     sft = stage('sft', make_sft, traj_lib.record_features())
     stats['sft_sharegpt'] = _sharegpt(sft, out / SHAREGPT_FILE, config.tools.to_dict())
   stages.update()

@@ -16,9 +16,10 @@ bit for bit) and repair tools (`REPAIR_TOOLS`, names of `tools.schema.TOOLS`):
 The subset: `round(fraction * accepted)` accepted items, drawn without replacement by
 `default_rng([seed, 7])`; the kinds cycle over the drawn items in `KINDS` order (as even a split as the count
 allows); the parameters of item i come from `default_rng([seed, 7, i])`. The degraded image is written as PNG
-(lossless) to `<image_dir>/<prompt_id>.png`; the item's `image_path` becomes that file's absolute path (read
-through `osvl_jax.data.pipeline.load_image`, where an absolute path wins over the data folder) and the original
-stays in `original_image_path`. Rejected items pass through untouched.
+(lossless) to `<image_dir>/<prompt_id>.png`; the item's `image_path` becomes that file's path relative to the
+dataset folder (`image_dir`'s parent: 'degraded/<prompt_id>.png', read through
+`osvl_jax.data.pipeline.image_file`, so the built folder can be moved) and the original stays in
+`original_image_path`. Rejected items pass through untouched.
 """
 
 import json
@@ -115,12 +116,14 @@ def degrade(records: list[dict], data_dir: str | os.PathLike, image_dir: str | o
     records: output of `ground.ground` (or of `filter`): dicts with prompt_id, image_path (relative to
       `data_dir`), rejected.
     data_dir: the shared data folder.
-    image_dir: where the degraded PNGs go (created).
+    image_dir: where the degraded PNGs go (created), a folder of the dataset folder (its parent), normally
+      `<dataset>/degraded`.
     seed: the build seed.
     fraction: share of the accepted items to degrade, in [0, 1].
     enabled: False (the Table 3a "no degradation" ablation) passes every record through.
   Returns:
-    (records, each with `degradation` ({'kind', 'params' (JSON text), 'repair_tool'} or None) and
+    (records, each with `degradation` ({'kind', 'params' (JSON text), 'repair_tool'} or None; a degraded one's
+    `image_path` is then relative to `image_dir`'s parent) and
     `original_image_path` (the anchor's path relative to `data_dir`); counts {'in', 'accepted', 'degraded',
     'kinds' (kind -> n), 'repair_tools' (tool -> n), 'passed' (accepted, not degraded), 'skipped_rejected',
     'enabled', 'fraction'}).
@@ -140,9 +143,10 @@ def degrade(records: list[dict], data_dir: str | os.PathLike, image_dir: str | o
     rec, kind = out[int(i)], KINDS[j % len(KINDS)]
     params = draw_params(kind, np.random.default_rng([seed, 7, int(i)]))
     image = image_io.load_image(pathlib.Path(data_dir) / rec['image_path'])
-    path = pathlib.Path(image_dir).resolve() / f"{rec['prompt_id']}.png"
-    save_png(apply(image, kind, params), path)
-    rec.update(image_path=str(path), degradation={'kind': kind, 'params': json.dumps(params, sort_keys=True),
+    image_dir = pathlib.Path(image_dir)
+    save_png(apply(image, kind, params), image_dir / f"{rec['prompt_id']}.png")
+    rec.update(image_path=f"{image_dir.name}/{rec['prompt_id']}.png",
+               degradation={'kind': kind, 'params': json.dumps(params, sort_keys=True),
                                                   'repair_tool': REPAIR_TOOLS[kind]})
     counts['kinds'][kind] += 1
     counts['repair_tools'][REPAIR_TOOLS[kind]] += 1

@@ -3,10 +3,11 @@ LiveVQA, FVQA and WebQA", before Filters A/B).
 
 Items come through the evaluator's benchmark adapters (`osvl_jax.data.benchmarks.load_benchmark`, files under
 `<data_dir>/benchmarks`), by benchmark name (`data.merge_sources`, default `SOURCES`). Each becomes a pool record
-with the item table's columns (`osvl_jax.data.pipeline.ITEM_COLUMNS`): prompt_id '<benchmark>-<id>', the
-question (also as canonical_question: it is not rewritten), answers (gold first, then aliases), image_path (the
-absolute path of its local image), no path (hops 0), landmark None, answer_attribute 'external', plus `source`
-(the benchmark) in this stage's own split. An item is not merged, with the reason counted, when:
+with the item table's columns (`osvl_jax.data.pipeline.ITEM_COLUMNS`): prompt_id '<benchmark>-<id>', the question
+(also as canonical_question: it is not rewritten), answers (gold first, then aliases), image_path (its local image,
+relative to the data folder when it lies in it, as the wiki items' are), no path (hops 0), landmark None,
+answer_attribute 'external', plus `source` (the benchmark) in this stage's own split. An item is not merged, with
+the reason counted, when:
   held_out   it falls in the held-out part: `merge_holdout` of each corpus by a deterministic hash of
              '<benchmark>/<id>' (sha256, `benchmarks.holdout_key`), kept for evaluation so a trained model never saw it;
   no_image   it has no usable local image (the adapter's `problems`: a URL not fetched offline, an image that is
@@ -22,6 +23,7 @@ import pathlib
 from collections.abc import Sequence
 
 from osvl_jax.data import benchmarks
+from osvl_jax.data import pipeline as pipeline_data
 
 SOURCES = ('fvqa', 'livevqa_official', 'webqa_img')
 EXTERNAL_ATTRIBUTE = 'external'  # the answer_attribute of a merged item (its answer is not an infobox attribute)
@@ -82,7 +84,8 @@ def merge(records: list[dict], data_dir: str | os.PathLike, sources: Sequence[st
         c['added'] += 1
         out.append({'prompt_id': f'{name}-{item.id}', 'question': item.question.strip(),
                     'canonical_question': item.question.strip(), 'answers': list(item.answers),
-                    'image_path': str(pathlib.Path(local[0]).resolve()), 'path': [], 'hops': 0, 'rejected': None,
+                    'image_path': pipeline_data.relative_to(local[0], data_dir), 'path': [], 'hops': 0,
+                    'rejected': None,
                     'landmark': None, 'descriptors': [], 'answer_attribute': EXTERNAL_ATTRIBUTE,
                     'answer_evidence': None, 'anchor_expression': None, 'rewrite_trace': [], 'source': name})
     counts['sources'][name] = c

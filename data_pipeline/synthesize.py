@@ -351,7 +351,7 @@ def oracle_trajectory(item: Mapping, image: np.ndarray, env, make_builder, graph
 
 
 def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int = 5, processor=None,
-               progress=None, config: ml_collections.ConfigDict | None = None, engine=None):
+               progress=None, config: ml_collections.ConfigDict | None = None, engine=None, dataset_dir=None):
   """Expert trajectories for the accepted items, judged and selected (`experts.py`).
 
   The oracle runs one `run_episodes` call per item, in order; the model expert K episodes per item, items in
@@ -362,6 +362,8 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
     items: grounded item records (rejected ones are skipped).
     graph: `wiki_graph.WikiGraph`.
     data_dir: shared data folder (images are read from `data_dir / item['image_path']`).
+    dataset_dir: the dataset folder a degraded item's `image_path` is relative to
+      (`osvl_jax.data.pipeline.image_file`); needed only for such items.
     tool_config: partial `tools.env.default_config()` overrides.
     top_k: text_search hits per oracle call.
     processor: `trajectory.ImageProcessor` for the input image (default: Qwen3-VL's pixel budget).
@@ -393,8 +395,8 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
       if not item.get('path'):  # a merged external item (`merge.py`): no walk for the oracle to follow
         reasons['no path (external item)'] = reasons.get('no path (external item)', 0) + 1
         continue
-      traj, reason = oracle_trajectory(item, load_image(data_dir, item['image_path']), env, make_builder, graph,
-                                       tokenizer, top_k)
+      traj, reason = oracle_trajectory(item, pipeline_data.item_image(item, data_dir, dataset_dir), env,
+                                       make_builder, graph, tokenizer, top_k)
       if traj is None:
         key = reason.split(':')[0] if not reason.startswith('hop') else 'hop'
         reasons[key] = reasons.get(key, 0) + 1
@@ -406,7 +408,7 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
     chunks = [todo[k:k + CHUNK_ITEMS] for k in range(0, len(todo), CHUNK_ITEMS)]
     for chunk in (progress(chunks) if progress else chunks):
       prompts = [agent_loop.Item(prompt_id=it['prompt_id'], question=it['question'],
-                                 image=load_image(data_dir, it['image_path']), answers=list(it['answers']))
+                                 image=pipeline_data.item_image(it, data_dir, dataset_dir), answers=list(it['answers']))
                  for it in chunk]
       trajs += experts.model_episodes(prompts, engine, env, make_builder, config)
     keep_per_item = int(config.keep_per_item)

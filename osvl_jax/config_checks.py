@@ -79,3 +79,22 @@ def pixel_limits(config: ml_collections.ConfigDict, prefix: str) -> tuple[int, i
   if lo > hi:
     raise ValueError(f'{prefix}.min_pixels={lo} > {prefix}.max_pixels={hi}')
   return lo, hi
+
+
+def warmup_steps(config: ml_collections.ConfigDict, prefix: str) -> int:
+  """`<prefix>.warmup_steps` (optional, default 0): an int in [0, `<prefix>.steps`) and returned.
+
+  The cosine decay after the warmup needs at least one step. An explicit warmup is never shortened silently
+  (it is a hyperparameter); the configs derive theirs from `steps` (a fraction, as MaxText's
+  `warmup_steps_fraction`), so overriding only the steps keeps them consistent.
+
+  Raises:
+    ValueError: naming the field to change and the largest value that fits.
+  """
+  steps = positive_int(config, f'{prefix}.steps')
+  warmup = number(config, f'{prefix}.warmup_steps', integer=True, low=0, optional=True) or 0
+  if warmup >= steps:
+    raise ValueError(f'{prefix}.warmup_steps={warmup} must be < {prefix}.steps={steps} (the cosine decay after the '
+                     f'warmup needs >= 1 step): set --config.{prefix}.warmup_steps to at most {steps - 1} '
+                     f'(e.g. 0), or raise --config.{prefix}.steps above {warmup}')
+  return warmup

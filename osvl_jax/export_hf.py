@@ -2,7 +2,7 @@
 
 Command (absl flags):
   python -m osvl_jax.export_hf --workdir=W --out=DIR [--checkpoint=latest|sft|grpo|PATH] [--step=N]
-      [--hf_config=PATH] [--dtype=float32|bfloat16] [--min_pixels=N --max_pixels=N]
+      [--hf_config=PATH] [--dtype=float32|bfloat16] [--min_pixels=N --max_pixels=N] [--overwrite]
 
 Which checkpoint: `--checkpoint=latest` (default) is the latest step of `W/grpo_ckpt`, else of `W/sft_ckpt`;
 `sft` / `grpo` pick that folder of the workdir (so the SFT policy stays exportable once GRPO ran); a PATH is a
@@ -16,8 +16,12 @@ without it default to the built-in tiny config), and so does the image processor
 with (`image_processor`: min_pixels, max_pixels; `--min_pixels` / `--max_pixels` override, and are required for
 a checkpoint that does not record it).
 
-Written into DIR (atomically: everything goes to a temporary sibling folder that is renamed onto DIR at the end,
-so a failed export leaves DIR as it was):
+DIR is a new or empty folder, or a previous export (its `osvl_export.json` marker lists the files it wrote) when
+`--overwrite` is given; the export refuses, before any work and touching nothing, the workdir, a checkpoint
+folder, any ancestor of them (symlinks resolved), a folder inside a checkpoint folder, and any other non-empty
+folder (`osvl_jax.export_folder`: the error names the path and why; exit code 1). Everything is written into a
+temporary sibling folder renamed onto DIR as the last step, so a failed export leaves DIR as it was; files get
+the modes the umask gives ordinary files. Written into DIR:
   config.json, model.safetensors   `weights.save_hf_folder` (`Qwen3VLForConditionalGeneration.from_pretrained`)
   tokenizer.json, tokenizer_config.json   the Qwen3-VL tokenizer (`osvl_jax.trajectory.load_tokenizer`)
   chat_template.jinja              `chat_template()`: the trajectory builder's rendering as a Jinja template
@@ -25,10 +29,14 @@ so a failed export leaves DIR as it was):
                                    `min_pixels` / `max_pixels` keys older readers use)
   video_preprocessor_config.json   Qwen3-VL's video defaults (`AutoProcessor` builds a video processor too)
   generation_config.json           eos [<|im_end|>, <|endoftext|>], pad <|endoftext|>, Qwen3-VL-Instruct sampling
+  osvl_export.json                 the marker: tool, kind 'hf_export', format version, checkpoint, step, files
 
 `transformers.AutoProcessor.from_pretrained(DIR)` gives a `Qwen3VLProcessor` whose image processor, tokenizer and
 chat template reproduce the project's `ImageProcessor` / `TrajectoryBuilder` (see `chat_template` for the
-inherent differences). Heavy modules are imported inside the functions, so `--help` is quick.
+inherent differences). `AutoProcessor` needs torchvision (torchvision==0.28.0 pairs with torch==2.13.0): in
+transformers 5.24 Qwen3-VL's processor always builds its video processor, which has only a torchvision backend,
+and no processor config avoids that; the tokenizer, chat template and image processor (`AutoTokenizer`,
+`AutoImageProcessor`) load without it. Heavy modules are imported inside the functions, so `--help` is quick.
 """
 
 from __future__ import annotations
@@ -36,11 +44,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
+import sys
 
 from absl import app, flags
 from etils import epath
 
+from osvl_jax import export_folder
 from osvl_jax.train import storage
 
 CHECKPOINT_DIRS = ('grpo_ckpt', 'sft_ckpt')   # in order of preference for --checkpoint=latest
@@ -259,36 +268,37 @@ def write_folder(model, out: pathlib.Path, dtype: str, min_pixels: int, max_pixe
                                 eos_token_id=eos, **GENERATION_DEFAULTS).save_pretrained(out)
 
 
-def _swap_in(tmp: pathlib.Path, out: pathlib.Path) -> None:
-  """Renames the finished `tmp` onto `out`; an existing `out` folder is moved aside first, then deleted."""
-  old = None
-  if out.exists() or out.is_symlink():
-    if not out.is_dir():
-      raise FileExistsError(f'--out={out} exists and is not a folder')
-    old = out.with_name(f'.{out.name}.old-{os.getpid()}')
-    os.replace(out, old)
-  os.replace(tmp, out)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
+def _guard(workdir, folder: epath.Path) -> dict:
+  """`export_folder.check_target`'s protect / checkpoint_dirs: the local workdir, its checkpoint folders and the
+  one exported (cloud paths are skipped: `--out` is local)."""
+  local = lambda p: p is not None and not storage.is_remote(p)
+  ckpts = [folder] + ([storage.path(workdir) / name for name in CHECKPOINT_DIRS] if local(workdir) else [])
+  ckpts = [pathlib.Path(str(c)) for c in ckpts if local(c)]
+  return {'protect': ckpts + ([pathlib.Path(workdir)] if local(workdir) else []), 'checkpoint_dirs': ckpts}
 
 
 def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_config=None, dtype: str = 'float32',
            step: int | None = None, checkpoint: str = 'latest', min_pixels: int | None = None,
-           max_pixels: int | None = None) -> dict:
-  """Restores a checkpoint and writes the HF folder `out` atomically.
+           max_pixels: int | None = None, overwrite: bool = False) -> dict:
+  """Restores a checkpoint and writes the HF folder `out` atomically (`export_folder.write`).
 
   Args:
     workdir: the job folder (None when `checkpoint` is a path).
-    out: the HF folder; an existing one is replaced only once the new one is complete.
+    out: the HF folder (local): new, empty, or a previous export (with `overwrite`), replaced only once the new
+      one is complete.
     hf_config: architecture override (config.json or a folder holding one).
     dtype: 'float32' or 'bfloat16' weights.
     step: checkpoint step; None = the latest.
     checkpoint: 'latest' | 'sft' | 'grpo' | a checkpoint (step) folder (`resolve_checkpoint`).
     min_pixels, max_pixels: override the image processor budget the checkpoint records.
+    overwrite: replace a previous export in `out`.
   Returns:
     {'checkpoint': folder name, 'path', 'step', 'out', 'params', 'min_pixels', 'max_pixels'}.
   Raises:
     FileNotFoundError: no such checkpoint (`resolve_checkpoint`).
+    export_folder.UnsafeTarget: `out` is the workdir, a checkpoint folder, an ancestor of one, inside one, a
+      non-empty folder that is not a previous export, or a previous export without `overwrite` (raised before the
+      checkpoint is read; nothing is touched).
     ValueError: the checkpoint does not fit the architecture (pass --hf_config), or no pixel budget is known.
   """
   import jax
@@ -300,6 +310,8 @@ def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_confi
   if dtype not in ('float32', 'bfloat16'):
     raise ValueError(f"dtype={dtype!r}: expected 'float32' or 'bfloat16'")
   folder, step = resolve_checkpoint(workdir, checkpoint, step)
+  guard = _guard(workdir, folder)
+  export_folder.check_target(out, 'hf_export', overwrite, **guard)   # before the (slow) restore
   mngr = ckpt_lib.manager(folder.parent, folder.name)
   saved = ckpt_lib.read_meta(mngr, step)
   lo, hi = _pixel_limits(saved, min_pixels, max_pixels)
@@ -309,16 +321,8 @@ def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_confi
     meta = ckpt_lib.restore(mngr, model, step=step)
   except ValueError as e:   # shape/structure mismatch
     raise ValueError(f'checkpoint {folder} does not fit this architecture; pass --hf_config') from e
-  out = pathlib.Path(out).absolute()
-  out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f'.{out.name}.tmp-{os.getpid()}')
-  shutil.rmtree(tmp, ignore_errors=True)
-  try:
-    tmp.mkdir()
-    write_folder(model, tmp, dtype, lo, hi)
-    _swap_in(tmp, out)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+  out = export_folder.write(out, lambda tmp: write_folder(model, tmp, dtype, lo, hi), 'hf_export', overwrite,
+                            info={'checkpoint': str(folder), 'step': int(meta['step'])}, **guard)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   return {'checkpoint': folder.name, 'path': str(folder), 'step': meta['step'], 'out': str(out), 'params': n,
           'min_pixels': lo, 'max_pixels': hi}
@@ -329,15 +333,20 @@ def main(argv) -> None:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if _CHECKPOINT.value in CHECKPOINT_CHOICES and not _WORKDIR.value:
     raise app.UsageError(f'--checkpoint={_CHECKPOINT.value} needs --workdir')
-  info = export(_WORKDIR.value, _OUT.value, _HF_CONFIG.value, _DTYPE.value, _STEP.value, _CHECKPOINT.value,
-                _MIN_PIXELS.value, _MAX_PIXELS.value)
+  try:
+    info = export(_WORKDIR.value, _OUT.value, _HF_CONFIG.value, _DTYPE.value, _STEP.value, _CHECKPOINT.value,
+                  _MIN_PIXELS.value, _MAX_PIXELS.value, _OVERWRITE.value)
+  except export_folder.UnsafeTarget as e:
+    sys.exit(f'export_hf: --out={e}')
   print(json.dumps(info))
 
 
 if __name__ == '__main__':
   # Flags are defined only when run as a program, so the module imports into others (and tests) freely.
   _WORKDIR = flags.DEFINE_string('workdir', None, 'Job folder holding grpo_ckpt/ and/or sft_ckpt/.')
-  _OUT = flags.DEFINE_string('out', None, 'HF folder to write (replaced atomically).', required=True)
+  _OUT = flags.DEFINE_string('out', None, 'HF folder to write: new, empty, or a previous export (--overwrite).',
+                             required=True)
+  _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace a previous export in --out (never another folder).')
   _CHECKPOINT = flags.DEFINE_string(
       'checkpoint', 'latest', "'latest' (grpo_ckpt, else sft_ckpt), 'sft', 'grpo', or a checkpoint folder path "
       '(.../sft_ckpt or one step of it, .../sft_ckpt/150).')

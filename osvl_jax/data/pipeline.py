@@ -9,11 +9,17 @@ stage (`Dataset.save_to_disk`) with its `counts.json` beside the data files:
              (relative to the shared data folder), path, hops, rejected (None when accepted, else the reason),
              landmark, descriptors, answer_attribute, answer_evidence, anchor_expression, rewrite_trace,
              degradation (None, or {kind, params (JSON text), repair_tool} of a degraded anchor image, whose
-             `image_path` is then the absolute path of the degraded PNG), original_image_path
+             `image_path` is then relative to D: 'degraded/<prompt_id>.png'), original_image_path
+  D/degraded the degraded anchor PNGs
   D/sft      oracle expert trajectories, rows of `Trajectory.to_record()` (`trajectory.record_features()`)
   D/stats.json   every stage's counts and seconds
 
 A split exists once its `counts.json` does (the pipeline writes it last, atomically with the data).
+
+Paths are relative, so a built folder can be moved (and the shared data folder too): an image of the shared data
+folder relative to it, one the pipeline wrote (a degraded image) relative to D (`image_file` resolves both). An
+absolute path, which older builds wrote for degraded and merged items, is read as it is; a degraded one that no
+longer exists is looked for under `D/degraded` (a moved older build).
 """
 
 import json
@@ -27,6 +33,7 @@ from tools import image_io
 
 ITEMS = 'items'
 SFT = 'sft'
+DEGRADED_DIR = 'degraded'  # `D/degraded/<prompt_id>.png`, the degraded anchor images
 COUNTS_FILE = 'counts.json'
 BUILD_COMMAND = 'python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=W'
 
@@ -77,10 +84,43 @@ def _require(out_dir: str | os.PathLike, split: str, what: str) -> pathlib.Path:
   return folder
 
 
+def relative_to(path: str | os.PathLike, folder: str | os.PathLike) -> str:
+  """`path` relative to `folder` ('/'-separated) when it lies inside it (symlinks resolved), else `path` as it is."""
+  path, base = pathlib.Path(path), pathlib.Path(folder)
+  try:
+    return path.resolve().relative_to(base.resolve()).as_posix()
+  except ValueError:
+    return str(path)
+
+
+def image_file(record: dict, data_dir: str | os.PathLike, dataset_dir: str | os.PathLike | None) -> pathlib.Path:
+  """The file of an item's `image_path`: relative to `dataset_dir` (the built folder D) for a degraded item
+  (`degradation` set), else to `data_dir` (the shared data folder); an absolute path as it is, except a degraded
+  one that is gone, looked for in `D/degraded` (an older build that was moved).
+
+  Raises:
+    ValueError: naming the item, for a degraded item with a relative path and no `dataset_dir`.
+  """
+  path = pathlib.Path(record['image_path'])
+  degraded = bool(record.get('degradation'))
+  if path.is_absolute():
+    moved = pathlib.Path(dataset_dir or path.parent) / DEGRADED_DIR / path.name
+    return moved if degraded and not path.exists() and moved.exists() else path
+  if degraded and dataset_dir is None:
+    raise ValueError(f"item {record.get('prompt_id')!r}: its degraded image_path {str(path)!r} is relative to the "
+                     'dataset folder, which was not given (dataset_dir)')
+  return pathlib.Path(dataset_dir if degraded else data_dir) / path
+
+
 def load_image(data_dir: str | os.PathLike, rel_path: str) -> np.ndarray:
-  """uint8 [H, W, 3] RGB of `data_dir / rel_path` (an item's `image_path`; an absolute path, a degraded image,
-  is read as is)."""
+  """uint8 [H, W, 3] RGB of `data_dir / rel_path` (an absolute `rel_path` is read as is); `item_image` reads an
+  item's image wherever it lies."""
   return image_io.load_image(pathlib.Path(data_dir) / rel_path)
+
+
+def item_image(record: dict, data_dir: str | os.PathLike, dataset_dir: str | os.PathLike | None) -> np.ndarray:
+  """uint8 [H, W, 3] RGB of an item's image (`image_file`)."""
+  return image_io.load_image(image_file(record, data_dir, dataset_dir))
 
 
 def load_sft(out_dir: str | os.PathLike) -> list:
@@ -99,9 +139,11 @@ def load_prompts(out_dir: str | os.PathLike, data_dir: str | os.PathLike | None 
 
   Args:
     out_dir: the dataset folder.
-    data_dir: the shared data folder the items' `image_path` is relative to (None: `osvl_jax.paths.data_dir()`).
+    data_dir: the shared data folder the items' `image_path` is relative to (None: `osvl_jax.paths.data_dir()`);
+      a degraded item's is relative to `out_dir` (`image_file`).
   Returns:
-    dicts with prompt_id (str), question (str), image (uint8 [H, W, 3] RGB), answers (list[str]), image_path.
+    dicts with prompt_id (str), question (str), image (uint8 [H, W, 3] RGB), answers (list[str]), image_path (as
+    stored).
   Raises:
     FileNotFoundError: naming the folder when the `items` split has not been built.
   """
@@ -109,5 +151,5 @@ def load_prompts(out_dir: str | os.PathLike, data_dir: str | os.PathLike | None 
   records, _ = read_split(_require(out_dir, ITEMS, 'items'))
   data_dir = pathlib.Path(data_dir) if data_dir else osvl_paths.data_dir()
   return [{'prompt_id': r['prompt_id'], 'question': r['question'], 'answers': list(r['answers']),
-           'image_path': r['image_path'], 'image': load_image(data_dir, r['image_path'])}
+           'image_path': r['image_path'], 'image': item_image(r, data_dir, out_dir)}
           for r in records if not r['rejected']]

@@ -1,11 +1,13 @@
 """Publishing the trainer's policy to the rollout engines, versioned (DESIGN.md §6b).
 
 SGLang servers (and `python -m osvl_jax.serve`) load new weights from disk: `publish` exports the policy as an HF
-folder `<root>/v<version>` (written to a temporary folder and renamed, so a server never reads a half-written
-one), then calls `/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the
-version, and deletes the oldest folders beyond `keep` (a server may still be reading the previous one). The
-embedded JAX sampler swaps weights in process (`JaxSampler.set_model` on a snapshot of the policy, no export)
-and takes the same version.
+folder `<root>/v<version>` (`export_folder.write`: written to a temporary folder beside it and renamed as the last
+step, so a server never sees a half-written one; marked as an export of kind 'weight_version'), then calls
+`/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the version, and deletes the
+oldest version folders beyond `keep` (a server may still be reading the previous one). Only exports it wrote are
+ever replaced or deleted: a `v<digits>` folder without the marker, or holding a file the marker does not list, is
+left in place (a foreign folder under the new version's name is refused). The embedded JAX sampler swaps weights in
+process (`JaxSampler.set_model` on a snapshot of the policy, no export) and takes the same version.
 
 Multi-host (HTTP engines only): every process calls `publish` at the same point; all take part in gathering the
 full parameters (`host_copy`), process 0 alone writes the folder and calls the servers, then every process waits
@@ -19,15 +21,16 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import time
 
 import jax
+from absl import logging
 from flax import nnx
 
-from osvl_jax import distributed, export_hf
+from osvl_jax import distributed, export_folder, export_hf
 
 DTYPES = ('float32', 'bfloat16')
+KIND = 'weight_version'  # the `export_folder` kind of a version folder
 
 
 def folder_name(version: int) -> str:
@@ -48,11 +51,13 @@ def export_version(model, root: str | os.PathLike, version: int, min_pixels: int
     min_pixels, max_pixels: the image processor budget of the policy (its preprocessor_config.json).
     dtype: 'bfloat16' (what SGLang serves) or 'float32' (bit-exact log-probs against the trainer).
     keep: versions kept on disk, the new one included (>= 1): the newest older ones stay; versions above
-      `version` (written before a resume went back to an older checkpoint) are deleted.
+      `version` (written before a resume went back to an older checkpoint) are deleted. Only version folders
+      this module wrote (`export_folder.is_export` of `KIND`) count and are deleted; others are left, warned.
   Returns:
     The new folder.
   Raises:
     ValueError: a bad version, dtype or keep.
+    export_folder.UnsafeTarget: `<root>/v<version>` exists and is not a version folder this module wrote.
   """
   if int(version) < 0:
     raise ValueError(f'version={version}: weight versions are integers >= 0')
@@ -62,21 +67,20 @@ def export_version(model, root: str | os.PathLike, version: int, min_pixels: int
     raise ValueError(f'keep={keep}: at least the new version must stay on disk')
   root = pathlib.Path(root).absolute()
   root.mkdir(parents=True, exist_ok=True)
-  out = root / folder_name(version)
-  tmp = root / f'.{out.name}.tmp-{os.getpid()}'
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir()
-  try:
-    export_hf.write_folder(model, tmp, dtype, int(min_pixels), int(max_pixels))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  versions = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith('v') and p.name[1:].isdigit())
+  out = export_folder.write(root / folder_name(version),
+                            lambda tmp: export_hf.write_folder(model, tmp, dtype, int(min_pixels), int(max_pixels)),
+                            KIND, overwrite=True, info={'version': int(version), 'dtype': dtype})
+  versions = []
+  for p in sorted(root.iterdir()):
+    if p.is_dir() and p.name.startswith('v') and p.name[1:].isdigit() and p.name != out.name:
+      if export_folder.is_export(p, KIND):
+        versions.append(p)
+      else:
+        logging.warning('weight_sync: %s is not a version folder it wrote; left in place', p)
   older = [p for p in versions if int(p.name[1:]) < int(version)]
   newer = [p for p in versions if int(p.name[1:]) > int(version)]  # left by a run that went further (a resume)
   for old in newer + older[:max(len(older) - (int(keep) - 1), 0)]:
-    shutil.rmtree(old, ignore_errors=True)
+    export_folder.remove_export(old, KIND)
   return out
 
 

@@ -43,7 +43,8 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, grpo_update, metrics, policy, rollouts, sft, storage
+from osvl_jax.train import (batching, checkpoint, data, grpo_update, metrics, policy, preflight, rollouts, sft,
+                            storage)
 
 
 
@@ -52,13 +53,14 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
 
   Raises:
     ValueError: naming the field: `sft.check_model_config`'s; an unknown fatal_mode / fatal_index / estimator /
-      aggregation / judge; grpo.steps / prompts_per_step / ckpt_every not ints >= 1, num_generations < 2 (a group
-      of one has no baseline), lr <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1],
-      delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout
-      max_turns / max_new_tokens / fatal_k < 1, max_total_tokens < max_new_tokens; micro_batch_size < 0 or not
-      dividing the group batch or not a multiple of the mesh's data x fsdp size (`config.mesh`); the rollout
-      engine's (`rollouts.check_engine_config`: engine, urls, admin_urls, weights_dir — a gs:// `workdir` needs
-      it set — weights_dtype, weights_keep); more than one JAX process without rollout.engine='sglang'.
+      aggregation / judge; grpo.steps / prompts_per_step / ckpt_every not ints >= 1, num_generations < 2 (a group of
+      one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay < 0, grad_clip <= 0, eps_low not
+      in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1,
+      temperature <= 0, top_p not in (0, 1]; rollout max_turns / max_new_tokens / fatal_k < 1, max_total_tokens <
+      max_new_tokens; micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's data x
+      fsdp size (`config.mesh`); the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
+      weights_dir — a gs:// `workdir` needs it set — weights_dtype, weights_keep); more than one JAX process without
+      rollout.engine='sglang'.
   """
   if jax.process_count() > 1 and (config.rollout.get('engine') or 'embedded') != 'sglang':
     raise ValueError(f"rollout.engine={config.rollout.get('engine')!r} with {jax.process_count()} processes: a "
@@ -77,6 +79,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     checks.positive_int(config, field)
   checks.number(config, 'grpo.num_generations', integer=True, low=2)
   checks.number(config, 'grpo.lr', low=0, low_open=True)
+  checks.warmup_steps(config, 'grpo')
+  checks.number(config, 'grpo.weight_decay', low=0, optional=True)
+  checks.number(config, 'grpo.grad_clip', low=0, low_open=True, optional=True)
   checks.number(config, 'grpo.eps_low', low=0, high=1, high_open=True)
   checks.number(config, 'grpo.eps_high', low=0)
   checks.number(config, 'grpo.beta', low=0)
@@ -284,6 +289,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   version − max_staleness are dropped with their groups (`drop_stale`). A resumed run starts by rolling out
   (no prefetched batch survives a restart); prompts and seeds depend only on the step.
 
+  Before anything is read or written: `check_config`, then `preflight.check` (the checkpoint the policy starts
+  from exists; every rollout server answers /health), so a config fault leaves the workdir untouched.
+
   Multi-host (more than one JAX process, `osvl_jax.distributed`; servers only): process 0 alone reads the prompts,
   rolls out (its background thread with max_staleness 1), drops stale groups and scores; the rollout batch goes to
   every process (`distributed.broadcast_object`, in the main loop at the same point everywhere), which all build
@@ -294,6 +302,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.grpo
   check_config(config, workdir)
+  preflight.check(config, workdir)  # the init checkpoint exists, the servers answer: before anything is written
   prompts = data.load_prompts(config, workdir) if distributed.is_main() else []  # only process 0 rolls out
   mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
   model, optimizer, mngr, start = init_policy(config, workdir, mesh)

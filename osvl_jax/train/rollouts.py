@@ -33,7 +33,8 @@ def tool_env(config: ml_collections.ConfigDict) -> tools_env.ToolEnv:
   return tools_env.ToolEnv(config.get('tools'))
 
 
-def _url_list(config: ml_collections.ConfigDict, field: str) -> list[str]:
+def url_list(config: ml_collections.ConfigDict, field: str) -> list[str]:
+  """The URL(s) of `config.rollout.<field>` as a list. Raises ValueError naming the field for a non-http(s) one."""
   value = config.rollout.get(field) or ()
   urls = [value] if isinstance(value, str) else list(value)
   bad = [u for u in urls if not isinstance(u, str) or not u.startswith(('http://', 'https://'))]
@@ -56,9 +57,9 @@ def check_engine_config(config: ml_collections.ConfigDict, workdir: str | pathli
   engine = checks.choice(config, 'rollout.engine', ENGINES) if config.rollout.get('engine') else 'embedded'
   if engine != 'sglang':
     return
-  if not _url_list(config, 'urls'):
+  if not url_list(config, 'urls'):
     raise ValueError("rollout.urls is empty: rollout.engine='sglang' needs the server (or router) URL(s)")
-  _url_list(config, 'admin_urls')
+  url_list(config, 'admin_urls')
   if config.rollout.get('weights_dtype'):
     checks.choice(config, 'rollout.weights_dtype', weight_sync.DTYPES)
   checks.number(config, 'rollout.weights_keep', integer=True, low=1, optional=True)
@@ -108,9 +109,9 @@ class RolloutRunner:
     remote = (r.get('engine') or 'embedded') == 'sglang'
     if remote:
       self.engine = sglang_client.SGLangEngine(
-          _url_list(config, 'urls'), self.tokenizer, max_new_tokens=r.max_new_tokens,
+          url_list(config, 'urls'), self.tokenizer, max_new_tokens=r.max_new_tokens,
           temperature=grpo.get('temperature', 1.0), top_p=grpo.get('top_p', 1.0),
-          admin_urls=_url_list(config, 'admin_urls') or None)
+          admin_urls=url_list(config, 'admin_urls') or None)
     else:
       self.engine = jax_sampler.JaxSampler(model, self.tokenizer, self.image_processor,
                                            max_new_tokens=r.max_new_tokens,

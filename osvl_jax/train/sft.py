@@ -56,7 +56,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   Raises:
     ValueError: naming the field: `check_model_config`'s, sft.steps / batch_size / log_every / ckpt_every not
-      ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps), sft.weight_decay < 0, sft.grad_clip <= 0,
+      ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps) (`checks.warmup_steps`: the message says
+      which value fits), sft.weight_decay < 0, sft.grad_clip <= 0,
       sft.batch_size not a multiple of the mesh's data x fsdp size.
   """
   check_model_config(config)
@@ -64,9 +65,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for field in ('batch_size', 'log_every', 'ckpt_every'):
     checks.positive_int(config, f'sft.{field}')
   checks.number(config, 'sft.lr', low=0, low_open=True)
-  warmup = checks.number(config, 'sft.warmup_steps', integer=True, low=0)
-  if warmup >= steps:
-    raise ValueError(f'sft.warmup_steps={warmup} must be < sft.steps={steps} (the cosine decay needs >= 1 step)')
+  checks.warmup_steps(config, 'sft')
   checks.number(config, 'sft.weight_decay', low=0)
   checks.number(config, 'sft.grad_clip', low=0, low_open=True)
   shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))

@@ -34,7 +34,8 @@ def test_fraction_kinds_and_rejected_items_untouched(tmp_path):
   assert all(not r['rejected'] for r in done)
   for r in done:
     assert r['degradation']['repair_tool'] == degrade.REPAIR_TOOLS[r['degradation']['kind']]
-    assert pathlib.Path(r['image_path']).is_file() and r['original_image_path'].startswith('images/landmarks/')
+    assert r['image_path'] == f"{tmp_path.name}/{r['prompt_id']}.png"   # relative to the dataset folder
+    assert (tmp_path.parent / r['image_path']).is_file() and r['original_image_path'].startswith('images/landmarks/')
   assert all(r['image_path'] == r['original_image_path'] for r in recs if not r['degradation'])
   _, counts = degrade.degrade(_records(), osvl_paths.data_dir(), tmp_path / 'b', seed=0, fraction=0.1)
   assert counts['degraded'] == 2   # round(0.1 * 24)
@@ -52,7 +53,7 @@ def test_deterministic_for_a_seed(tmp_path):
   assert pick(a) == pick(b) and pick(a) != pick(c)
   for ra, rb in zip(a, b):
     if ra['degradation']:
-      assert pathlib.Path(ra['image_path']).read_bytes() == pathlib.Path(rb['image_path']).read_bytes()
+      assert (tmp_path / ra['image_path']).read_bytes() == (tmp_path / rb['image_path']).read_bytes()
 
 
 def test_recorded_params_reproduce_the_saved_image_exactly(tmp_path):
@@ -63,7 +64,7 @@ def test_recorded_params_reproduce_the_saved_image_exactly(tmp_path):
       d = r['degradation']
       original = _load(osvl_paths.data_dir() / r['original_image_path'])
       again = degrade.apply(original, d['kind'], json.loads(d['params']))
-      saved = _load(r['image_path'])
+      saved = _load(tmp_path.parent / r['image_path'])
       np.testing.assert_array_equal(again, saved)
       kinds.add(d['kind'])
       if d['kind'] == 'downsample':

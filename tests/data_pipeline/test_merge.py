@@ -38,7 +38,8 @@ def test_only_usable_not_held_out_items_are_merged_with_their_source():
     item = by_id[rec['prompt_id'].removeprefix('fvqa-')]
     assert item.id not in held and rec['source'] == 'fvqa' and rec['rejected'] is None
     assert rec['answers'] == item.answers and rec['question'] == rec['canonical_question'] == item.question.strip()
-    assert pathlib.Path(rec['image_path']).is_absolute() and pathlib.Path(rec['image_path']).is_file()
+    assert not pathlib.Path(rec['image_path']).is_absolute()   # relative to the data folder: relocatable
+    assert (pathlib.Path(data_dir) / rec['image_path']).is_file()
     assert rec['path'] == [] and rec['hops'] == 0 and rec['answer_attribute'] == merge.EXTERNAL_ATTRIBUTE
   again, _ = merge.merge(pool, data_dir, ('fvqa',), holdout=0.2)
   assert [r['prompt_id'] for r in again] == [r['prompt_id'] for r in out]   # deterministic

@@ -290,8 +290,8 @@ def test_checkpoint_choice_sft_grpo_path_and_step(tmp_path):
 def test_a_failed_export_leaves_the_old_folder_and_no_temporary_one(tmp_path, monkeypatch):
   _save_two_stages(tmp_path)
   out = tmp_path / 'hf'
-  out.mkdir()
-  (out / 'old.txt').write_text('previous export')
+  export_hf.export(tmp_path, out, checkpoint='sft')          # the previous export
+  previous = {p.name: p.read_bytes() for p in out.iterdir()}
 
   def half_written(model, folder, *args):
     (folder / 'config.json').write_text('{}')
@@ -299,12 +299,13 @@ def test_a_failed_export_leaves_the_old_folder_and_no_temporary_one(tmp_path, mo
 
   monkeypatch.setattr(export_hf, 'write_folder', half_written)
   with pytest.raises(OSError, match='disk full'):
-    export_hf.export(tmp_path, out)
-  assert [p.name for p in out.iterdir()] == ['old.txt']
+    export_hf.export(tmp_path, out, overwrite=True)
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == previous
   assert sorted(p.name for p in tmp_path.iterdir()) == ['grpo_ckpt', 'hf', 'sft_ckpt']
   monkeypatch.undo()
-  export_hf.export(tmp_path, out)             # a complete export replaces the old folder
-  assert not (out / 'old.txt').exists() and (out / 'model.safetensors').exists()
+  export_hf.export(tmp_path, out, overwrite=True)             # a complete export replaces the old folder
+  assert json.loads((out / 'osvl_export.json').read_text())['checkpoint'].endswith('grpo_ckpt')
+  assert (out / 'model.safetensors').read_bytes() != previous['model.safetensors']
   assert sorted(p.name for p in tmp_path.iterdir()) == ['grpo_ckpt', 'hf', 'sft_ckpt']
 
 
