@@ -20,6 +20,8 @@ from osvl_jax.judges import registry as judges_registry
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # JAX's persistent compilation cache ('' = <workdir>/jax_cache): a rerun or resume compiles nothing new.
+  c.compile_cache_dir = ''
 
   # Image processor budget (pixels): 128x128 -> an 8x8 patch grid -> 16 image tokens.
   c.image = ml_collections.ConfigDict()

@@ -21,6 +21,8 @@ from osvl_jax.judges import registry as judges_registry
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # JAX's persistent compilation cache ('' = <workdir>/jax_cache): a rerun or resume compiles nothing new.
+  c.compile_cache_dir = ''
 
   # Benchmarks by name (osvl_jax.data.benchmarks.BENCHMARKS), a tuple or 'a,b'; an unknown name is an error before
   # anything is built. Those whose files are absent are reported, not run.

@@ -62,6 +62,8 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   hf_name, family, tpu = SIZES[size]
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # JAX's persistent compilation cache ('' = <workdir>/jax_cache): a rerun or resume compiles nothing new.
+  c.compile_cache_dir = ''
   c.stage = stage  # the trainer this config is for; `python -m osvl_jax.plan` sizes that trainer's step
 
   # The slice and its mesh ('data', 'fsdp', 'tensor', 'expert'); -1 = the rest of the chips.

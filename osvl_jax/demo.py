@@ -21,6 +21,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from data_pipeline import build as build_lib
+from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.train import data, grpo, metrics, rollouts, sft, storage
@@ -105,6 +106,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
+  compile_cache.enable_for_run(_CONFIG.value, _WORKDIR.value)
   print(run(_CONFIG.value, _WORKDIR.value), flush=True)
 
 

@@ -12,6 +12,7 @@ line printed:
 from absl import app, flags
 from ml_collections import config_flags
 
+from osvl_jax import compile_cache
 from osvl_jax.eval import runner, runs
 
 
@@ -27,6 +28,7 @@ def main(argv) -> None:
     evaluator = runner.Evaluator(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FileNotFoundError) as e:  # a bad name, a missing checkpoint, a workdir of other settings
     raise app.UsageError(str(e)) from e
+  compile_cache.enable_for_run(_CONFIG.value, _WORKDIR.value)  # after the checks: a refused run writes nothing
   rep = evaluator.evaluate()
   for key, run in rep['runs'].items():
     print(f"run={key} average_pass_at_1={_pct(run['average_pass_at_1'])} "

@@ -35,6 +35,7 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.judges import base as judges_base
@@ -379,6 +380,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
   check_config(_CONFIG.value, _WORKDIR.value)
+  compile_cache.enable_for_run(_CONFIG.value, _WORKDIR.value)
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import tensorboardX
 
+from osvl_jax import compile_cache
 from osvl_jax.train import storage
 
 
@@ -54,10 +55,12 @@ class MetricWriter:
     self._tb = tensorboardX.SummaryWriter(str(self.tb_dir / stage))
 
   def write(self, step: int, metrics: dict) -> None:
-    """Writes `metrics` (scalars, or dicts of scalars) at `step`."""
+    """Writes `metrics` (scalars, or dicts of scalars) at `step`, with the process's compile counts so far
+    (`compiles_total`, `compile_cache_hits`, `compile_seconds`: `osvl_jax.compile_cache.counts`)."""
     if not self.active:
       return
     record = {'stage': self.stage, 'step': int(step), 'time': time.time()}
+    metrics = {**compile_cache.counts(), **metrics}
     for key, value in metrics.items():
       record[key] = _to_json(value)
       if isinstance(record[key], (int, float)) and not isinstance(record[key], bool):
