@@ -5,14 +5,14 @@ Memory: an image is refused from its header size (`tools.image_io.read_size`) be
 request's images together, exceed the pixel limits. At most `max_concurrent_decodes` requests decode (and
 process) their images at once, one image after another, each holding its decode buffers (at most
 `DECODE_BYTES_PER_PIXEL` bytes a pixel: measured 14 for RGB and 22 for RGBA PNGs; 16-bit images go through
-float64) and its decoded originals (3 bytes a pixel, dropped once processed). So image decoding adds at most
+float64) and its decoded originals (3 bytes a pixel, dropped once processed), on decode threads of their own. So image decoding adds at most
 `decode_memory_bytes()` = max_concurrent_decodes x (max_image_pixels x DECODE_BYTES_PER_PIXEL + max_request_pixels
 x 3) bytes to the server's memory; /server_info reports it under `request_limits`.
 """
 
 import base64
 import binascii
-import contextlib
+import concurrent.futures
 import dataclasses
 import threading
 from typing import Any, Sequence
@@ -122,41 +122,48 @@ def _image_bytes(item: Any, name: str) -> bytes:
 
 
 class ImageGate:
-  """Decodes a request's images within `RequestLimits` (pixel limits from the headers, bounded concurrency).
+  """Decodes a request's images within `RequestLimits`: pixel limits from the headers, and all decoding on
+  `max_concurrent_decodes` threads of its own (a semaphore over the HTTP threads would bound the live buffers
+  but not the memory each thread's malloc arena keeps after them).
 
   Thread-safe. `peak_decodes` is the most requests seen decoding at once (<= max_concurrent_decodes).
   """
 
   def __init__(self, limits: RequestLimits):
     self.limits = limits
-    self._slots = threading.BoundedSemaphore(limits.max_concurrent_decodes)
+    self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent_decodes, 'osvl-decode')
     self._lock = threading.Lock()
+    self._local = threading.local()
     self._active = 0
     self.peak_decodes = 0
 
-  @contextlib.contextmanager
-  def slot(self):
-    """One of the `max_concurrent_decodes` decode slots, held for the `with` block (waits for a free one)."""
-    with self._slots:
-      with self._lock:
-        self._active += 1
-        self.peak_decodes = max(self.peak_decodes, self._active)
-      try:
-        yield
-      finally:
-        with self._lock:
-          self._active -= 1
+  def run(self, fn, *args):
+    """`fn(*args)` on one of the decode threads (waits for a free one); called from one, runs in place."""
+    if getattr(self._local, 'inside', False):
+      return fn(*args)
+    return self._pool.submit(self._inside, fn, args).result()
 
-  def decode(self, items: Sequence[Any], names: Sequence[str], processor=None, in_slot: bool = False) -> list:
+  def _inside(self, fn, args):
+    with self._lock:
+      self._active += 1
+      self.peak_decodes = max(self.peak_decodes, self._active)
+    self._local.inside = True
+    try:
+      return fn(*args)
+    finally:
+      self._local.inside = False
+      with self._lock:
+        self._active -= 1
+
+  def decode(self, items: Sequence[Any], names: Sequence[str], processor=None) -> list:
     """The images of one request, each refused by its header size before anything is decoded, then decoded one
-    after another in a decode slot (`slot`).
+    after another on a decode thread (`run`).
 
     Args:
       items: `image_data` items (base64 strings / data URLs).
       names: how errors name each item (e.g. 'image_data[0]').
       processor: an `ImageProcessor`: the result is its `ImageRef`s, the decoded originals dropped
         (`drop_original`); None: the decoded uint8 [H, W, 3] arrays.
-      in_slot: the caller already holds a slot (it processes the arrays inside it).
     Raises:
       RequestError: naming the item: not base64 / not an image, over `max_image_pixels`, or the items together
         over `max_request_pixels`; an image the processor refuses.
@@ -177,18 +184,19 @@ class ImageGate:
         raise RequestError(f'{name}: the images of the request hold {total} pixels up to it, above the server '
                            f'limit --max_request_pixels={limits.max_request_pixels} (refused before decoding)')
       raw.append(data)
-    if not raw:
-      return []
+    return self.run(self._decode, raw, list(names[:len(raw)]), processor) if raw else []
+
+  def _decode(self, raw: list, names: list, processor) -> list:
+    from tools import image_io  # pylint: disable=g-import-not-at-top
     out = []
-    with contextlib.nullcontext() if in_slot else self.slot():
-      for k, name in enumerate(names[:len(raw)]):
-        data, raw[k] = raw[k], None   # the encoded bytes go as their image is decoded
-        try:
-          pixels = image_io.load_image(data, max_pixels=limits.max_image_pixels)
-          out.append(pixels if processor is None else drop_original(processor.process(pixels, name=name)))
-        except ValueError as e:   # ImageDecodeError, or the processor refusing the image
-          raise RequestError(f'{name}: {e}') from None
-        del pixels, data
+    for k, name in enumerate(names):
+      data, raw[k] = raw[k], None   # the encoded bytes go as their image is decoded
+      try:
+        pixels = image_io.load_image(data, max_pixels=self.limits.max_image_pixels)
+        out.append(pixels if processor is None else drop_original(processor.process(pixels, name=name)))
+      except ValueError as e:   # ImageDecodeError, or the processor refusing the image
+        raise RequestError(f'{name}: {e}') from None
+      del pixels, data
     return out
 
 

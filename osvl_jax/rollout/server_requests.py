@@ -3,7 +3,6 @@
 loading the served policy. Every refusal is a `RequestError` naming the field (HTTP 400).
 """
 
-import contextlib
 import dataclasses
 import pathlib
 from typing import Any, Sequence
@@ -242,14 +241,13 @@ def render_messages(tokenizer, image_processor, messages: Sequence[dict],
   message's text, without tool schemas; the user's text, then each image on its own line as `img_k: <span>`); later
   turns use the same markup: `<|im_start|>{role}\\n{content}<|im_end|>\\n` (assistant text trusted, so `<think>`
   and `<tool_call>` are their added tokens; user text untrusted), images named on from `img_k`. The images are
-  decoded and processed in one slot of `gate` (None: one of its own with the default limits); the ImageRefs keep
+  decoded and processed on a decode thread of `gate` (None: one of its own, default limits); the ImageRefs keep
   no decoded original (`request_limits.drop_original`).
 
   Raises:
     RequestError: naming the field: a malformed message (`check_messages`), no user message first, a system
       message after the first, an image in a system / assistant message, an image over the limits.
   """
-  from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   check_messages(messages)
   parts = [(m['role'], *_message_parts(m, f'messages[{k}]')) for k, m in enumerate(messages)]
   for k, (role, _, images) in enumerate(parts):
@@ -264,28 +262,33 @@ def render_messages(tokenizer, image_processor, messages: Sequence[dict],
     raise RequestError('messages must start with a user message (after an optional system message)')
   gate = gate or request_limits.ImageGate(request_limits.RequestLimits(1 << 62, 1 << 62))
   items = [item for _, _, images in parts for item in images]
-  with gate.slot() if items else contextlib.nullcontext():
-    pixels = iter(gate.decode([i for i, _ in items], [n for _, n in items], in_slot=True))
-    builder = tj.TrajectoryBuilder(tokenizer, image_processor, [], system_prompt=system)
-    try:
-      builder.start(parts[0][1], [next(pixels) for _ in parts[0][2]] or None)
-    except ValueError as e:
-      raise RequestError(f'cannot render the first user message: {e}') from e
-    refs = builder.images
-    header = [tokens_lib.IM_START_ID] + tokens_lib._encode(tokenizer, 'assistant\n')  # pylint: disable=protected-access
-    ids = [int(i) for i in builder.prompt_ids()]
-    ids = ids[:len(ids) - len(header)]
-    enc = lambda text, untrusted=False: tokens_lib._encode(tokenizer, text, untrusted)  # pylint: disable=protected-access
-    for role, text, images in parts[1:]:
-      ids += [tokens_lib.IM_START_ID] + enc(f'{role}\n') + enc(text, untrusted=(role == 'user'))
-      for _, name in images:
-        try:
-          ref = image_processor.process(next(pixels), name=f'img_{len(refs) + 1}')
-        except ValueError as e:
-          raise RequestError(f'{name}: {e}') from e
-        ids += (enc('\n') + enc(f'img_{len(refs) + 1}: ') + [tokens_lib.VISION_START_ID]
-                + [IMAGE_PAD_ID] * ref.num_tokens + [tokens_lib.VISION_END_ID])
-        refs.append(ref)
-      ids += [tokens_lib.IM_END_ID] + enc('\n')
-    del pixels
+  if items:   # decoded and processed on a decode thread, the arrays never leave it
+    return gate.run(_render, tokenizer, image_processor, system, parts, gate, items)
+  return _render(tokenizer, image_processor, system, parts, gate, items)
+
+
+def _render(tokenizer, image_processor, system: str, parts: list, gate, items: list) -> tuple[np.ndarray, list]:
+  from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
+  pixels = iter(gate.decode([i for i, _ in items], [n for _, n in items]))
+  builder = tj.TrajectoryBuilder(tokenizer, image_processor, [], system_prompt=system)
+  try:
+    builder.start(parts[0][1], [next(pixels) for _ in parts[0][2]] or None)
+  except ValueError as e:
+    raise RequestError(f'cannot render the first user message: {e}') from e
+  refs = builder.images
+  header = [tokens_lib.IM_START_ID] + tokens_lib._encode(tokenizer, 'assistant\n')  # pylint: disable=protected-access
+  ids = [int(i) for i in builder.prompt_ids()]
+  ids = ids[:len(ids) - len(header)]
+  enc = lambda text, untrusted=False: tokens_lib._encode(tokenizer, text, untrusted)  # pylint: disable=protected-access
+  for role, text, images in parts[1:]:
+    ids += [tokens_lib.IM_START_ID] + enc(f'{role}\n') + enc(text, untrusted=(role == 'user'))
+    for _, name in images:
+      try:
+        ref = image_processor.process(next(pixels), name=f'img_{len(refs) + 1}')
+      except ValueError as e:
+        raise RequestError(f'{name}: {e}') from e
+      ids += (enc('\n') + enc(f'img_{len(refs) + 1}: ') + [tokens_lib.VISION_START_ID]
+              + [IMAGE_PAD_ID] * ref.num_tokens + [tokens_lib.VISION_END_ID])
+      refs.append(ref)
+    ids += [tokens_lib.IM_END_ID] + enc('\n')
   return np.asarray(ids + header, np.int32), [request_limits.drop_original(r) for r in refs]
