@@ -19,9 +19,16 @@ kept on the device and a new row prefills only what follows its longest cached p
 --max_len=2048; 1.125 GiB a slot for Qwen3-VL-8B in bfloat16 at --max_len=8192. Auto (-1): as many slots as fit
 in a quarter of the device's memory (of the host's RAM where the device reports none), at most 256; an explicit N
 over half of it is refused at startup.
+
+Request limits (`osvl_jax.rollout.request_limits`, reported by /server_info under `request_limits`):
+--max_new_tokens_limit (default --max_len), --max_image_pixels / --max_request_pixels (refused from the image
+headers, before any decode), --max_concurrent_decodes (image decoding adds at most `decode_memory_bytes` to the
+server's memory: 2 x (16.8 MP x 32 B + 67.1 MP x 3 B) = 1.4 GiB at the defaults), --max_body_bytes (413).
 """
 
 from absl import app, flags, logging
+
+from osvl_jax.rollout import request_limits
 
 FLAGS = flags.FLAGS
 
@@ -49,19 +56,37 @@ def _define_flags() -> None:
   flags.DEFINE_integer('prefix_cache_slots', -1, 'rows whose KV (prompt + generated ids, max_len each) are kept '
                        'for reuse by later rows that share a prefix (0: no prefix cache; -1: as many as fit in a '
                        'quarter of the device memory, at most 256); memory: see the module docstring.')
+  flags.DEFINE_integer('max_new_tokens_limit', None, 'largest max_new_tokens a request may ask for (default: '
+                       '--max_len); larger ones are refused (400).')
+  flags.DEFINE_integer('max_image_pixels', request_limits.DEFAULT_MAX_IMAGE_PIXELS, 'largest width*height of one '
+                       'request image, read from its header before decoding (400 above it).')
+  flags.DEFINE_integer('max_request_pixels', request_limits.DEFAULT_MAX_REQUEST_PIXELS, 'largest sum of '
+                       'width*height over the images of one request (400 above it).')
+  flags.DEFINE_integer('max_concurrent_decodes', request_limits.DEFAULT_MAX_CONCURRENT_DECODES, 'requests '
+                       'decoding images at once (the others wait); bounds the decode memory (/server_info).')
+  flags.DEFINE_integer('max_body_bytes', request_limits.DEFAULT_MAX_BODY_BYTES, 'largest request body, bytes '
+                       '(413 above it).')
 
 
 def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: int | None = None,
                   hf_config: str | None = None, tiny: bool = False, seed: int = 0, max_new_tokens: int = 512,
                   max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.02,
                   min_pixels: int | None = None, max_pixels: int | None = None,
-                  served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1):
-  """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above).
+                  served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1,
+                  limits: dict | None = None):
+  """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above; `limits`: the
+  `request_limits.RequestLimits` fields but context_length, max_new_tokens_limit None = max_len).
 
   Raises:
     FileNotFoundError / ValueError: from `server.load_policy`, or no pixel budget for a checkpoint without one.
-    ValueError: from `prefix_cache_size` (a bad `prefix_cache_slots`, or one over half the device's memory).
+    ValueError: from `prefix_cache_size` (a bad `prefix_cache_slots`, or one over half the device's memory); a
+      limit < 1, max_new_tokens_limit above max_len or below max_new_tokens.
   """
+  limits = dict(limits or {})
+  if limits.get('max_new_tokens_limit') is None:
+    limits['max_new_tokens_limit'] = max_len
+  limits = request_limits.RequestLimits(context_length=max_len, **limits)   # bad limits: before any loading
+  limits.check_max_new_tokens(max_new_tokens, '--max_new_tokens')
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
@@ -91,7 +116,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   return server.SamplerService(sampler, tokenizer, processor, model_path=meta['path'],
                                weight_version=weight_version, served_model_name=served_model_name,
                                max_batch=max_batch, batch_window_s=batch_window_s,
-                               default_max_new_tokens=max_new_tokens)
+                               default_max_new_tokens=max_new_tokens, limits=limits)
 
 
 AUTO_PREFIX_CACHE_SLOTS = 256  # the most slots `--prefix_cache_slots=-1` picks
@@ -138,7 +163,10 @@ def main(argv) -> None:
   service = build_service(FLAGS.checkpoint, FLAGS.workdir, FLAGS.step, FLAGS.hf_config, FLAGS.tiny, FLAGS.seed,
                           FLAGS.max_new_tokens, FLAGS.max_len, FLAGS.bucket, FLAGS.max_batch,
                           FLAGS.batch_window_ms / 1000.0, FLAGS.min_pixels, FLAGS.max_pixels,
-                          FLAGS.served_model_name, FLAGS.weight_version, FLAGS.prefix_cache_slots)
+                          FLAGS.served_model_name, FLAGS.weight_version, FLAGS.prefix_cache_slots,
+                          {k: getattr(FLAGS, k) for k in ('max_new_tokens_limit', 'max_image_pixels',
+                                                          'max_request_pixels', 'max_concurrent_decodes',
+                                                          'max_body_bytes')})
   fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port)
   logging.info('model %s', service.model_path)
   print(f'serving url=http://{FLAGS.host}:{FLAGS.port} model={service.model_path} '

@@ -129,3 +129,18 @@ def fit_pixel_budget(image: np.ndarray, max_pixels: int) -> tuple[np.ndarray, st
   nw, nh = max(1, int(w * s)), max(1, int(h * s))
   out = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA)
   return out, f' (input {w}x{h} resized to {nw}x{nh} to fit the {max_pixels / 1e6:.3g} MP pixel budget)'
+
+
+def read_size(data: bytes | bytearray, what: str = 'image bytes') -> tuple[int, int]:
+  """(width, height) of encoded image bytes from the header alone (PIL's lazy open: nothing is decoded).
+
+  Raises:
+    ImageDecodeError: empty bytes or not an image PIL can identify (the message names `what`).
+  """
+  if not data:
+    raise ImageDecodeError(f'{what} is empty (0 bytes)')
+  try:
+    with Image.open(io.BytesIO(bytes(data))) as im:
+      return im.size
+  except Exception as e:  # UnidentifiedImageError, OSError, SyntaxError, ...
+    raise ImageDecodeError(f'cannot decode {what}: {type(e).__name__}: {e}') from None

@@ -38,6 +38,11 @@ Prefix cache: with `JaxSampler(prefix_cache_slots=N)` (the `osvl_jax.serve` defa
 the longest prefix (tokens and images) an earlier row computed and prefills only the rest, as SGLang's
 RadixAttention does; `meta_info.cached_tokens` is that prefix's length. A weight update empties it.
 
+Request limits (`request_limits.RequestLimits`, reported by /server_info): the body size (413), max_new_tokens,
+prompt + 1 new token within the context, pixels per image and per request (refused from the image headers before
+any decode) and concurrent image decodes; every malformed field is a 400 naming it. A batched sampler call that
+raises is retried in halves (`batch_isolation`), so only the row that fails alone gets the error.
+
 Log-probs are temperature-1 log-probabilities of the emitted ids under the served weights (`JaxSampler`'s).
 A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream advances per batch).
 """
@@ -45,6 +50,7 @@ A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream 
 
 import asyncio
 import dataclasses
+import json
 import queue
 import threading
 import time
@@ -52,7 +58,10 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
+from osvl_jax.rollout import batch_isolation
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import request_limits
+from osvl_jax.rollout.request_fields import chat_sampling, check_chat_body
 from osvl_jax.trajectory import tokens as tokens_lib
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
     GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
@@ -78,7 +87,8 @@ class SamplerService:
 
   def __init__(self, sampler, tokenizer, image_processor, model_path: str = '', weight_version: str = 'default',
                served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.02,
-               default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None):
+               default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None,
+               limits: request_limits.RequestLimits | None = None):
     """Args:
       sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
       tokenizer: the Qwen tokenizer.
@@ -91,13 +101,21 @@ class SamplerService:
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
       loader: `path -> model` for /update_weights_from_disk (default `load_policy(path)[0]`).
+      limits: the request limits (default: `RequestLimits(sampler.max_len, sampler.max_len)`, the other limits at
+        their defaults); images are decoded through one `request_limits.ImageGate` over them.
+    Raises:
+      ValueError: `default_max_new_tokens` above `limits.max_new_tokens_limit`.
     """
     self.sampler, self.tokenizer, self.image_processor = sampler, tokenizer, image_processor
     self.model_path, self.weight_version, self.served_model_name = model_path, str(weight_version), served_model_name
     self.max_batch, self.batch_window_s = int(max_batch), float(batch_window_s)
     self.default_max_new_tokens = int(default_max_new_tokens)
+    self.limits = limits or request_limits.RequestLimits(int(sampler.max_len), int(sampler.max_len))
+    self.limits.check_max_new_tokens(self.default_max_new_tokens, '--max_new_tokens')
+    self.image_gate = request_limits.ImageGate(self.limits)
     self.loader = loader or (lambda path: load_policy(path)[0])
-    self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0}
+    self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0, 'failed_rows': 0,
+                  'isolation_retries': 0}
     self.started = time.time()
     self._queue: queue.Queue = queue.Queue()
     self._thread = threading.Thread(target=self._run, name='osvl-sampler', daemon=True)
@@ -128,14 +146,16 @@ class SamplerService:
 
   def parse_generate(self, body: dict) -> tuple[list[Row], bool]:
     """A `/generate` body -> (rows, is_batch) (`server_requests.parse_generate`, ids checked against the served
-    model's vocabulary).
+    model's vocabulary, within `self.limits`).
 
     Raises:
-      RequestError: a field this server cannot honour, malformed ids or images, pad counts that do not match.
+      RequestError: naming the field: one this server cannot honour, a malformed value, ids or images, image spans
+        that do not match the images, a prompt or max_new_tokens over the limits.
     """
     config = getattr(self.sampler._model, 'config', None)  # pylint: disable=protected-access
     vocab = getattr(config, 'vocab_size', tokens_lib.VOCAB_SIZE)
-    return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens)
+    return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens, self.limits,
+                          self.image_gate)
 
   # -- worker --------------------------------------------------------------------------------------------------
   def _run(self) -> None:
@@ -207,21 +227,8 @@ class SamplerService:
     for (temperature, top_p, stop), items in groups.items():
       for start in range(0, len(items), self.max_batch):
         chunk = [it for it in items[start:start + self.max_batch] if id(it[0]) not in failed]
-        if not chunk:
-          continue
-        try:
-          self.sampler.temperature, self.sampler.top_p = temperature, top_p
-          gens = self.sampler.generate([it[2].context for it in chunk],
-                                       max_new_tokens=max(it[2].max_new_tokens for it in chunk), stop=stop)
-          cached = list(getattr(self.sampler, 'cached_tokens', None) or [0] * len(chunk))
-        except Exception as e:  # pylint: disable=broad-except
-          for it in chunk:
-            failed[id(it[0])] = e
-          continue
-        self.stats['batches'] += 1
-        self.stats['rows'] += len(chunk)
-        self.stats['max_rows_per_batch'] = max(self.stats['max_rows_per_batch'], len(chunk))
-        for (job, k, row), gen, n_cached in zip(chunk, gens, cached):
+        for (job, k, row), gen, n_cached in batch_isolation.sample(self.sampler, chunk, temperature, top_p, stop,
+                                                                    failed, self.stats):
           outputs[id(job)][k] = {**self._row_output(row, gen, version), 'cached_tokens': int(n_cached)}
     for j in jobs:
       if id(j) in failed:
@@ -298,6 +305,7 @@ class SamplerService:
             'devices': [str(d) for d in jax.devices()], 'startup_time': self.started,
             'image_processor': {'min_pixels': self.image_processor.min_pixels,
                                 'max_pixels': self.image_processor.max_pixels},
+            'request_limits': {**self.limits.info(), 'peak_decodes': self.image_gate.peak_decodes},
             'internal_states': [{'stats': dict(self.stats), 'last_batch': dict(s.stats),
                                  'prefix_cache': self.prefix_cache_info()}]}
 
@@ -326,10 +334,14 @@ def create_app(service: SamplerService, host: str = '', port: int = 0):
                                                                'code': status}})
 
   async def body_of(request) -> Any:
+    raw = await request_limits.read_body(request, service.limits.max_body_bytes)
     try:
-      return await request.json()
+      return json.loads(raw)
     except ValueError:
       raise RequestError('the body is not JSON') from None
+
+  def refusal(e: RequestError):
+    return error(413 if isinstance(e, request_limits.BodyTooLarge) else 400, str(e))
 
   @app.api_route('/generate', methods=['POST', 'PUT'])
   async def generate(request: fastapi.Request):
@@ -338,15 +350,16 @@ def create_app(service: SamplerService, host: str = '', port: int = 0):
       body = await body_of(request)
       rows, is_batch = await run_in_threadpool(service.parse_generate, body)
     except RequestError as e:
-      return error(400, str(e))
+      return refusal(e)
     try:
       outs = await asyncio.wrap_future(service.submit_rows(rows))
     except ValueError as e:
       return error(400, str(e))
     except Exception as e:  # pylint: disable=broad-except
       return error(500, f'{type(e).__name__}: {e}')
-    rid = body.get('rid') or uuid.uuid4().hex
-    answers = [service.generate_response(r, o, rid if not is_batch else f'{rid}_{k}', started)
+    rid = body.get('rid') or uuid.uuid4().hex   # a batch: one rid per row, or `{rid}_{k}`
+    answers = [service.generate_response(r, o, rid[k] if isinstance(rid, list) else f'{rid}_{k}' if is_batch
+                                         else rid, started)
                for k, (r, o) in enumerate(zip(rows, outs))]
     return JSONResponse(answers if is_batch else answers[0])
 
@@ -355,7 +368,7 @@ def create_app(service: SamplerService, host: str = '', port: int = 0):
     try:
       body = await body_of(request)
     except RequestError as e:
-      return error(400, str(e))
+      return refusal(e)
     if not isinstance(body, dict) or not isinstance(body.get('model_path'), str):
       return JSONResponse(status_code=400, content={'success': False, 'message': 'model_path (str) is required',
                                                     'num_paused_requests': 0})
@@ -394,22 +407,18 @@ def create_app(service: SamplerService, host: str = '', port: int = 0):
   async def chat_completions(request: fastapi.Request):
     try:
       body = await body_of(request)
-      if not isinstance(body, dict) or not isinstance(body.get('messages'), list):
-        raise RequestError('messages (a list) is required')
-      if body.get('stream'):
-        raise RequestError('stream=true is not supported by osvl_jax.serve')
-      if body.get('n') not in (None, 1):
-        raise RequestError('only n=1 is supported')
+      check_chat_body(body)
+      sampling = chat_sampling(body, service.default_max_new_tokens, service.limits)
       ids, refs = await run_in_threadpool(render_messages, service.tokenizer, service.image_processor,
-                                          body['messages'])
-      max_new = body.get('max_completion_tokens') or body.get('max_tokens')
-      sp = {'max_new_tokens': max_new, 'temperature': body.get('temperature'), 'top_p': body.get('top_p'),
-            'stop': body.get('stop')}
-      row = Row(context=engine_lib.Context(ids, refs), **parse_sampling(sp, service.default_max_new_tokens))
+                                          body['messages'], service.image_gate)
+      service.limits.check_prompt(len(ids), 'messages')
+      row = Row(context=engine_lib.Context(ids, refs), **sampling)
     except RequestError as e:
-      return error(400, str(e))
+      return refusal(e)
     try:
       (out,) = await asyncio.wrap_future(service.submit_rows([row]))
+    except ValueError as e:   # the sampler refusing the row
+      return error(400, str(e))
     except Exception as e:  # pylint: disable=broad-except
       return error(500, f'{type(e).__name__}: {e}')
     text = service.text_of(out['ids'], False, out['matched_str'], no_stop_trim=False)

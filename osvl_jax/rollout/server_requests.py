@@ -3,15 +3,17 @@
 loading the served policy. Every refusal is a `RequestError` naming the field (HTTP 400).
 """
 
-import base64
-import binascii
 import dataclasses
 import pathlib
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import request_limits
+from osvl_jax.rollout.request_fields import (  # noqa: F401  (re-exported)
+    SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, boolean, check_messages, default_like, integer,
+    parse_sampling)
 from osvl_jax.trajectory import tokens as tokens_lib
 
 IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID
@@ -20,18 +22,6 @@ IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID
 # (None, False, 0, empty), else the request is refused naming it.
 GENERATE_FIELDS = ('input_ids', 'image_data', 'sampling_params', 'return_logprob', 'return_text_in_logprobs',
                    'logprob_start_len', 'top_logprobs_num', 'stream', 'rid', 'log_metrics', 'modalities')
-# sampling_params keys read here, and those accepted only at their default (value -> allowed values).
-SAMPLING_FIELDS = ('max_new_tokens', 'temperature', 'top_p', 'stop', 'stop_token_ids', 'skip_special_tokens',
-                   'no_stop_trim', 'sampling_seed', 'spaces_between_special_tokens', 'stream_interval')
-SAMPLING_DEFAULT_ONLY = {'top_k': (None, -1, 0, 1 << 30), 'min_p': (None, 0, 0.0), 'n': (None, 1),
-                         'frequency_penalty': (None, 0, 0.0), 'presence_penalty': (None, 0, 0.0),
-                         'repetition_penalty': (None, 1, 1.0), 'min_new_tokens': (None, 0), 'ignore_eos': (None, False),
-                         'json_schema': (None,), 'regex': (None,), 'ebnf': (None,), 'logit_bias': (None, {}),
-                         'custom_params': (None, {}), 'structural_tag': (None,), 'stop_regex': (None, [], ())}
-
-
-class RequestError(ValueError):
-  """A request this server refuses (HTTP 400), with the reason."""
 
 
 @dataclasses.dataclass
@@ -96,23 +86,18 @@ def load_policy(path: str | pathlib.Path, workdir: str | None = None, step: int 
 # Request parsing.
 # ---------------------------------------------------------------------------------------------------------------
 
-def decode_image(item: Any) -> np.ndarray:
-  """An `image_data` item (base64 string or `data:image/...;base64,` URL) -> uint8 [H, W, 3]."""
+def decode_image(item: Any, name: str = 'image_data item') -> np.ndarray:
+  """An `image_data` item (base64 string or `data:image/...;base64,` URL) -> uint8 [H, W, 3] (no server limits:
+  `request_limits.ImageGate` decodes a request's images within them).
+
+  Raises:
+    RequestError: naming `name`: not a string, a URL to fetch, not base64, not an image.
+  """
   from tools import image_io  # pylint: disable=g-import-not-at-top
-  if not isinstance(item, str):
-    raise RequestError(f'image_data items must be base64 strings or data URLs, got {type(item).__name__}')
-  data = item
-  if data.startswith('data:'):
-    head, _, data = data.partition(',')
-    if ';base64' not in head:
-      raise RequestError('image_data data URLs must be base64-encoded')
-  elif data.startswith(('http://', 'https://', 'file://', '/')):
-    raise RequestError('osvl_jax.serve does not fetch image URLs or files: send base64 / data URLs')
   try:
-    raw = base64.b64decode(data, validate=False)
-    return image_io.load_image(raw)
-  except (binascii.Error, ValueError) as e:
-    raise RequestError(f'cannot decode image_data item: {e}') from e
+    return image_io.load_image(request_limits._image_bytes(item, name))  # pylint: disable=protected-access
+  except ValueError as e:
+    raise RequestError(f'{name}: {e}') from e
 
 
 def expand_image_pads(ids: Sequence[int], refs: Sequence[Any]) -> np.ndarray:
@@ -139,25 +124,37 @@ def expand_image_pads(ids: Sequence[int], refs: Sequence[Any]) -> np.ndarray:
   return np.asarray(out, np.int32)
 
 
-def parse_generate(body: Any, image_processor: Any, vocab: int,
-                   default_max_new_tokens: int) -> tuple[list[Row], bool]:
+def parse_generate(body: Any, image_processor: Any, vocab: int, default_max_new_tokens: int,
+                   limits: request_limits.RequestLimits | None = None,
+                   gate: request_limits.ImageGate | None = None) -> tuple[list[Row], bool]:
   """A SGLang `/generate` body -> (rows, is_batch): ids in [0, vocab), images decoded and processed with
-  `image_processor` (`ImageProcessor`), pads expanded; a row without max_new_tokens gets `default_max_new_tokens`.
+  `image_processor` (`ImageProcessor`) through `gate`, pads expanded and their spans checked
+  (`request_limits.check_image_spans`); a row without max_new_tokens gets `default_max_new_tokens`.
 
+  Args:
+    limits: the server's `RequestLimits` (None: the context is unbounded here, images within the defaults).
+    gate: the server's `ImageGate` (None: one of its own over `limits`).
   Raises:
-    RequestError: a field this server cannot honour, malformed ids or images, pad counts that do not match.
+    RequestError: naming the field: one this server cannot honour, a value of the wrong type or range, malformed
+      ids or images, image spans that do not match the images, a prompt or max_new_tokens over the limits.
   """
   if not isinstance(body, dict):
     raise RequestError('the body must be a JSON object')
   for key, value in body.items():
     if key not in GENERATE_FIELDS and not default_like(value):
       raise RequestError(f'field {key!r} is not supported by osvl_jax.serve (token ids in, no text prompts)')
-  if body.get('stream'):
+  if boolean(body.get('stream'), 'stream', False):
     raise RequestError('stream=true is not supported by osvl_jax.serve')
-  if body.get('top_logprobs_num'):
-    raise RequestError('top_logprobs_num is not supported by osvl_jax.serve')
-  if body.get('logprob_start_len') not in (None, -1):
-    raise RequestError('logprob_start_len (prompt log-probs) is not supported by osvl_jax.serve')
+  if body.get('top_logprobs_num') is not None and integer(body['top_logprobs_num'], 'top_logprobs_num', 0):
+    raise RequestError('top_logprobs_num > 0 is not supported by osvl_jax.serve')
+  if body.get('logprob_start_len') not in (None, -1) or isinstance(body.get('logprob_start_len'), bool):
+    raise RequestError(f'logprob_start_len={body["logprob_start_len"]!r} (prompt log-probs) is not supported by '
+                       'osvl_jax.serve (only -1)')
+  boolean(body.get('log_metrics'), 'log_metrics', True)
+  modalities = body.get('modalities')
+  if modalities is not None and not (isinstance(modalities, list) and all(isinstance(m, str) for m in modalities)):
+    raise RequestError(f'modalities must be a list of strings, got {modalities!r}')
+  text_in_logprobs = boolean(body.get('return_text_in_logprobs'), 'return_text_in_logprobs', False)
   input_ids = body.get('input_ids')
   if not isinstance(input_ids, list) or not input_ids:
     raise RequestError('input_ids must be a non-empty list of token ids (or a list of such lists)')
@@ -172,130 +169,110 @@ def parse_generate(body: Any, image_processor: Any, vocab: int,
       return value
     return [value] * n
 
+  rid = body.get('rid')
+  for k, r in enumerate(per_row(rid, 'rid')):
+    if r is not None and not isinstance(r, str):
+      raise RequestError(f'rid{f"[{k}]" if isinstance(rid, list) else ""} must be a string, got {r!r}')
   images = body.get('image_data')
   if images is None:
     images = [[] for _ in range(n)]
   elif is_batch:
     if not isinstance(images, list) or len(images) != n:
-      raise RequestError(f'image_data must hold one entry per row ({n})')
+      raise RequestError(f'image_data must hold one entry per row ({n}), got {type(images).__name__}')
     images = [[] if im is None else im if isinstance(im, list) else [im] for im in images]
-  else:
+  elif isinstance(images, (str, list)):
     images = [images if isinstance(images, list) else [images]]
+  else:
+    raise RequestError(f'image_data must be a string or a list of strings, got {type(images).__name__}')
   sps = per_row(body.get('sampling_params'), 'sampling_params')
   lps = per_row(body.get('return_logprob'), 'return_logprob')
+  gate = gate or request_limits.ImageGate(limits or request_limits.RequestLimits(1 << 62, 1 << 62))
+  parsed = []
+  for b, (ids, sp, lp) in enumerate(zip(batch, sps, lps)):   # cheap checks of every row before any image
+    where = f'input_ids[{b}]' if is_batch else 'input_ids'
+    if not isinstance(ids, list) or not ids:
+      raise RequestError(f'{where} must be a non-empty list of token ids')
+    if limits is not None:
+      limits.check_prompt(len(ids), where)   # the ids before the pad expansion: a lower bound
+    for k, i in enumerate(ids):
+      if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
+        raise RequestError(f'{where}[{k}]={i!r} is not a token id: integers in [0, {vocab})')
+    name = f'sampling_params[{b}]' if is_batch and isinstance(body.get('sampling_params'), list) else 'sampling_params'
+    parsed.append((parse_sampling(sp, default_max_new_tokens, limits, name),
+                   boolean(lp, f'return_logprob[{b}]' if isinstance(body.get('return_logprob'), list)
+                           else 'return_logprob', False)))
   rows = []
-  for ids, row_images, sp, lp in zip(batch, images, sps, lps):
-    if not isinstance(ids, list) or not ids or not all(
-        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
-      raise RequestError(f'input_ids must be non-empty lists of integers in [0, {vocab})')
-    refs = []
-    for k, item in enumerate(row_images):
-      try:
-        refs.append(image_processor.process(decode_image(item), name=f'image_data[{k}]'))
-      except ValueError as e:
-        raise RequestError(str(e)) from e
-    context = engine_lib.Context(expand_image_pads(ids, refs), refs)
-    rows.append(Row(context=context, return_logprob=bool(lp),
-                    return_text_in_logprobs=bool(body.get('return_text_in_logprobs')),
-                    **parse_sampling(sp, default_max_new_tokens)))
+  for b, (ids, row_images, (sampling, lp)) in enumerate(zip(batch, images, parsed)):
+    where = f'image_data[{b}]' if is_batch else 'image_data'
+    refs = gate.decode(row_images, [f'{where}[{k}]' for k in range(len(row_images))], image_processor)
+    expanded = expand_image_pads(ids, refs)
+    request_limits.check_image_spans(expanded, refs)
+    if limits is not None:
+      limits.check_prompt(len(expanded), f'input_ids[{b}]' if is_batch else 'input_ids')
+    rows.append(Row(context=engine_lib.Context(expanded, refs), return_logprob=lp,
+                    return_text_in_logprobs=text_in_logprobs, **sampling))
   return rows, is_batch
-
-
-def default_like(value: Any) -> bool:
-  """True for a value SGLang treats as unset (None, False, 0, [], {}): such an unsupported field is accepted."""
-  return value is None or value is False or (isinstance(value, (int, float)) and value == 0) or value in ([], {})
-
-
-def _number(sp: dict, key: str, default: float, ok: Callable[[float], bool], what: str) -> float:
-  value = sp.get(key)
-  if value is None:
-    return default
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
-    raise RequestError(f'sampling_params.{key} must be {what}, got {value!r}')
-  return float(value)
-
-
-def parse_sampling(sp: Any, default_max_new: int) -> dict:
-  """SGLang `sampling_params` -> the subset this server runs (RequestError for anything it cannot honour)."""
-  sp = {} if sp is None else sp
-  if not isinstance(sp, dict):
-    raise RequestError('sampling_params must be an object')
-  for key, value in sp.items():
-    if key in SAMPLING_FIELDS:
-      continue
-    if key in SAMPLING_DEFAULT_ONLY:
-      if value not in SAMPLING_DEFAULT_ONLY[key]:
-        raise RequestError(f'sampling_params.{key}={value!r} is not supported by osvl_jax.serve')
-      continue
-    raise RequestError(f'unknown sampling_params field {key!r}')
-  max_new = sp.get('max_new_tokens')
-  max_new = default_max_new if max_new is None else max_new
-  if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-    raise RequestError(f'sampling_params.max_new_tokens must be an integer >= 1, got {max_new!r}')
-  temperature = _number(sp, 'temperature', 1.0, lambda t: np.isfinite(t) and t >= 0, 'a finite number >= 0')
-  top_p = _number(sp, 'top_p', 1.0, lambda p: 0 < p <= 1, 'in (0, 1]')
-  stop = sp.get('stop') or ()
-  stop = (stop,) if isinstance(stop, str) else tuple(stop)
-  if not all(isinstance(s, str) and s for s in stop):
-    raise RequestError(f'sampling_params.stop must be non-empty strings, got {stop!r}')
-  stop_ids = sp.get('stop_token_ids') or ()
-  if not all(isinstance(i, int) and not isinstance(i, bool) for i in stop_ids):
-    raise RequestError(f'sampling_params.stop_token_ids must be integers, got {stop_ids!r}')
-  return {'max_new_tokens': int(max_new), 'temperature': temperature, 'top_p': top_p, 'stop': stop,
-          'stop_token_ids': frozenset(int(i) for i in stop_ids),
-          'skip_special_tokens': bool(sp.get('skip_special_tokens', True)),
-          'no_stop_trim': bool(sp.get('no_stop_trim', False))}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # OpenAI chat messages -> ids (the trajectory builder's rendering).
 # ---------------------------------------------------------------------------------------------------------------
 
-def _message_parts(message: dict) -> tuple[str, list[np.ndarray]]:
+def _message_parts(message: dict, where: str) -> tuple[str, list[tuple[str, str]]]:
+  """(text, [(image item, its name)]) of a message checked by `request_fields.check_messages`."""
   content = message.get('content')
   if content is None or isinstance(content, str):
     return content or '', []
-  if not isinstance(content, list):
-    raise RequestError('message content must be a string or a list of parts')
   texts, images = [], []
-  for part in content:
-    kind = part.get('type') if isinstance(part, dict) else None
-    if kind == 'text':
-      texts.append(str(part.get('text', '')))
-    elif kind == 'image_url':
-      url = part.get('image_url')
-      url = url.get('url') if isinstance(url, dict) else url
-      images.append(decode_image(url))
+  for j, part in enumerate(content):
+    if part['type'] == 'text':
+      texts.append(part['text'])
     else:
-      raise RequestError(f'unsupported content part {part!r}')
+      url = part['image_url']
+      images.append((url.get('url') if isinstance(url, dict) else url, f'{where}.content[{j}].image_url'))
   return '\n'.join(texts), images
 
 
-def render_messages(tokenizer, image_processor, messages: Sequence[dict]) -> tuple[np.ndarray, list]:
+def render_messages(tokenizer, image_processor, messages: Sequence[dict],
+                    gate: request_limits.ImageGate | None = None) -> tuple[np.ndarray, list]:
   """OpenAI chat messages -> (context ids int32 [T] ending '<|im_start|>assistant\\n', ImageRefs).
 
   The first system (optional) + user message are rendered by `TrajectoryBuilder.start` (system turn = the system
   message's text, without tool schemas; the user's text, then each image on its own line as `img_k: <span>`); later
   turns use the same markup: `<|im_start|>{role}\\n{content}<|im_end|>\\n` (assistant text trusted, so `<think>`
-  and `<tool_call>` are their added tokens; user text untrusted), images named on from `img_k`.
+  and `<tool_call>` are their added tokens; user text untrusted), images named on from `img_k`. The images are
+  decoded and processed on a decode thread of `gate` (None: one of its own, default limits); the ImageRefs keep
+  no decoded original (`request_limits.drop_original`).
 
   Raises:
-    RequestError: no user message first, an unknown role, an image in a system / assistant message.
+    RequestError: naming the field: a malformed message (`check_messages`), no user message first, a system
+      message after the first, an image in a system / assistant message, an image over the limits.
   """
-  from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
-  msgs = list(messages)
+  check_messages(messages)
+  parts = [(m['role'], *_message_parts(m, f'messages[{k}]')) for k, m in enumerate(messages)]
+  for k, (role, _, images) in enumerate(parts):
+    if images and role != 'user':
+      raise RequestError(f'messages[{k}]: images are only accepted in user messages')
+    if role == 'system' and k:
+      raise RequestError(f'messages[{k}]: a system message must come first (tool turns are user turns here)')
   system = ''
-  if msgs and msgs[0].get('role') == 'system':
-    system, images = _message_parts(msgs[0])
-    if images:
-      raise RequestError('images are only accepted in user messages')
-    msgs = msgs[1:]
-  if not msgs or msgs[0].get('role') != 'user':
+  if parts[0][0] == 'system':
+    system, parts = parts[0][1], parts[1:]
+  if not parts or parts[0][0] != 'user':
     raise RequestError('messages must start with a user message (after an optional system message)')
-  question, first_images = _message_parts(msgs[0])
+  gate = gate or request_limits.ImageGate(request_limits.RequestLimits(1 << 62, 1 << 62))
+  items = [item for _, _, images in parts for item in images]
+  if items:   # decoded and processed on a decode thread, the arrays never leave it
+    return gate.run(_render, tokenizer, image_processor, system, parts, gate, items)
+  return _render(tokenizer, image_processor, system, parts, gate, items)
+
+
+def _render(tokenizer, image_processor, system: str, parts: list, gate, items: list) -> tuple[np.ndarray, list]:
+  from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
+  pixels = iter(gate.decode([i for i, _ in items], [n for _, n in items]))
   builder = tj.TrajectoryBuilder(tokenizer, image_processor, [], system_prompt=system)
   try:
-    builder.start(question, first_images or None)
+    builder.start(parts[0][1], [next(pixels) for _ in parts[0][2]] or None)
   except ValueError as e:
     raise RequestError(f'cannot render the first user message: {e}') from e
   refs = builder.images
@@ -303,21 +280,15 @@ def render_messages(tokenizer, image_processor, messages: Sequence[dict]) -> tup
   ids = [int(i) for i in builder.prompt_ids()]
   ids = ids[:len(ids) - len(header)]
   enc = lambda text, untrusted=False: tokens_lib._encode(tokenizer, text, untrusted)  # pylint: disable=protected-access
-  for message in msgs[1:]:
-    role = message.get('role')
-    if role not in ('user', 'assistant'):
-      raise RequestError(f'unsupported role {role!r} (system must come first; tool turns are user turns here)')
-    text, images = _message_parts(message)
-    if images and role != 'user':
-      raise RequestError('images are only accepted in user messages')
+  for role, text, images in parts[1:]:
     ids += [tokens_lib.IM_START_ID] + enc(f'{role}\n') + enc(text, untrusted=(role == 'user'))
-    for image in images:
+    for _, name in images:
       try:
-        ref = image_processor.process(image, name=f'img_{len(refs) + 1}')
+        ref = image_processor.process(next(pixels), name=f'img_{len(refs) + 1}')
       except ValueError as e:
-        raise RequestError(str(e)) from e
+        raise RequestError(f'{name}: {e}') from e
       ids += (enc('\n') + enc(f'img_{len(refs) + 1}: ') + [tokens_lib.VISION_START_ID]
               + [IMAGE_PAD_ID] * ref.num_tokens + [tokens_lib.VISION_END_ID])
       refs.append(ref)
     ids += [tokens_lib.IM_END_ID] + enc('\n')
-  return np.asarray(ids + header, np.int32), refs
+  return np.asarray(ids + header, np.int32), [request_limits.drop_original(r) for r in refs]
