@@ -5,6 +5,8 @@ malformed field is a `RequestError` (HTTP 400) whose message names the field and
 import math
 from typing import Any
 
+from osvl_jax.trajectory import tokens as tokens_lib
+
 # sampling_params keys read here, and those accepted only at their default (value -> allowed values).
 SAMPLING_FIELDS = ('max_new_tokens', 'temperature', 'top_p', 'stop', 'stop_token_ids', 'skip_special_tokens',
                    'no_stop_trim', 'sampling_seed', 'spaces_between_special_tokens', 'stream_interval')
@@ -98,6 +100,26 @@ def sampling(values: dict, names: dict, default_max_new: int, limits=None) -> di
           'no_stop_trim': boolean(values.get('no_stop_trim'), names['no_stop_trim'], False)}
 
 
+def vision_bans(value: Any, name: str) -> None:
+  """Checks an SGLang `logit_bias` ({"<token id>": bias}): this server accepts only bans (bias <= -100) of the
+  vision ids, which its sampler never samples anyway (`SGLangEngine` sends them to every server; DESIGN.md §4).
+
+  Raises:
+    RequestError: naming `name`: not an object, a key that is not a token id, a bias that is not a number, or a
+      bias this server cannot apply (on another id, or above -100).
+  """
+  if not isinstance(value, dict):
+    raise RequestError(f'{name} must be an object of token id -> bias, got {value!r}')
+  for key, bias in value.items():
+    if not isinstance(key, str) or not key.isdigit():
+      raise RequestError(f'{name}: key {key!r} is not a token id')
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+      raise RequestError(f'{name}[{key}]={bias!r} is not a finite number')
+    if int(key) not in tokens_lib.VISION_IDS or bias > -100:
+      raise RequestError(f'{name}[{key}]={bias!r}: osvl_jax.serve applies a logit_bias only as a ban (<= -100) '
+                         f'of the vision ids {list(tokens_lib.VISION_IDS)}, which it never samples')
+
+
 def parse_sampling(sp: Any, default_max_new: int, limits=None, name: str = 'sampling_params') -> dict:
   """SGLang `sampling_params` -> the subset this server runs (`sampling`).
 
@@ -110,6 +132,9 @@ def parse_sampling(sp: Any, default_max_new: int, limits=None, name: str = 'samp
     raise RequestError(f'{name} must be an object, got {sp!r}')
   for key, value in sp.items():
     if key in SAMPLING_FIELDS:
+      continue
+    if key == 'logit_bias':
+      vision_bans(value, f'{name}.logit_bias')
       continue
     if key in SAMPLING_DEFAULT_ONLY:
       allowed = SAMPLING_DEFAULT_ONLY[key]   # a bool only where it is the default itself (True == 1)

@@ -153,7 +153,7 @@ class SamplerService:
         that do not match the images, a prompt or max_new_tokens over the limits.
     """
     config = getattr(self.sampler._model, 'config', None)  # pylint: disable=protected-access
-    vocab = getattr(config, 'vocab_size', tokens_lib.VOCAB_SIZE)
+    vocab = getattr(getattr(config, 'text', None), 'vocab_size', tokens_lib.VOCAB_SIZE)
     return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens, self.limits,
                           self.image_gate)
 

@@ -120,6 +120,10 @@ GENERATE_REFUSALS = [
     (sp(max_new_tokens=-1), 'sampling_params.max_new_tokens must be an integer >= 1'),
     (sp(max_new_tokens=0), 'sampling_params.max_new_tokens must be an integer >= 1'),
     (sp(max_new_tokens=2.5), 'sampling_params.max_new_tokens must'),
+    (sp(logit_bias={'500': -1e4}), 'sampling_params.logit_bias[500]'),          # a ban of a non-vision id
+    (sp(logit_bias={str(PAD): 5.0}), f'sampling_params.logit_bias[{PAD}]'),      # a boost, not a ban
+    (sp(logit_bias={'x': -1e4}), "sampling_params.logit_bias: key 'x'"),
+    (sp(logit_bias=[PAD]), 'sampling_params.logit_bias must be an object'),
     (sp(max_new_tokens=10**9), f'sampling_params.max_new_tokens=1000000000 is above the server limit '
                                f'--max_new_tokens_limit={LIMIT_NEW}'),
     (sp(skip_special_tokens='no'), 'sampling_params.skip_special_tokens'),
@@ -242,6 +246,9 @@ def test_body_limits_and_serving_after_refusals(url, contexts):
   assert ok.status_code == 200 and len(ok.json()['output_ids']) == 3
   ok = httpx.post(url + '/v1/chat/completions', json=chat(max_tokens=2, temperature=0), timeout=120)
   assert ok.status_code == 200 and ok.json()['usage']['completion_tokens'] == 2
+  bans = {'max_new_tokens': 3, 'temperature': 0, 'logit_bias': dict(sc.VISION_LOGIT_BIAS)}  # as SGLangEngine sends
+  ok = httpx.post(url + '/generate', json={**generate_body(contexts[0][0]), 'sampling_params': bans}, timeout=120)
+  assert ok.status_code == 200 and len(ok.json()['output_ids']) == 3
   batch = {'input_ids': [[1, 2], [3, 4]], 'rid': ['a', 'b'], 'sampling_params': {'max_new_tokens': 1}}
   assert [o['meta_info']['id'] for o in httpx.post(url + '/generate', json=batch, timeout=120).json()] == ['a', 'b']
   info = httpx.get(url + '/server_info', timeout=30).json()['request_limits']
