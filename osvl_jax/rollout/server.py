@@ -12,7 +12,10 @@ Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sgl
                                   [[logprob, id, text|null]], e2e_latency}} (a list for a batch).
   POST /update_weights_from_disk  {model_path, weight_version?, ...}: new weights between two batches
                                   (`JaxSampler.set_model`, no recompile); the version is `weight_version`, or
-                                  the old one + 1 when it is an integer and none is given.
+                                  the old one + 1 when it is an integer and none is given. Refused
+                                  (`success: false`, the old weights keep serving) for a path outside
+                                  `--weights_root` (`server_auth`), another architecture or non-finite values
+                                  (`weight_update.check_update`).
   GET|POST /flush_cache           empties the sampler's prefix cache (between two batches); always succeeds.
   GET /health, /health_generate, /ready
   GET /model_info, /server_info   and the deprecated `/get_model_info`, `/get_server_info`.
@@ -53,6 +56,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import server_auth, weight_update
 from osvl_jax.trajectory import tokens as tokens_lib
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
     GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
@@ -78,7 +82,8 @@ class SamplerService:
 
   def __init__(self, sampler, tokenizer, image_processor, model_path: str = '', weight_version: str = 'default',
                served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.02,
-               default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None):
+               default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None,
+               weights_roots: server_auth.WeightsRoots | None = None):
     """Args:
       sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
       tokenizer: the Qwen tokenizer.
@@ -91,12 +96,14 @@ class SamplerService:
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
       loader: `path -> model` for /update_weights_from_disk (default `load_policy(path)[0]`).
+      weights_roots: the folders updates may load from (`server_auth.WeightsRoots`; None: any path).
     """
     self.sampler, self.tokenizer, self.image_processor = sampler, tokenizer, image_processor
     self.model_path, self.weight_version, self.served_model_name = model_path, str(weight_version), served_model_name
     self.max_batch, self.batch_window_s = int(max_batch), float(batch_window_s)
     self.default_max_new_tokens = int(default_max_new_tokens)
     self.loader = loader or (lambda path: load_policy(path)[0])
+    self.weights_roots = weights_roots or server_auth.WeightsRoots()
     self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0}
     self.started = time.time()
     self._queue: queue.Queue = queue.Queue()
@@ -174,11 +181,22 @@ class SamplerService:
   def _update(self, job: _Job) -> None:
     req = job.payload
     try:
-      model = self.loader(req['model_path'])
-      self.sampler.set_model(model)
+      path = self.weights_roots.resolve(req['model_path'])
+    except server_auth.WeightsPathRefused as e:
+      job.future.set_result((False, str(e)))
+      return
+    try:
+      model = self.loader(path)
     except Exception as e:  # pylint: disable=broad-except
       job.future.set_result((False, f'failed to load {req.get("model_path")}: {type(e).__name__}: {e}'))
       return
+    try:   # the old weights keep serving unless the new ones fit them
+      weight_update.check_update(self.sampler._model, model)  # pylint: disable=protected-access
+    except weight_update.UpdateRefused as e:
+      job.future.set_result((False, f'refused {req.get("model_path")}: {e}; still serving weight_version '
+                                    f'{self.weight_version}'))
+      return
+    self.sampler.set_model(model)
     old = self.weight_version
     version = req.get('weight_version')
     if version is None:
@@ -313,13 +331,15 @@ class SamplerService:
 # The HTTP app.
 # ---------------------------------------------------------------------------------------------------------------
 
-def create_app(service: SamplerService, host: str = '', port: int = 0):
-  """The FastAPI app of `service` (endpoints in the module docstring)."""
+def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: str | None = None):
+  """The FastAPI app of `service` (endpoints in the module docstring); with `api_key`, every request but OPTIONS
+  and `/health*` needs `Authorization: Bearer <api_key>` (`server_auth`, as SGLang's `--api-key`)."""
   import fastapi  # pylint: disable=g-import-not-at-top
   from fastapi.responses import JSONResponse, PlainTextResponse  # pylint: disable=g-import-not-at-top
   from starlette.concurrency import run_in_threadpool  # pylint: disable=g-import-not-at-top
 
   app = fastapi.FastAPI(title='osvl_jax.serve')
+  server_auth.add_api_key_middleware(app, api_key)
 
   def error(status: int, message: str):
     return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',

@@ -51,6 +51,7 @@ import httpx
 import numpy as np
 
 from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import server_auth
 from osvl_jax.trajectory import tokens as tokens_lib
 
 IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID
@@ -169,7 +170,8 @@ class SGLangEngine(engine_lib.Engine):
                temperature: float = 1.0, top_p: float = 1.0, stop: Sequence[str] = (),
                stop_token_ids: Sequence[int] = engine_lib.EOS_IDS, timeout: float = 600.0, retries: int = 4,
                backoff: float = 0.5, max_backoff: float = 8.0, concurrency: int = 256,
-               admin_urls: Sequence[str] | None = None, transport: httpx.AsyncBaseTransport | None = None):
+               admin_urls: Sequence[str] | None = None, transport: httpx.AsyncBaseTransport | None = None,
+               api_key: str | None = None):
     """Args:
       urls: base URL (`http://host:port`) of a server or router, or a list of them (requests round-robin).
       tokenizer: the Qwen tokenizer for `Generation.text` (None: `trajectory.load_tokenizer()`).
@@ -186,6 +188,9 @@ class SGLangEngine(engine_lib.Engine):
       admin_urls: the servers that admin calls (`update_weights_from_disk`, `flush_cache`) go to (default:
         `urls`; behind a router pass the workers' URLs here).
       transport: httpx async transport (tests: `httpx.MockTransport`).
+      api_key: sent as `Authorization: Bearer <key>` on every request (servers run with SGLang's `--api-key` /
+        `osvl_jax.serve --api_key`; a router with `--api-key`); None: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`
+        (`server_auth.api_key_from_env`), else no header. Never logged nor kept in a public attribute.
     Raises:
       ValueError: an empty URL list or a parameter out of range.
     """
@@ -211,7 +216,9 @@ class SGLangEngine(engine_lib.Engine):
     self.stop_token_ids = tuple(int(i) for i in stop_token_ids)
     self.retries, self.backoff, self.max_backoff = int(retries), float(backoff), float(max_backoff)
     self.concurrency = int(concurrency)
+    api_key = api_key if api_key is not None else server_auth.api_key_from_env()
     self._client_args = {'timeout': timeout, 'transport': transport,
+                         'headers': {'Authorization': f'Bearer {api_key}'} if api_key else None,
                          'limits': httpx.Limits(max_connections=concurrency, max_keepalive_connections=64)}
     self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # one per running event loop
     self._cycle = itertools.cycle(range(len(self.urls)))
