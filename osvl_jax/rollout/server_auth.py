@@ -65,7 +65,7 @@ def _split_url(path: str):
   m = _URL.match(path)
   if m is None:
     return None
-  return m.group(1).lower(), m.group(2), posixpath.normpath('/' + (m.group(3) or '/'))
+  return m.group(1).lower(), m.group(2), posixpath.normpath('/' + (m.group(3) or '').lstrip('/'))
 
 
 def _inside(path: str, root: str) -> bool:
