@@ -40,6 +40,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_len', 8192, 'cap on prompt + generated ids per row.')
   flags.DEFINE_integer('bucket', 128, 'prompt / cache lengths rounded up to a multiple of this (recompiles).')
   flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')
+  flags.DEFINE_integer('num_continuous_decode_steps', 8, 'decode steps per chunk at most (SGLang\'s flag): between two '
+                       'chunks finished rows are answered and waiting ones join the running batch.')
   flags.DEFINE_float('batch_window_ms', 20.0, 'a batch keeps collecting requests while they arrive less than '
                      'this apart (at most 20 windows).')
   flags.DEFINE_integer('min_pixels', None, 'image processor min_pixels (default: the checkpoint records it).')
@@ -60,7 +62,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
                   max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.02,
                   min_pixels: int | None = None, max_pixels: int | None = None,
                   served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1,
-                  weights_root: tuple[str, ...] = ()):
+                  weights_root: tuple[str, ...] = (), num_continuous_decode_steps: int = 8):
   """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above).
 
   Raises:
@@ -98,7 +100,8 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   return server.SamplerService(sampler, tokenizer, processor, model_path=meta['path'],
                                weight_version=weight_version, served_model_name=served_model_name,
                                max_batch=max_batch, batch_window_s=batch_window_s,
-                               default_max_new_tokens=max_new_tokens, weights_roots=roots)
+                               default_max_new_tokens=max_new_tokens, weights_roots=roots,
+                               decode_steps=num_continuous_decode_steps)
 
 
 AUTO_PREFIX_CACHE_SLOTS = 256  # the most slots `--prefix_cache_slots=-1` picks
@@ -146,7 +149,7 @@ def main(argv) -> None:
                           FLAGS.max_new_tokens, FLAGS.max_len, FLAGS.bucket, FLAGS.max_batch,
                           FLAGS.batch_window_ms / 1000.0, FLAGS.min_pixels, FLAGS.max_pixels,
                           FLAGS.served_model_name, FLAGS.weight_version, FLAGS.prefix_cache_slots,
-                          tuple(FLAGS.weights_root))
+                          tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps)
   api_key = FLAGS.api_key if FLAGS.api_key is not None else server_auth.api_key_from_env()
   fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port, api_key=api_key)
   logging.info('model %s; api key %s; weights roots %s', service.model_path, 'required' if api_key else 'off',

@@ -29,13 +29,12 @@ expanded here to the image's feature count after the image is decoded and proces
 images' features) are accepted as they are. `image_data` items are base64 strings or `data:image/...;base64,`
 URLs (no URLs or file paths are fetched).
 
-Batching: one worker thread owns the sampler. It takes the first waiting job, then keeps taking jobs while they
-arrive less than `batch_window_s` apart (at most 20 windows in all, up to `max_batch` rows), and runs them in as
-few `JaxSampler.generate` calls as their sampling parameters allow (one per distinct (temperature, top_p, stop
-strings)); per-row
-`max_new_tokens` and extra `stop_token_ids` are applied by cutting the row's output (the batch decodes to the
-largest cap). A weight update is a job too: the rows before it finish on the old weights, the rows after it
-start on the new ones, so no generation straddles an update (each answer has one version span).
+Batching (`server_scheduler`): one worker thread owns the sampler and runs continuous batching: rows decode in
+a running `decode_batch.DecodeBatch` per distinct (temperature, top_p, stop strings); between two chunks of at
+most `decode_steps` steps, finished rows are answered and waiting rows are admitted, so a short request never
+waits for a long one. Per-row `max_new_tokens` and extra `stop_token_ids` end that row alone. A weight update is
+a job too: the rows before it finish on the old weights, the rows after it start on the new ones, so no
+generation straddles an update (each answer has one version span).
 
 Prefix cache: with `JaxSampler(prefix_cache_slots=N)` (the `osvl_jax.serve` default), a row reuses the KV of
 the longest prefix (tokens and images) an earlier row computed and prefills only the rest, as SGLang's
@@ -56,7 +55,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import server_auth, weight_update
+from osvl_jax.rollout import server_auth, server_scheduler, weight_update
 from osvl_jax.trajectory import tokens as tokens_lib
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
     GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
@@ -83,7 +82,7 @@ class SamplerService:
   def __init__(self, sampler, tokenizer, image_processor, model_path: str = '', weight_version: str = 'default',
                served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.02,
                default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None,
-               weights_roots: server_auth.WeightsRoots | None = None):
+               weights_roots: server_auth.WeightsRoots | None = None, decode_steps: int = 8):
     """Args:
       sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
       tokenizer: the Qwen tokenizer.
@@ -91,12 +90,14 @@ class SamplerService:
       model_path: reported by /model_info.
       weight_version: the initial version string.
       served_model_name: the model name of /v1/models and /model_info.
-      max_batch: most rows per `generate` call.
+      max_batch: most rows decoding at once.
       batch_window_s: the worker keeps collecting jobs for a batch while they arrive less than this apart
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
       loader: `path -> model` for /update_weights_from_disk (default `load_policy(path)[0]`).
       weights_roots: the folders updates may load from (`server_auth.WeightsRoots`; None: any path).
+      decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
+        and waiting rows enter a running batch between chunks (`server_scheduler`).
     """
     self.sampler, self.tokenizer, self.image_processor = sampler, tokenizer, image_processor
     self.model_path, self.weight_version, self.served_model_name = model_path, str(weight_version), served_model_name
@@ -104,6 +105,9 @@ class SamplerService:
     self.default_max_new_tokens = int(default_max_new_tokens)
     self.loader = loader or (lambda path: load_policy(path)[0])
     self.weights_roots = weights_roots or server_auth.WeightsRoots()
+    if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or decode_steps < 1:
+      raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')
+    self.decode_steps = decode_steps
     self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0}
     self.started = time.time()
     self._queue: queue.Queue = queue.Queue()
@@ -144,39 +148,9 @@ class SamplerService:
     vocab = getattr(config, 'vocab_size', tokens_lib.VOCAB_SIZE)
     return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens)
 
-  # -- worker --------------------------------------------------------------------------------------------------
+  # -- worker (`server_scheduler`) -----------------------------------------------------------------------------
   def _run(self) -> None:
-    while True:
-      job = self._queue.get()
-      if job is None:
-        return
-      jobs = [job]
-      rows = len(job.payload) if job.kind == 'generate' else 0
-      linger = self.batch_window_s if job.kind == 'generate' else 0.0
-      give_up = time.monotonic() + 20 * linger   # never linger longer than this in all
-      while rows < self.max_batch:
-        try:   # keep collecting while requests arrive less than `batch_window_s` apart
-          wait = min(linger, give_up - time.monotonic())
-          nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
-        except queue.Empty:
-          break
-        if nxt is None:
-          self._queue.put(None)
-          break
-        jobs.append(nxt)
-        rows += len(nxt.payload) if nxt.kind == 'generate' else 0
-      segment: list[_Job] = []
-      for j in jobs:
-        if j.kind == 'generate':
-          segment.append(j)
-          continue
-        self._generate_jobs(segment)
-        segment = []
-        if j.kind == 'update':
-          self._update(j)
-        else:
-          self._flush(j)
-      self._generate_jobs(segment)
+    server_scheduler.Scheduler(self).run()
 
   def _update(self, job: _Job) -> None:
     req = job.payload
@@ -210,42 +184,6 @@ class SamplerService:
     if cache is not None:
       cache.clear()
     job.future.set_result(True)
-
-  def _generate_jobs(self, jobs: list[_Job]) -> None:
-    if not jobs:
-      return
-    flat = [(j, k, row) for j in jobs for k, row in enumerate(j.payload)]
-    outputs: dict[int, list] = {id(j): [None] * len(j.payload) for j in jobs}
-    failed: dict[int, BaseException] = {}
-    groups: dict[tuple, list] = {}
-    for item in flat:
-      row = item[2]
-      groups.setdefault((row.temperature, row.top_p, row.stop), []).append(item)
-    version = self.weight_version
-    for (temperature, top_p, stop), items in groups.items():
-      for start in range(0, len(items), self.max_batch):
-        chunk = [it for it in items[start:start + self.max_batch] if id(it[0]) not in failed]
-        if not chunk:
-          continue
-        try:
-          self.sampler.temperature, self.sampler.top_p = temperature, top_p
-          gens = self.sampler.generate([it[2].context for it in chunk],
-                                       max_new_tokens=max(it[2].max_new_tokens for it in chunk), stop=stop)
-          cached = list(getattr(self.sampler, 'cached_tokens', None) or [0] * len(chunk))
-        except Exception as e:  # pylint: disable=broad-except
-          for it in chunk:
-            failed[id(it[0])] = e
-          continue
-        self.stats['batches'] += 1
-        self.stats['rows'] += len(chunk)
-        self.stats['max_rows_per_batch'] = max(self.stats['max_rows_per_batch'], len(chunk))
-        for (job, k, row), gen, n_cached in zip(chunk, gens, cached):
-          outputs[id(job)][k] = {**self._row_output(row, gen, version), 'cached_tokens': int(n_cached)}
-    for j in jobs:
-      if id(j) in failed:
-        j.future.set_exception(failed[id(j)])
-      else:
-        j.future.set_result(outputs[id(j)])
 
   def _row_output(self, row: Row, gen: engine_lib.Generation, version: str) -> dict:
     """Cuts a generation to the row's cap and stop ids; -> (ids, logprobs, finish_reason dict, stop string)."""
