@@ -182,9 +182,10 @@ class DecodeBatch:
     else:
       cache = s._init_cache(sub, cache_len)   # pylint: disable=protected-access
     prefill = s._prefill_fn(inputs.grids, self.greedy, self.use_top_p)   # pylint: disable=protected-access
-    tok, lp, cache = prefill(s._state, inputs.input_ids, inputs.position_ids, inputs.attention_mask,  # pylint: disable=protected-access
+    state, key = s._state, s._next_key()   # pylint: disable=protected-access
+    tok, lp, cache = prefill(state, inputs.input_ids, inputs.position_ids, inputs.attention_mask,
                              inputs.pixel_values, jnp.asarray(padded(lengths - prefix - 1, 0)),
-                             jnp.asarray(padded(prefix, 0)), cache, s._next_key(), self.temperature, self.top_p)  # pylint: disable=protected-access
+                             jnp.asarray(padded(prefix, 0)), cache, key, self.temperature, self.top_p)
     tok_np, lp_np = np.asarray(tok), np.asarray(lp)
     if self.decode_key is None:
       self.decode_key = s._next_key()   # pylint: disable=protected-access
@@ -227,10 +228,11 @@ class DecodeBatch:
     finished."""
     s = self.sampler
     t0 = time.perf_counter()
-    decode = s._decode_fn(self.greedy, self.use_top_p, self.chunk, self.until_first_done)  # pylint: disable=protected-access
-    ids, lps, carry, self.cache = decode(s._state, self.cache, self.carry, self.limits, self.decode_key,  # pylint: disable=protected-access
+    decode = s._decode_fn(self.greedy, self.use_top_p, self.chunk, self.until_first_done)  # pylint: disable=W0212
+    state = s._state   # pylint: disable=protected-access
+    ids, lps, carry, self.cache = decode(state, self.cache, self.carry, self.limits, self.decode_key,
                                          jnp.int32(self.offset), self.temperature, self.top_p)
-    ids, lps, now = np.asarray(ids), np.asarray(lps), np.asarray(carry[3])
+    ids, lps, now = np.asarray(ids), np.asarray(lps), np.array(carry[3])   # a writable copy
     new = now - self.emitted
     self.offset += int(new.max())   # the steps this chunk ran (a row active throughout emitted one each)
     self.stats['decode_steps'] += int(new.max())

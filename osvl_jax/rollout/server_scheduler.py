@@ -64,7 +64,8 @@ class Scheduler:
   def _take(self, block: bool, timeout: float | None = None) -> bool:
     """Moves one job from the queue to the backlog; False when none came (or the closing None)."""
     try:
-      job = self.service._queue.get(timeout=timeout) if block else self.service._queue.get_nowait()  # pylint: disable=protected-access
+      jobs = self.service._queue   # pylint: disable=protected-access
+      job = jobs.get(timeout=timeout) if block else jobs.get_nowait()
     except queue.Empty:
       return False
     if job is None:
@@ -191,7 +192,8 @@ class Scheduler:
       if p is None:   # failed (or answered) already
         continue
       row = job.payload[k]
-      p.outputs[k] = {**self.service._row_output(row, gen, p.version), 'cached_tokens': int(cached)}  # pylint: disable=protected-access
+      out = self.service._row_output(row, gen, p.version)   # pylint: disable=protected-access
+      p.outputs[k] = {**out, 'cached_tokens': int(cached)}
       p.left -= 1
       if p.left == 0:
         del self.pending[id(job)]
