@@ -3,7 +3,9 @@
 SGLang servers (and `python -m osvl_jax.serve`) load new weights from disk: `publish` exports the policy as an HF
 folder `<root>/v<version>` (written to a temporary folder and renamed, so a server never reads a half-written
 one), then calls `/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the
-version, and deletes the oldest folders beyond `keep` (a server may still be reading the previous one). The
+version, and deletes the oldest folders beyond `keep` (a server may still be reading the previous one); the
+engine sends its API key (`SGLangEngine(api_key=...)`, default `$OSVL_API_KEY` / `$SGLANG_API_KEY`), and a server
+with `--weights_root` must have `root` inside one of its roots. The
 embedded JAX sampler swaps weights in process (`JaxSampler.set_model` on a snapshot of the policy, no export)
 and takes the same version.
 
