@@ -47,12 +47,18 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_len', 8192, 'cap on prompt + generated ids per row.')
   flags.DEFINE_integer('bucket', 128, 'prompt / cache lengths rounded up to a multiple of this (recompiles).')
   flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')
+  flags.DEFINE_integer('num_continuous_decode_steps', 8, 'decode steps per chunk at most (SGLang\'s flag): between two '
+                       'chunks finished rows are answered and waiting ones join the running batch.')
   flags.DEFINE_float('batch_window_ms', 20.0, 'a batch keeps collecting requests while they arrive less than '
                      'this apart (at most 20 windows).')
   flags.DEFINE_integer('min_pixels', None, 'image processor min_pixels (default: the checkpoint records it).')
   flags.DEFINE_integer('max_pixels', None, 'image processor max_pixels (default: the checkpoint records it).')
   flags.DEFINE_string('served_model_name', 'osvl-jax', 'model name reported by /v1/models and /model_info.')
   flags.DEFINE_string('weight_version', '0', 'initial weight_version (bumped by each update that gives none).')
+  flags.DEFINE_string('api_key', None, 'require `Authorization: Bearer KEY` on every request but /health* (SGLang\'s '
+                      '--api-key); default: $OSVL_API_KEY, else $SGLANG_API_KEY, else no key.')
+  flags.DEFINE_multi_string('weights_root', [], '/update_weights_from_disk loads only folders inside these roots '
+                            '(local folders, symlinks resolved, or gs://bucket/prefix); repeatable; none: any path.')
   flags.DEFINE_integer('prefix_cache_slots', -1, 'rows whose KV (prompt + generated ids, max_len each) are kept '
                        'for reuse by later rows that share a prefix (0: no prefix cache; -1: as many as fit in a '
                        'quarter of the device memory, at most 256); memory: see the module docstring.')
@@ -73,14 +79,16 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
                   max_len: int = 8192, bucket: int = 128, max_batch: int = 64, batch_window_s: float = 0.02,
                   min_pixels: int | None = None, max_pixels: int | None = None,
                   served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1,
-                  limits: dict | None = None):
+                  limits: dict | None = None, weights_root: tuple[str, ...] = (),
+                  num_continuous_decode_steps: int = 8):
   """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above; `limits`: the
   `request_limits.RequestLimits` fields but context_length, max_new_tokens_limit None = max_len).
 
   Raises:
     FileNotFoundError / ValueError: from `server.load_policy`, or no pixel budget for a checkpoint without one.
     ValueError: from `prefix_cache_size` (a bad `prefix_cache_slots`, or one over half the device's memory); a
-      limit < 1, max_new_tokens_limit above max_len or below max_new_tokens.
+      limit < 1, max_new_tokens_limit above max_len or below max_new_tokens; a `weights_root` that is not an
+      existing folder or a URL (`server_auth.WeightsRoots`).
   """
   limits = dict(limits or {})
   if limits.get('max_new_tokens_limit') is None:
@@ -92,7 +100,8 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
   from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=g-import-not-at-top
-  from osvl_jax.rollout import jax_sampler, server  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout import jax_sampler, server, server_auth  # pylint: disable=g-import-not-at-top
+  roots = server_auth.WeightsRoots(weights_root)   # refused before the (slow) model load
   if tiny:
     model, meta = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(seed)), {'path': f'tiny:seed={seed}'}
     recorded = {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}
@@ -116,7 +125,8 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   return server.SamplerService(sampler, tokenizer, processor, model_path=meta['path'],
                                weight_version=weight_version, served_model_name=served_model_name,
                                max_batch=max_batch, batch_window_s=batch_window_s,
-                               default_max_new_tokens=max_new_tokens, limits=limits)
+                               default_max_new_tokens=max_new_tokens, limits=limits, weights_roots=roots,
+                               decode_steps=num_continuous_decode_steps)
 
 
 AUTO_PREFIX_CACHE_SLOTS = 256  # the most slots `--prefix_cache_slots=-1` picks
@@ -159,16 +169,19 @@ def main(argv) -> None:
   del argv
   import uvicorn  # pylint: disable=g-import-not-at-top
 
-  from osvl_jax.rollout import server  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout import server, server_auth  # pylint: disable=g-import-not-at-top
   service = build_service(FLAGS.checkpoint, FLAGS.workdir, FLAGS.step, FLAGS.hf_config, FLAGS.tiny, FLAGS.seed,
                           FLAGS.max_new_tokens, FLAGS.max_len, FLAGS.bucket, FLAGS.max_batch,
                           FLAGS.batch_window_ms / 1000.0, FLAGS.min_pixels, FLAGS.max_pixels,
                           FLAGS.served_model_name, FLAGS.weight_version, FLAGS.prefix_cache_slots,
                           {k: getattr(FLAGS, k) for k in ('max_new_tokens_limit', 'max_image_pixels',
                                                           'max_request_pixels', 'max_concurrent_decodes',
-                                                          'max_body_bytes')})
-  fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port)
-  logging.info('model %s', service.model_path)
+                                                          'max_body_bytes')},
+                          tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps)
+  api_key = FLAGS.api_key if FLAGS.api_key is not None else server_auth.api_key_from_env()
+  fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port, api_key=api_key)
+  logging.info('model %s; api key %s; weights roots %s', service.model_path, 'required' if api_key else 'off',
+               FLAGS.weights_root or 'any path')
   print(f'serving url=http://{FLAGS.host}:{FLAGS.port} model={service.model_path} '
         f'weight_version={service.weight_version}', flush=True)
   uvicorn.run(fastapi_app, host=FLAGS.host, port=FLAGS.port, log_level='warning', access_log=False,

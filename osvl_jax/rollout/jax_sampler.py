@@ -18,6 +18,8 @@ One `generate` call:
      max_new_tokens / when the context reaches `max_len`, both on device, exactly; at a stop string, checked on
      the host after each chunk (at most `_STOP_CHUNK` steps when there are stop strings) and cut exactly at the
      id that completes it, so the result is the same as checking after every token.
+  Steps 2-4 are a `decode_batch.DecodeBatch` given every row at once; the server keeps one running and admits
+  new rows between chunks (continuous batching).
 
 Vision ids (`trajectory.VISION_IDS`: `<|image_pad|>`, `<|vision_start|>`, `<|vision_end|>`, `<|video_pad|>`) are
 never emitted: their logits are set to -inf before sampling and before greedy argmax (only the environment writes
@@ -36,7 +38,6 @@ a ValueError names the parameter.
 
 import math
 import numbers
-import time
 from typing import Any, Sequence
 
 import jax
@@ -44,17 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from osvl_jax.rollout import decode_batch
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import prefill_inputs
 from osvl_jax.rollout import prefix_cache as prefix_cache_lib
 from osvl_jax.rollout import sampling
 
-_STOP_TAIL = 64  # stop strings are searched in the text of a row's last this-many ids.
-_STOP_CHUNK = 8  # decode steps per device call at most, with stop strings (a stopped row decodes <= 7 ids more).
-
-
-def _next_pow2(n: int) -> int:
-  return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+_STOP_CHUNK = decode_batch.STOP_CHUNK  # decode steps per device call at most, with stop strings.
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -229,11 +226,12 @@ class JaxSampler(engine_lib.Engine):
       self._jit_cache[key] = jax.jit(prefill, donate_argnums=(7,))
     return self._jit_cache[key]
 
-  def _decode_fn(self, greedy: bool, use_top_p: bool, chunk: int):
+  def _decode_fn(self, greedy: bool, use_top_p: bool, chunk: int, until_first_done: bool = False):
     """jit(state, cache, carry, limits [B], key, offset, temp, top_p) -> (ids [B, chunk], logprobs [B, chunk], carry,
     cache).
 
-    Up to `chunk` decode steps on device (`jax.lax.while_loop`, leaving early once every row is done), so the host
+    Up to `chunk` decode steps on device (`jax.lax.while_loop`, leaving early once every row is done, or with
+    `until_first_done` once a row running at the call's start is done: the server returns it at once), so the host
     syncs once per chunk, not per token. carry = (tokens [B] (each row's last id, fed next), positions [B],
     cache_index [B], emitted [B] (ids so far), done bool [B]). Step k feeds the active rows' last ids, draws with
     `fold_in(key, offset + k)` (`key` is one per `generate`, `offset` the decode steps already run: the samples do
@@ -241,7 +239,7 @@ class JaxSampler(engine_lib.Engine):
     are the first `emitted_after - emitted_before` columns. A row becomes done on device at an end-of-sequence id
     or when `emitted` reaches `limits`; a done row keeps rewriting its own next slot (harmless, never read).
     """
-    key = ('decode', greedy, use_top_p, self.never_sampled, chunk)
+    key = ('decode', greedy, use_top_p, self.never_sampled, chunk, until_first_done)
     if key not in self._jit_cache:
       graphdef, banned = self._graphdef, self.never_sampled
       eos = jnp.asarray(engine_lib.EOS_IDS, jnp.int32)
@@ -267,8 +265,10 @@ class JaxSampler(engine_lib.Engine):
 
         loop = (jnp.int32(0), carry, cache, jnp.zeros((batch, chunk), jnp.int32),
                 jnp.zeros((batch, chunk), jnp.float32))
+        done0 = carry[4]
         _, carry, cache, out_ids, out_lp = jax.lax.while_loop(
-            lambda loop: (loop[0] < chunk) & ~jnp.all(loop[1][4]), step, loop)
+            lambda loop: ((loop[0] < chunk) & ~jnp.all(loop[1][4])
+                          & ~(until_first_done & jnp.any(loop[1][4] & ~done0))), step, loop)
         return out_ids, out_lp, carry, cache
 
       self._jit_cache[key] = jax.jit(decode, donate_argnums=(1,))
@@ -334,106 +334,25 @@ class JaxSampler(engine_lib.Engine):
     return {'image_token_id': config.image_token_id, 'spatial_merge_size': config.vision.spatial_merge_size}
 
   def _generate_batch(self, contexts: list, max_new: int, stop: tuple) -> tuple[list, list]:
-    """(Generations, cached prefix length per row) of n live contexts, all run in one batch."""
-    t_start = time.perf_counter()
+    """(Generations, cached prefix length per row) of n live contexts, all run in one `decode_batch.DecodeBatch`."""
+    batch = decode_batch.DecodeBatch(self, stop)
     n = len(contexts)
-    batch = _next_pow2(n) if self.pad_batch_pow2 else n
-    lengths = np.asarray([len(c.prompt_ids) for c in contexts] + [1] * (batch - n), np.int32)
-    limits = np.asarray([min(max_new, self.max_len - l) for l in lengths], np.int32)  # emitted ids per row
-    rope_kw = self._rope_kw()
-    prefix, slots = np.zeros((batch,), np.int32), np.full((batch,), -1, np.int32)
-    if self.prefix_cache is not None:
-      image_token_id = rope_kw.get('image_token_id', prefill_inputs.IMAGE_PAD_ID)
-      keys = [prefix_cache_lib.row_keys(c.prompt_ids, c.images, image_token_id) for c in contexts]
-      for b in range(n):
-        prefix[b], slots[b] = self.prefix_cache.match(keys[b])
-    inputs = prefill_inputs.build(contexts, batch, prefix, self.bucket, rope_kw)
-    cache_len = prefill_inputs.round_up(min(self.max_len, int(lengths.max()) + max_new), self.bucket)
-    cache_len = max(cache_len, inputs.input_ids.shape[1])
-    deltas = inputs.deltas
-    greedy = self.temperature <= 0.0
-    use_top_p = (not greedy) and self.top_p < 1.0
-    temperature = jnp.float32(max(self.temperature, 1e-6))
-    top_p = jnp.float32(self.top_p)
-    state = self._state
-
-    if prefix.any():
-      cache = self.prefix_cache.gather(slots, prefix, cache_len)
-    else:
-      cache = self._init_cache(batch, cache_len)
-    prefill = self._prefill_fn(inputs.grids, greedy, use_top_p)
-    tok, lp, cache = prefill(state, inputs.input_ids, inputs.position_ids, inputs.attention_mask,
-                             inputs.pixel_values, jnp.asarray(lengths - prefix - 1), jnp.asarray(prefix), cache,
-                             self._next_key(), temperature, top_p)
-    tok.block_until_ready()
-    t_prefill = time.perf_counter()
-
-    tok_np, lp_np = np.asarray(tok), np.asarray(lp)
-    out_ids = [[int(tok_np[b])] for b in range(n)]
-    out_lp = [[float(lp_np[b])] for b in range(n)]
-    reasons = [self._finish(out_ids[b], out_lp[b], 0, limits[b], stop) for b in range(n)]
-    done = np.asarray([r is not None for r in reasons] + [True] * (batch - n))  # padding rows never run
-    emitted = np.ones((batch,), np.int32)
-    carry = (tok, jnp.asarray(lengths + deltas, jnp.int32), jnp.asarray(lengths, jnp.int32), jnp.asarray(emitted),
-             jnp.asarray(done))   # a row's last id is written at its cache index next, at text position + delta
-    decode = self._decode_fn(greedy, use_top_p, min(self.decode_steps, _STOP_CHUNK) if stop else self.decode_steps)
-    limits_dev = jnp.asarray(limits)
-    decode_key, offset = self._next_key(), 0
-    steps = 0
+    limits = [min(max_new, self.max_len - len(c.prompt_ids)) for c in contexts]   # emitted ids per row
+    results: list = [None] * n
+    for b, gen, cached in batch.admit(contexts, limits, range(n)):
+      results[b] = (gen, cached)
     bar = None
     if self.progress:
       import tqdm  # pylint: disable=g-import-not-at-top
-      bar = tqdm.tqdm(total=int(limits[:n].max()), desc='decode', leave=False)
-    while not done.all():
-      ids, lps, carry, cache = decode(state, cache, carry, limits_dev, decode_key, jnp.int32(offset), temperature,
-                                      top_p)
-      offset += ids.shape[1]  # a chunk stops early only when every row is done (no call follows)
-      ids, lps, now = np.asarray(ids), np.asarray(lps), np.asarray(carry[3])
-      new = now - emitted
-      for b in np.flatnonzero(new[:n]):
-        start = len(out_ids[b])
-        out_ids[b].extend(ids[b, :new[b]].tolist())
-        out_lp[b].extend(lps[b, :new[b]].tolist())
-        reasons[b] = self._finish(out_ids[b], out_lp[b], start, limits[b], stop)
-      emitted = now
-      done = np.asarray([r is not None for r in reasons] + [True] * (batch - n))
-      carry = (*carry[:4], jnp.asarray(done))  # rows cut at a stop string stop on device too
-      steps += int(new.max())
+      bar = tqdm.tqdm(total=max(limits), desc='decode', leave=False)
+    while batch.live:
+      steps = batch.stats['decode_steps']
+      for b, gen, cached in batch.step():
+        results[b] = (gen, cached)
       if bar is not None:
-        bar.update(int(new.max()))
+        bar.update(batch.stats['decode_steps'] - steps)
     if bar is not None:
       bar.close()
-    if self.prefix_cache is not None:   # valid KV: prompt + emitted ids but the last (never fed)
-      self.prefix_cache.store(cache, [(b, np.concatenate([keys[b], np.asarray(out_ids[b][:-1], np.int64)]),
-                                       int(slots[b])) for b in range(n)])
-    t_end = time.perf_counter()
-    emitted = sum(len(x) for x in out_ids)
-    self.stats = {'prefill_s': t_prefill - t_start, 'decode_s': t_end - t_prefill, 'decode_steps': steps,
-                  'emitted_tokens': emitted, 'batch': batch, 'prompt_pad': inputs.input_ids.shape[1],
-                  'cache_len': cache_len, 'decode_tokens_per_s': emitted / max(t_end - t_prefill, 1e-9),
-                  'prompt_tokens': int(lengths[:n].sum()), 'cached_tokens': int(prefix.sum())}
-    gens = [engine_lib.Generation(ids=np.asarray(out_ids[b], np.int32), logprobs=np.asarray(out_lp[b], np.float32),
-                                  text=engine_lib.decode_text(self.tokenizer, out_ids[b]), finish_reason=reasons[b],
-                                  weight_version=self.weight_version)
-            for b in range(n)]
-    return gens, [int(p) for p in prefix[:n]]
-
-  def _finish(self, ids: list, logprobs: list, start: int, limit: int, stop: tuple) -> str | None:
-    """Finish reason of a row whose ids[start:] are new, or None while it runs (ids / logprobs cut in place).
-
-    The first new id that completes a stop string (searched in the text of the last `_STOP_TAIL` ids up to it)
-    ends the row there, and the ids after it (decoded in the same chunk) are dropped; an end-of-sequence id ends
-    it with 'stop' (it is always the last id: the device stops a row there); then the length limit. The same
-    decisions, in the same order, as checking after every token.
-    """
-    if stop and any(s in self.tokenizer.decode(ids[max(0, start + 1 - _STOP_TAIL):]) for s in stop):
-      for k in range(start, len(ids)):   # the chunk's text holds a stop string: find the id that completes it
-        if ids[k] not in engine_lib.EOS_IDS and any(
-            s in self.tokenizer.decode(ids[max(0, k + 1 - _STOP_TAIL):k + 1]) for s in stop):
-          del ids[k + 1:], logprobs[k + 1:]
-          return engine_lib.FINISH_STOP_STRING
-    if ids and ids[-1] in engine_lib.EOS_IDS:
-      return engine_lib.FINISH_STOP
-    if len(ids) >= limit:
-      return engine_lib.FINISH_LENGTH
-    return None
+    st = self.stats = dict(batch.stats)
+    st['decode_tokens_per_s'] = st['emitted_tokens'] / max(st['decode_s'], 1e-9)
+    return [g for g, _ in results], [c for _, c in results]

@@ -12,7 +12,10 @@ Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sgl
                                   [[logprob, id, text|null]], e2e_latency}} (a list for a batch).
   POST /update_weights_from_disk  {model_path, weight_version?, ...}: new weights between two batches
                                   (`JaxSampler.set_model`, no recompile); the version is `weight_version`, or
-                                  the old one + 1 when it is an integer and none is given.
+                                  the old one + 1 when it is an integer and none is given. Refused
+                                  (`success: false`, the old weights keep serving) for a path outside
+                                  `--weights_root` (`server_auth`), another architecture or non-finite values
+                                  (`weight_update.check_update`).
   GET|POST /flush_cache           empties the sampler's prefix cache (between two batches); always succeeds.
   GET /health, /health_generate, /ready
   GET /model_info, /server_info   and the deprecated `/get_model_info`, `/get_server_info`.
@@ -26,13 +29,12 @@ expanded here to the image's feature count after the image is decoded and proces
 images' features) are accepted as they are. `image_data` items are base64 strings or `data:image/...;base64,`
 URLs (no URLs or file paths are fetched).
 
-Batching: one worker thread owns the sampler. It takes the first waiting job, then keeps taking jobs while they
-arrive less than `batch_window_s` apart (at most 20 windows in all, up to `max_batch` rows), and runs them in as
-few `JaxSampler.generate` calls as their sampling parameters allow (one per distinct (temperature, top_p, stop
-strings)); per-row
-`max_new_tokens` and extra `stop_token_ids` are applied by cutting the row's output (the batch decodes to the
-largest cap). A weight update is a job too: the rows before it finish on the old weights, the rows after it
-start on the new ones, so no generation straddles an update (each answer has one version span).
+Batching (`server_scheduler`): one worker thread owns the sampler and runs continuous batching: rows decode in
+a running `decode_batch.DecodeBatch` per distinct (temperature, top_p, stop strings); between two chunks of at
+most `decode_steps` steps, finished rows are answered and waiting rows are admitted, so a short request never
+waits for a long one. Per-row `max_new_tokens` and extra `stop_token_ids` end that row alone. A weight update is
+a job too: the rows before it finish on the old weights, the rows after it start on the new ones, so no
+generation straddles an update (each answer has one version span).
 
 Prefix cache: with `JaxSampler(prefix_cache_slots=N)` (the `osvl_jax.serve` default), a row reuses the KV of
 the longest prefix (tokens and images) an earlier row computed and prefills only the rest, as SGLang's
@@ -41,7 +43,8 @@ RadixAttention does; `meta_info.cached_tokens` is that prefix's length. A weight
 Request limits (`request_limits.RequestLimits`, reported by /server_info): the body size (413), max_new_tokens,
 prompt + 1 new token within the context, pixels per image and per request (refused from the image headers before
 any decode) and concurrent image decodes; every malformed field is a 400 naming it. A batched sampler call that
-raises is retried in halves (`batch_isolation`), so only the row that fails alone gets the error.
+raises while admitting rows is retried in halves (`server_scheduler`), so only the row that fails alone gets
+the error.
 
 Log-probs are temperature-1 log-probabilities of the emitted ids under the served weights (`JaxSampler`'s).
 A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream advances per batch).
@@ -58,10 +61,10 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
-from osvl_jax.rollout import batch_isolation
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import request_limits
 from osvl_jax.rollout.request_fields import chat_sampling, check_chat_body
+from osvl_jax.rollout import server_auth, server_scheduler, weight_update
 from osvl_jax.trajectory import tokens as tokens_lib
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
     GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
@@ -88,7 +91,8 @@ class SamplerService:
   def __init__(self, sampler, tokenizer, image_processor, model_path: str = '', weight_version: str = 'default',
                served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.02,
                default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None,
-               limits: request_limits.RequestLimits | None = None):
+               limits: request_limits.RequestLimits | None = None,
+               weights_roots: server_auth.WeightsRoots | None = None, decode_steps: int = 8):
     """Args:
       sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
       tokenizer: the Qwen tokenizer.
@@ -96,11 +100,14 @@ class SamplerService:
       model_path: reported by /model_info.
       weight_version: the initial version string.
       served_model_name: the model name of /v1/models and /model_info.
-      max_batch: most rows per `generate` call.
+      max_batch: most rows decoding at once.
       batch_window_s: the worker keeps collecting jobs for a batch while they arrive less than this apart
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
       loader: `path -> model` for /update_weights_from_disk (default `load_policy(path)[0]`).
+      weights_roots: the folders updates may load from (`server_auth.WeightsRoots`; None: any path).
+      decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
+        and waiting rows enter a running batch between chunks (`server_scheduler`).
       limits: the request limits (default: `RequestLimits(sampler.max_len, sampler.max_len)`, the other limits at
         their defaults); images are decoded through one `request_limits.ImageGate` over them.
     Raises:
@@ -114,6 +121,10 @@ class SamplerService:
     self.limits.check_max_new_tokens(self.default_max_new_tokens, '--max_new_tokens')
     self.image_gate = request_limits.ImageGate(self.limits)
     self.loader = loader or (lambda path: load_policy(path)[0])
+    self.weights_roots = weights_roots or server_auth.WeightsRoots()
+    if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or decode_steps < 1:
+      raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')
+    self.decode_steps = decode_steps
     self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0, 'failed_rows': 0,
                   'isolation_retries': 0}
     self.started = time.time()
@@ -157,48 +168,29 @@ class SamplerService:
     return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens, self.limits,
                           self.image_gate)
 
-  # -- worker --------------------------------------------------------------------------------------------------
+  # -- worker (`server_scheduler`) -----------------------------------------------------------------------------
   def _run(self) -> None:
-    while True:
-      job = self._queue.get()
-      if job is None:
-        return
-      jobs = [job]
-      rows = len(job.payload) if job.kind == 'generate' else 0
-      linger = self.batch_window_s if job.kind == 'generate' else 0.0
-      give_up = time.monotonic() + 20 * linger   # never linger longer than this in all
-      while rows < self.max_batch:
-        try:   # keep collecting while requests arrive less than `batch_window_s` apart
-          wait = min(linger, give_up - time.monotonic())
-          nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
-        except queue.Empty:
-          break
-        if nxt is None:
-          self._queue.put(None)
-          break
-        jobs.append(nxt)
-        rows += len(nxt.payload) if nxt.kind == 'generate' else 0
-      segment: list[_Job] = []
-      for j in jobs:
-        if j.kind == 'generate':
-          segment.append(j)
-          continue
-        self._generate_jobs(segment)
-        segment = []
-        if j.kind == 'update':
-          self._update(j)
-        else:
-          self._flush(j)
-      self._generate_jobs(segment)
+    server_scheduler.Scheduler(self).run()
 
   def _update(self, job: _Job) -> None:
     req = job.payload
     try:
-      model = self.loader(req['model_path'])
-      self.sampler.set_model(model)
+      path = self.weights_roots.resolve(req['model_path'])
+    except server_auth.WeightsPathRefused as e:
+      job.future.set_result((False, str(e)))
+      return
+    try:
+      model = self.loader(path)
     except Exception as e:  # pylint: disable=broad-except
       job.future.set_result((False, f'failed to load {req.get("model_path")}: {type(e).__name__}: {e}'))
       return
+    try:   # the old weights keep serving unless the new ones fit them
+      weight_update.check_update(self.sampler._model, model)  # pylint: disable=protected-access
+    except weight_update.UpdateRefused as e:
+      job.future.set_result((False, f'refused {req.get("model_path")}: {e}; still serving weight_version '
+                                    f'{self.weight_version}'))
+      return
+    self.sampler.set_model(model)
     old = self.weight_version
     version = req.get('weight_version')
     if version is None:
@@ -212,29 +204,6 @@ class SamplerService:
     if cache is not None:
       cache.clear()
     job.future.set_result(True)
-
-  def _generate_jobs(self, jobs: list[_Job]) -> None:
-    if not jobs:
-      return
-    flat = [(j, k, row) for j in jobs for k, row in enumerate(j.payload)]
-    outputs: dict[int, list] = {id(j): [None] * len(j.payload) for j in jobs}
-    failed: dict[int, BaseException] = {}
-    groups: dict[tuple, list] = {}
-    for item in flat:
-      row = item[2]
-      groups.setdefault((row.temperature, row.top_p, row.stop), []).append(item)
-    version = self.weight_version
-    for (temperature, top_p, stop), items in groups.items():
-      for start in range(0, len(items), self.max_batch):
-        chunk = [it for it in items[start:start + self.max_batch] if id(it[0]) not in failed]
-        for (job, k, row), gen, n_cached in batch_isolation.sample(self.sampler, chunk, temperature, top_p, stop,
-                                                                    failed, self.stats):
-          outputs[id(job)][k] = {**self._row_output(row, gen, version), 'cached_tokens': int(n_cached)}
-    for j in jobs:
-      if id(j) in failed:
-        j.future.set_exception(failed[id(j)])
-      else:
-        j.future.set_result(outputs[id(j)])
 
   def _row_output(self, row: Row, gen: engine_lib.Generation, version: str) -> dict:
     """Cuts a generation to the row's cap and stop ids; -> (ids, logprobs, finish_reason dict, stop string)."""
@@ -321,13 +290,15 @@ class SamplerService:
 # The HTTP app.
 # ---------------------------------------------------------------------------------------------------------------
 
-def create_app(service: SamplerService, host: str = '', port: int = 0):
-  """The FastAPI app of `service` (endpoints in the module docstring)."""
+def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: str | None = None):
+  """The FastAPI app of `service` (endpoints in the module docstring); with `api_key`, every request but OPTIONS
+  and `/health*` needs `Authorization: Bearer <api_key>` (`server_auth`, as SGLang's `--api-key`)."""
   import fastapi  # pylint: disable=g-import-not-at-top
   from fastapi.responses import JSONResponse, PlainTextResponse  # pylint: disable=g-import-not-at-top
   from starlette.concurrency import run_in_threadpool  # pylint: disable=g-import-not-at-top
 
   app = fastapi.FastAPI(title='osvl_jax.serve')
+  server_auth.add_api_key_middleware(app, api_key)
 
   def error(status: int, message: str):
     return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',

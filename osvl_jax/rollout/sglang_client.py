@@ -36,6 +36,7 @@ from osvl_jax.rollout.sglang_protocol import (  # pylint: disable=unused-import
     BANNED_LOGIT_BIAS, ERROR_ABORT, ERROR_CONNECTION, ERROR_HTTP, ERROR_KINDS, ERROR_PROMPT, ERROR_RESPONSE,
     ERROR_TIMEOUT, IMAGE_PAD_ID, VISION_LOGIT_BIAS, DataURLCache, EngineError, SGLangGeneration,
     collapse_image_pads, image_data_url)
+from osvl_jax.rollout import server_auth
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
@@ -63,7 +64,7 @@ class SGLangEngine(engine_lib.Engine):
                stop_token_ids: Sequence[int] = engine_lib.EOS_IDS, timeout: float = 600.0, retries: int = 4,
                backoff: float = 0.5, max_backoff: float = 8.0, concurrency: int = 256,
                admin_urls: Sequence[str] | None = None, ban_vision_ids: bool = True,
-               transport: httpx.AsyncBaseTransport | None = None):
+               transport: httpx.AsyncBaseTransport | None = None, api_key: str | None = None):
     """Args:
       urls: base URL (`http://host:port`) of a server or router, or a list of them (requests round-robin).
       tokenizer: the Qwen tokenizer for `Generation.text` (None: `trajectory.load_tokenizer()`).
@@ -83,6 +84,9 @@ class SGLangEngine(engine_lib.Engine):
         vision id (SGLang needs it; `JaxSampler` bans them itself). False only for a server that refuses
         `logit_bias`: the agent loop then still makes a turn holding a vision id a malformed step.
       transport: httpx async transport (tests: `httpx.MockTransport`).
+      api_key: sent as `Authorization: Bearer <key>` on every request (servers run with SGLang's `--api-key` /
+        `osvl_jax.serve --api_key`; a router with `--api-key`); None: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`
+        (`server_auth.api_key_from_env`), else no header. Never logged nor kept in a public attribute.
     Raises:
       ValueError: an empty URL list or a parameter out of range.
     """
@@ -108,7 +112,9 @@ class SGLangEngine(engine_lib.Engine):
     self.stop_token_ids = tuple(int(i) for i in stop_token_ids)
     self.retries, self.backoff, self.max_backoff = int(retries), float(backoff), float(max_backoff)
     self.concurrency = int(concurrency)
+    api_key = api_key if api_key is not None else server_auth.api_key_from_env()
     self._client_args = {'timeout': timeout, 'transport': transport,
+                         'headers': {'Authorization': f'Bearer {api_key}'} if api_key else None,
                          'limits': httpx.Limits(max_connections=concurrency, max_keepalive_connections=64)}
     self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # one per running event loop
     self._cycle = itertools.cycle(range(len(self.urls)))

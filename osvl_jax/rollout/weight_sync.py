@@ -6,8 +6,10 @@ step, so a server never sees a half-written one; marked as an export of kind 'we
 `/update_weights_from_disk` on every server with SGLang's `weight_version` field set to the version, and deletes the
 oldest version folders beyond `keep` (a server may still be reading the previous one). Only exports it wrote are
 ever replaced or deleted: a `v<digits>` folder without the marker, or holding a file the marker does not list, is
-left in place (a foreign folder under the new version's name is refused). The embedded JAX sampler swaps weights in
-process (`JaxSampler.set_model` on a snapshot of the policy, no export) and takes the same version.
+left in place (a foreign folder under the new version's name is refused). The engine sends its API key
+(`SGLangEngine(api_key=...)`, default `$OSVL_API_KEY` / `$SGLANG_API_KEY`), and a server with `--weights_root` must
+have `root` inside one of its roots. The embedded JAX sampler swaps weights in process (`JaxSampler.set_model` on a
+snapshot of the policy, no export) and takes the same version.
 
 Multi-host (HTTP engines only): every process calls `publish` at the same point; all take part in gathering the
 full parameters (`host_copy`), process 0 alone writes the folder and calls the servers, then every process waits

@@ -84,12 +84,13 @@ def healthy_server(log_path, *flags, timeout: float = 120.0):
 
 
 @contextlib.contextmanager
-def serve_in_thread(service):
-  """The FastAPI app of `service` under uvicorn in a thread of this process (shares the jit caches)."""
+def serve_in_thread(service, api_key=None):
+  """The FastAPI app of `service` (with `api_key`, if any) under uvicorn in a thread of this process (shares the jit
+  caches)."""
   import uvicorn
   from osvl_jax.rollout import server
   port = free_port()
-  config = uvicorn.Config(server.create_app(service, '127.0.0.1', port), host='127.0.0.1', port=port,
+  config = uvicorn.Config(server.create_app(service, '127.0.0.1', port, api_key=api_key), host='127.0.0.1', port=port,
                           log_level='warning', access_log=False)
   srv = uvicorn.Server(config)
   thread = threading.Thread(target=srv.run, daemon=True)

@@ -1,0 +1,103 @@
+"""Checks a weight update before it replaces the served weights (`/update_weights_from_disk`, DESIGN.md §6b).
+
+A server keeps serving its old weights unless the new ones are the same architecture and finite:
+
+  - `architecture_diff`: every field of the Qwen3-VL config (text, vision and top level: depth, widths, heads,
+    experts, rope, token ids, tied head) and the compute dtype equal the served model's, and every parameter has
+    the same path, shape and dtype. A deeper, wider or MoE checkpoint for a dense server is refused with a message
+    naming what differs (SGLang answers such an update `{"success": false, "message": ...}` too).
+  - `nonfinite_params`: one jitted reduction (per-parameter `all(isfinite)`, a bool vector, one host transfer)
+    names the parameters holding NaN or Inf.
+
+`check_update` runs both and raises `UpdateRefused`; the caller leaves the old weights (and version, and prefix
+cache) in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+_SHOWN = 4   # differences named in a message at most
+
+
+class UpdateRefused(ValueError):
+  """A weight update that would change the served architecture or holds non-finite values."""
+
+
+def _config_fields(config, prefix: str = '') -> dict:
+  """{'text.hidden_size': 64, ...}: the config's fields, nested dataclasses flattened with dotted names."""
+  out = {}
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    if dataclasses.is_dataclass(value):
+      out.update(_config_fields(value, f'{prefix}{f.name}.'))
+    else:
+      out[f'{prefix}{f.name}'] = value
+  return out
+
+
+def _param_specs(model) -> dict:
+  """{'path/to/param': (shape, dtype name)} of every `nnx.Param` of `model`."""
+  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  return {'/'.join(map(str, path)): (tuple(v.get_value().shape), str(v.get_value().dtype)) for path, v in flat}
+
+
+def _name_some(items: list[str]) -> str:
+  more = f' (and {len(items) - _SHOWN} more)' if len(items) > _SHOWN else ''
+  return '; '.join(items[:_SHOWN]) + more
+
+
+def architecture_diff(served, new) -> str | None:
+  """What differs between the architectures of two `Qwen3VLModel`s, or None when they are the same.
+
+  Returns:
+    A message naming up to four differing config fields (served -> new), then, when the configs agree, up to four
+    parameters whose path, shape or dtype differ.
+  """
+  a, b = _config_fields(served.config), _config_fields(new.config)
+  a['dtype'], b['dtype'] = str(np.dtype(served.dtype)), str(np.dtype(new.dtype))
+  fields = [f'{k}: {a.get(k)!r} -> {b.get(k)!r}' for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+  if fields:
+    return f'the update changes the architecture: {_name_some(fields)}'
+  pa, pb = _param_specs(served), _param_specs(new)
+  params = [f'{k}: missing' if k not in pb else f'{k}: unexpected' if k not in pa
+            else f'{k}: {pa[k][0]} {pa[k][1]} -> {pb[k][0]} {pb[k][1]}'
+            for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
+  if params:
+    return f'the update changes the parameters (path: served -> new): {_name_some(params)}'
+  return None
+
+
+@jax.jit
+def _all_finite(leaves: list) -> jax.Array:
+  return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+
+
+def nonfinite_params(model) -> list[str]:
+  """Paths of `model`'s floating-point parameters holding a NaN or an Inf (one jitted reduction on device)."""
+  flat = [(path, v.get_value()) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))
+          if jnp.issubdtype(v.get_value().dtype, jnp.inexact)]
+  if not flat:
+    return []
+  ok = np.asarray(_all_finite([x for _, x in flat]))
+  return ['/'.join(map(str, path)) for (path, _), good in zip(flat, ok) if not good]
+
+
+def check_update(served, new) -> None:
+  """Refuses `new` as the replacement of the served model `served` (both `Qwen3VLModel`s).
+
+  Raises:
+    UpdateRefused: the architecture differs (`architecture_diff`), or parameters hold NaN / Inf (named).
+  """
+  diff = architecture_diff(served, new)
+  if diff:
+    raise UpdateRefused(diff)
+  bad = nonfinite_params(new)
+  if bad:
+    raise UpdateRefused(f'the update holds non-finite values (NaN or Inf) in {len(bad)} parameter(s): '
+                        f'{_name_some(bad)}')

@@ -1,0 +1,96 @@
+"""`/update_weights_from_disk` refuses another architecture (deeper, wider, MoE, other parameter dtype) and
+non-finite weights: `success: false` naming what differs, and the old weights keep answering bit-identically."""
+
+import dataclasses
+
+import httpx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+from osvl_jax.rollout import jax_sampler, server, weight_sync
+from osvl_jax.rollout import weight_update
+from tests.serve.conftest import BUCKET, MAX_LEN, NEW, serve_in_thread
+
+TINY = Qwen3VLConfig.tiny()
+
+
+def _text(**kw):
+  return dataclasses.replace(TINY, text=dataclasses.replace(TINY.text, **kw))
+
+
+def _poisoned(value):
+  """The served tiny model (seed 0) with one weight of one layer set to `value` (NaN / Inf)."""
+  model = model_lib.Qwen3VLModel(TINY, nnx.Rngs(0))
+  kernel = model.language_model.layers[1].mlp.down_proj.kernel
+  kernel[...] = kernel[...].at[3, 5].set(value)
+  return model
+
+
+CANDIDATES = {   # model_path -> (model builder, words the refusal must name)
+    'deeper': (lambda: model_lib.Qwen3VLModel(_text(num_hidden_layers=3), nnx.Rngs(0)), 'num_hidden_layers: 2 -> 3'),
+    'wider': (lambda: model_lib.Qwen3VLModel(_text(hidden_size=96, intermediate_size=192), nnx.Rngs(0)),
+              'hidden_size: 64 -> 96'),
+    'moe': (lambda: model_lib.Qwen3VLModel(Qwen3VLConfig.tiny_moe(), nnx.Rngs(0)), 'num_experts: 0 -> 4'),
+    'bf16': (lambda: model_lib.Qwen3VLModel(TINY, nnx.Rngs(0), param_dtype=jnp.bfloat16),
+             'language_model/embed_tokens/embedding: (151936, 64) float32 -> (151936, 64) bfloat16'),
+    'nan': (lambda: _poisoned(jnp.nan), 'non-finite values (NaN or Inf) in 1 parameter(s): '
+            'language_model/layers/1/mlp/down_proj/kernel'),
+    'inf': (lambda: _poisoned(jnp.inf), 'language_model/layers/1/mlp/down_proj/kernel'),
+    'seed1': (lambda: model_lib.Qwen3VLModel(TINY, nnx.Rngs(1)), None),   # same architecture: accepted
+}
+
+
+@pytest.fixture(scope='module')
+def url(tiny_model, tokenizer, processor):
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
+                                   temperature=0.0, max_len=MAX_LEN, bucket=BUCKET, prefix_cache_slots=4)
+  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                              default_max_new_tokens=NEW, loader=lambda path: CANDIDATES[path][0]())
+  with serve_in_thread(svc) as u:
+    yield u
+  svc.close()
+
+
+def _greedy(url, contexts):
+  body = {'input_ids': [int(i) for i in contexts[0][0]], 'return_logprob': True,
+          'sampling_params': {'max_new_tokens': NEW, 'temperature': 0}}
+  out = httpx.post(url + '/generate', json=body, timeout=60).json()
+  return out['output_ids'], [e[0] for e in out['meta_info']['output_token_logprobs']], out['meta_info']
+
+
+def test_other_architectures_and_nonfinite_weights_are_refused_and_the_old_ones_keep_serving(url, contexts):
+  ids, lps, _ = _greedy(url, contexts)
+  info = httpx.get(url + '/model_info', timeout=10).json()
+  for path in ('deeper', 'wider', 'moe', 'bf16', 'nan', 'inf'):
+    r = httpx.post(url + '/update_weights_from_disk', json={'model_path': path, 'weight_version': 'bad'},
+                   timeout=120)
+    out = r.json()
+    assert r.status_code == 400 and out['success'] is False, (path, out)
+    assert CANDIDATES[path][1] in out['message'] and 'still serving weight_version 0' in out['message'], out
+    got_ids, got_lps, meta = _greedy(url, contexts)
+    assert (got_ids, got_lps) == (ids, lps), path          # bit-identical: the same weights answer
+    assert meta['weight_version'] == '0'
+    assert httpx.get(url + '/model_info', timeout=10).json() == info
+  # The same architecture with other weights is accepted and answers differently.
+  out = httpx.post(url + '/update_weights_from_disk', json={'model_path': 'seed1', 'weight_version': '1'},
+                   timeout=120).json()
+  assert out['success'] is True, out
+  got_ids, got_lps, meta = _greedy(url, contexts)
+  assert meta['weight_version'] == '1' and (got_ids, got_lps) != (ids, lps)
+
+
+def test_check_update_on_exported_folders(tiny_model, tmp_path):
+  """The real loader: an exported folder of the same architecture passes (in either dtype), a deeper one not."""
+  for dtype in ('bfloat16', 'float32'):
+    folder = weight_sync.export_version(tiny_model, tmp_path / dtype, 1, 32 * 32, 64 * 64, dtype=dtype)
+    weight_update.check_update(tiny_model, server.load_policy(str(folder))[0])
+  deeper = CANDIDATES['deeper'][0]()
+  folder = weight_sync.export_version(deeper, tmp_path / 'deeper', 1, 32 * 32, 64 * 64, dtype='float32')
+  with pytest.raises(weight_update.UpdateRefused, match='text.num_hidden_layers: 2 -> 3'):
+    weight_update.check_update(tiny_model, server.load_policy(str(folder))[0])
+  assert weight_update.nonfinite_params(tiny_model) == []
+  assert np.isfinite(np.asarray(tiny_model.language_model.layers[1].mlp.down_proj.kernel[...])).all()
