@@ -68,11 +68,16 @@ def serve_process(log_path, *flags, timeout: float = 120.0):
   try:
     yield url, proc
   finally:
-    proc.terminate()
-    try:
-      proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-      proc.kill()
+    stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+  """SIGTERM, then SIGKILL after 20 s."""
+  proc.terminate()
+  try:
+    proc.wait(timeout=20)
+  except subprocess.TimeoutExpired:
+    proc.kill()
 
 
 @contextlib.contextmanager

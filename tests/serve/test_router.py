@@ -13,7 +13,8 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import sglang_client as sc
 from osvl_jax.train import checkpoint as ckpt_lib
-from tests.serve.conftest import MAX_LEN, NEW, free_port, healthy, reference_sampler, serve_process, wait_until
+from tests.serve.conftest import (MAX_LEN, NEW, free_port, healthy, reference_sampler, serve_process, stop,
+                                  wait_until)
 
 
 @pytest.fixture(scope='module')
@@ -36,11 +37,7 @@ def cluster(tmp_path_factory):
       wait_until(ready, 60, 'router', router, logs / 'router.log')
       yield url, [w0, w1]
     finally:
-      router.terminate()
-      try:
-        router.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        router.kill()
+      stop(router)
 
 
 def _assert_same(got, want, atol):

@@ -11,7 +11,7 @@ import pytest
 
 from osvl_jax.rollout import jax_sampler, server, server_auth, weight_sync
 from osvl_jax.rollout import sglang_client as sc
-from tests.serve.conftest import (BUCKET, MAX_LEN, NEW, free_port, healthy, serve_in_thread, serve_process,
+from tests.serve.conftest import (BUCKET, MAX_LEN, NEW, free_port, healthy, serve_in_thread, serve_process, stop,
                                   wait_until)
 
 KEY = 'test-key-3f9a'
@@ -144,8 +144,4 @@ def test_served_process_and_router_forward_the_key(tmp_path, tokenizer, folders)
       assert engine.update_weights_from_disk(str(folders['ok']), weight_version='7')[0]['success']
       assert engine.generate([([100, 200, 300], [])])[0].weight_version == '7'
     finally:
-      router.terminate()
-      try:
-        router.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        router.kill()
+      stop(router)
