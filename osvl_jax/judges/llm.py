@@ -39,6 +39,8 @@ _THINK_RE = re.compile(r'<think>.*?(</think>|$)', re.DOTALL | re.IGNORECASE)
 _BINARY_RE = re.compile(r'\b(not\s+correct|incorrect|correct|wrong)\b', re.IGNORECASE)
 _BINARY_WORD_RE = re.compile(r'^\W*(correct|incorrect|right|wrong|yes|no|true|false)\W*$', re.IGNORECASE)
 _ECHO_RE = re.compile(r'\bcorrect\s+or\s+incorrect\b', re.IGNORECASE)  # the instruction repeated back
+# The paper's accuracy-judge format: a line `correct: yes|no` (any case, markdown bold around either part).
+_FIELD_RE = re.compile(r'^[\s*_#>-]*correct[\s*_]*[:=][\s*_]*(yes|no)\b', re.IGNORECASE | re.MULTILINE)
 _JSON_VERDICT_KEYS = ('correct', 'is_correct', 'verdict', 'judgement', 'judgment', 'result')
 _BINARY_VALUE = {'not correct': 0.0, 'incorrect': 0.0, 'wrong': 0.0, 'no': 0.0, 'false': 0.0,
                  'correct': 1.0, 'right': 1.0, 'yes': 1.0, 'true': 1.0}
@@ -64,7 +66,8 @@ def _strip_reasoning(text: str | None) -> str:
 def parse_binary(text: str | None) -> float:
   """A Correct / Incorrect reply -> 1.0 / 0.0.
 
-  Accepts `Correct`, `**Incorrect**`, `The response is correct.`, `{"correct": true}`, `{"verdict": "Correct"}`, a
+  Accepts the paper's `correct: yes|no` line (any case, bold allowed, reasoning before or after it; both values
+  in one reply is a judge error), `Correct`, `**Incorrect**`, `The response is correct.`, `{"correct": true}`, `{"verdict": "Correct"}`, a
   reply that is only `yes` / `no` / `true` / `false` / `right` / `wrong`, and `1` / `0`. In free text only
   correct / incorrect / not correct / wrong count and the last one wins (`... so it is not correct` -> 0); a
   stray `no` or `yes` inside a sentence is not a verdict. <think> blocks and an echo of the instruction
@@ -75,6 +78,11 @@ def parse_binary(text: str | None) -> float:
       object without a readable verdict). The caller records a judge error: never a 0 or 1.
   """
   text = _strip_reasoning(text)
+  fields = {m.lower() for m in _FIELD_RE.findall(text)}
+  if len(fields) == 1:
+    return _BINARY_VALUE[fields.pop()]
+  if fields:
+    raise JudgeParseError(f'both `correct: yes` and `correct: no` in {text[:200]!r}')
   lone = _LONE_NUMBER_RE.match(text)
   if lone and lone[1] in ('0', '1'):
     return float(lone[1])

@@ -135,6 +135,10 @@ def test_query_judge_scores_the_pre_fatal_calls(serve):
     ('Correct', 1.0), ('**Incorrect**', 0.0), ('The response is correct.', 1.0), ('It is not correct.', 0.0),
     ('{"correct": true}', 1.0), ('{"correct": false}', 0.0), ('yes', 1.0), ('1', 1.0), ('0', 0.0),
     ('<think>maybe incorrect? no</think>Correct', 1.0),
+    # the paper's format: the field decides, whatever words the reasoning uses
+    ('correct: no\nreasoning: the response is correct about the city but names the wrong year', 0.0),
+    ('Correct: Yes\nReasoning: it is not incorrect to say Agra.', 1.0), ('**correct:** no', 0.0),
+    ('reasoning: the answer matches.\ncorrect: yes', 1.0), ('CORRECT = NO', 0.0),
 ])
 def test_parse_binary(text, want):
   assert llm.parse_binary(text) == want
@@ -148,7 +152,8 @@ def test_parse_score(text, want):
   assert llm.parse_score(text) == pytest.approx(want)
 
 
-@pytest.mark.parametrize('text', ['', None, 'Maybe.', 'Score: 250', 'Score: -1', '<think>Correct</think>'])
+@pytest.mark.parametrize('text', ['', None, 'Maybe.', 'Score: 250', 'Score: -1', '<think>Correct</think>',
+                                  'correct: yes\nreasoning: on reflection\ncorrect: no'])
 def test_unparseable_replies_raise_parse_error(text):
   with pytest.raises(llm.JudgeParseError):
     llm.parse_score(text) if text and 'Score' in text else llm.parse_binary(text)
