@@ -55,13 +55,25 @@ def read_marker(folder: str | os.PathLike) -> dict | None:
 
 
 def _listing(folder: pathlib.Path) -> set[str]:
-  """Every file (and symlink) below `folder`, relative, '/'-separated; empty sub-folders as 'name/'."""
+  """Every file and symlink (to a folder too: never followed) below `folder`, relative, '/'-separated; empty
+  sub-folders as 'name/'."""
   out = set()
   for root, dirs, files in os.walk(folder):
     rel = pathlib.Path(root).relative_to(folder)
     out.update((rel / f).as_posix() for f in files)
-    out.update(f'{(rel / d).as_posix()}/' for d in dirs if not os.listdir(pathlib.Path(root) / d))
+    out.update((rel / d).as_posix() for d in dirs if os.path.islink(os.path.join(root, d)))
+    out.update(f'{(rel / d).as_posix()}/' for d in dirs
+               if not os.path.islink(os.path.join(root, d)) and not os.listdir(pathlib.Path(root) / d))
   return out
+
+
+def _inside(folder: pathlib.Path, name) -> bool:
+  """Whether marker entry `name` is a plain relative path that stays inside `folder` (no '..', not absolute, no
+  symlinked folder on the way): a marker someone edited must not make an overwrite delete files elsewhere."""
+  if not isinstance(name, str) or not name or name.startswith('/') or '..' in pathlib.PurePosixPath(name).parts:
+    return False
+  parent = (folder / name).parent
+  return os.path.realpath(parent) == os.path.join(os.path.realpath(folder), *pathlib.PurePosixPath(name).parts[:-1])
 
 
 def is_export(folder: str | os.PathLike, kind: str) -> bool:
@@ -69,6 +81,7 @@ def is_export(folder: str | os.PathLike, kind: str) -> bool:
   folder = pathlib.Path(folder)
   marker = read_marker(folder) if folder.is_dir() and not folder.is_symlink() else None
   return (marker is not None and marker.get('kind') == kind
+          and all(_inside(folder, name) for name in marker['files'])
           and _listing(folder) <= set(marker['files']) | {MARKER})
 
 
@@ -111,6 +124,10 @@ def check_target(out: str | os.PathLike, kind: str, overwrite: bool = False,
                        f'{MARKER}); choose a new or empty folder')
   if marker.get('kind') != kind:
     raise UnsafeTarget(f"{out}: refused, it is an export of kind {marker.get('kind')!r}, not {kind!r}")
+  outside = [name for name in marker['files'] if not _inside(target, name)]
+  if outside:
+    raise UnsafeTarget(f'{out}: refused, its marker {MARKER} lists {outside[:3]}, which lie outside it (an edited '
+                       'marker, or a folder replaced by a symlink)')
   foreign = sorted(_listing(target) - set(marker['files']) - {MARKER})
   if foreign:
     raise UnsafeTarget(f'{out}: refused, this previous export holds files it did not write: '

@@ -37,6 +37,8 @@ def _define_flags() -> None:
   flags.DEFINE_string('checkpoint', 'latest', "'latest' | 'sft' | 'grpo' (with --workdir), a checkpoint folder or "
                       'one step of it, or an HF folder (config.json + safetensors).')
   flags.DEFINE_string('workdir', None, 'job folder for --checkpoint=latest|sft|grpo.')
+  flags.DEFINE_string('compile_cache_dir', None, "JAX's persistent compilation cache (default <workdir>/jax_cache "
+                      'when --workdir is given; "" = off): a restarted server compiles nothing new.')
   flags.DEFINE_integer('step', None, 'checkpoint step (default: the latest).')
   flags.DEFINE_string('hf_config', None, 'architecture override (config.json or a folder holding one).')
   flags.DEFINE_bool('tiny', False, 'serve the tiny random Qwen3-VL (Qwen3VLConfig.tiny(), nnx.Rngs(--seed)).')
@@ -169,7 +171,10 @@ def main(argv) -> None:
   del argv
   import uvicorn  # pylint: disable=g-import-not-at-top
 
+  from osvl_jax import compile_cache  # pylint: disable=g-import-not-at-top
   from osvl_jax.rollout import server, server_auth  # pylint: disable=g-import-not-at-top
+  cache = FLAGS.compile_cache_dir
+  compile_cache.enable(f'{FLAGS.workdir.rstrip("/")}/jax_cache' if cache is None and FLAGS.workdir else cache)
   service = build_service(FLAGS.checkpoint, FLAGS.workdir, FLAGS.step, FLAGS.hf_config, FLAGS.tiny, FLAGS.seed,
                           FLAGS.max_new_tokens, FLAGS.max_len, FLAGS.bucket, FLAGS.max_batch,
                           FLAGS.batch_window_ms / 1000.0, FLAGS.min_pixels, FLAGS.max_pixels,

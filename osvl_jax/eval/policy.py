@@ -47,12 +47,12 @@ def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, str]:
   raise FileNotFoundError(f'checkpoint {path} does not exist (a <workdir>/grpo_ckpt or sft_ckpt, or a workdir)')
 
 
-def _open(config: ml_collections.ConfigDict):
-  """(checkpoint folder, orbax manager, latest step, meta) of `config.checkpoint`."""
+def _open(config: ml_collections.ConfigDict, step: int | None = None):
+  """(checkpoint folder, orbax manager, step (default: the latest), meta) of `config.checkpoint`."""
   from osvl_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
   workdir, name = find_checkpoint(config.checkpoint)
   mngr = checkpoint.manager(workdir, name)
-  step = mngr.latest_step()
+  step = mngr.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f'no checkpoint step in {workdir / name}')
   return (workdir / name).resolve(), mngr, int(step), checkpoint.read_meta(mngr, step)
@@ -84,8 +84,10 @@ def policy_identity(config: ml_collections.ConfigDict) -> dict:
   return {'model': config.model.to_dict(), 'seed': int(config.seed)}
 
 
-def load_policy(config: ml_collections.ConfigDict):
-  """(model, description): `config.checkpoint` restored (architecture from its meta), else `config.model`.
+def load_policy(config: ml_collections.ConfigDict, step: int | None = None):
+  """(model, description): `config.checkpoint` restored at `step` (default: the latest; the evaluator passes the
+  step its fingerprint names, so a checkpoint written meanwhile is not evaluated under it; architecture from its
+  meta), else `config.model`.
 
   Raises:
     FileNotFoundError: a checkpoint path without a checkpoint.
@@ -99,8 +101,8 @@ def load_policy(config: ml_collections.ConfigDict):
     model = policy.build_model(config, seed=config.seed)
     return model, (f'hf:{config.model.hf_path}' if config.model.get('hf_path') else
                    f'{config.model.name} (random init, seed {config.seed})')
-  folder, mngr, _, meta = _open(config)
+  folder, mngr, step, meta = _open(config, step)
   model = model_lib.Qwen3VLModel(export_hf.read_config(None, meta), nnx.Rngs(0),
                                  scan_layers=bool(meta.get('scan_layers', False)))
-  restored = checkpoint.restore(mngr, model)
+  restored = checkpoint.restore(mngr, model, step=step)
   return model, f'{folder} step {restored["step"]}'

@@ -120,7 +120,7 @@ class Evaluator:
     self.policy_name = 'given engine'
     if engine is None:
       from osvl_jax.rollout import jax_sampler  # pylint: disable=g-import-not-at-top
-      model, self.policy_name = policy_lib.load_policy(config)
+      model, self.policy_name = policy_lib.load_policy(config, step=policy.get('step'))  # the fingerprinted one
       r = config.rollout
       engine = jax_sampler.JaxSampler(model, self.tokenizer, self.processor, max_new_tokens=r.max_new_tokens,
                                       temperature=r.temperature, top_p=r.top_p, seed=config.seed,

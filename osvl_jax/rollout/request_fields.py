@@ -52,9 +52,13 @@ def number(value: Any, name: str, default: float, ok, what: str) -> float:
   """`value` as a float with `ok(value)` true (None: `default`); else a RequestError naming `name` and `what`."""
   if value is None:
     return default
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
-    raise RequestError(f'{name} must be {what}, got {value!r}')
-  return float(value)
+  try:
+    as_float = None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+  except OverflowError:   # a JSON integer beyond float range
+    as_float = None
+  if as_float is None or not ok(as_float):
+    raise RequestError(f'{name} must be {what}, got {str(value)[:40]}')
+  return as_float
 
 
 def stop_strings(value: Any, name: str) -> tuple[str, ...]:
@@ -111,10 +115,11 @@ def vision_bans(value: Any, name: str) -> None:
   if not isinstance(value, dict):
     raise RequestError(f'{name} must be an object of token id -> bias, got {value!r}')
   for key, bias in value.items():
-    if not isinstance(key, str) or not key.isdigit():
+    if not isinstance(key, str) or not (key.isascii() and key.isdigit()):
       raise RequestError(f'{name}: key {key!r} is not a token id')
-    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
-      raise RequestError(f'{name}[{key}]={bias!r} is not a finite number')
+    bias = number(bias, f'{name}[{key}]', math.nan, math.isfinite, 'a finite number')
+    if math.isnan(bias):   # null
+      raise RequestError(f'{name}[{key}] must be a finite number, got null')
     if int(key) not in tokens_lib.VISION_IDS or bias > -100:
       raise RequestError(f'{name}[{key}]={bias!r}: osvl_jax.serve applies a logit_bias only as a ban (<= -100) '
                          f'of the vision ids {list(tokens_lib.VISION_IDS)}, which it never samples')
@@ -175,6 +180,14 @@ def check_chat_body(body: Any) -> None:
   check_messages(body.get('messages'))
 
 
+def _utf8(text: str | None, name: str) -> None:
+  """Refuses text the tokenizer cannot take: JSON escapes of lone surrogates (`"\\ud800"`) decode to no UTF-8."""
+  try:
+    (text or '').encode('utf-8')
+  except UnicodeEncodeError as e:
+    raise RequestError(f'{name} is not valid Unicode text (a lone surrogate at {e.start})') from None
+
+
 def check_messages(messages: Any) -> None:
   """OpenAI chat `messages`: a non-empty list of {role, content: string | null | [text / image_url parts]}.
 
@@ -191,12 +204,14 @@ def check_messages(messages: Any) -> None:
       raise RequestError(f'{where}.role must be one of {CHAT_ROLES}, got {message.get("role")!r}')
     content = message.get('content')
     if content is None or isinstance(content, str):
+      _utf8(content, f'{where}.content')
       continue
     if not isinstance(content, list):
       raise RequestError(f'{where}.content must be a string or a list of parts, got {content!r}')
     for j, part in enumerate(content):
       kind = part.get('type') if isinstance(part, dict) else None
       if kind == 'text' and isinstance(part.get('text'), str):
+        _utf8(part['text'], f'{where}.content[{j}].text')
         continue
       url = part.get('image_url') if kind == 'image_url' else None
       url = url.get('url') if isinstance(url, dict) else url

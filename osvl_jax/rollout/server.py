@@ -140,6 +140,9 @@ class SamplerService:
   def submit_rows(self, rows: list[Row]) -> Future:
     """Queues rows; the future's result is one dict per row (`_row_output`)."""
     fut: Future = Future()
+    if not rows:
+      fut.set_result([])
+      return fut
     self._queue.put(_Job('generate', rows, fut))
     return fut
 
@@ -173,31 +176,36 @@ class SamplerService:
     server_scheduler.Scheduler(self).run()
 
   def _update(self, job: _Job) -> None:
-    req = job.payload
+    """Answers an update job with (success, message); any failure (refused, unloadable, another architecture,
+    a broken set_model) is (False, why) with the old weights still serving, never an exception out of the worker."""
+    try:
+      job.future.set_result(self._apply_update(job.payload))
+    except Exception as e:  # pylint: disable=broad-except
+      job.future.set_result((False, f'update failed: {type(e).__name__}: {e}; still serving weight_version '
+                                    f'{self.weight_version}'))
+
+  def _apply_update(self, req: dict) -> tuple[bool, str]:
     try:
       path = self.weights_roots.resolve(req['model_path'])
-    except server_auth.WeightsPathRefused as e:
-      job.future.set_result((False, str(e)))
-      return
+    except (server_auth.WeightsPathRefused, ValueError, OSError) as e:   # e.g. a NUL byte in the path
+      return False, str(e) if isinstance(e, server_auth.WeightsPathRefused) else f'bad model_path: {e}'
     try:
       model = self.loader(path)
     except Exception as e:  # pylint: disable=broad-except
-      job.future.set_result((False, f'failed to load {req.get("model_path")}: {type(e).__name__}: {e}'))
-      return
+      return False, f'failed to load {req.get("model_path")}: {type(e).__name__}: {e}'
     try:   # the old weights keep serving unless the new ones fit them
       weight_update.check_update(self.sampler._model, model)  # pylint: disable=protected-access
     except weight_update.UpdateRefused as e:
-      job.future.set_result((False, f'refused {req.get("model_path")}: {e}; still serving weight_version '
-                                    f'{self.weight_version}'))
-      return
+      return False, f'refused {req.get("model_path")}: {e}; still serving weight_version {self.weight_version}'
     self.sampler.set_model(model)
     old = self.weight_version
     version = req.get('weight_version')
     if version is None:
-      version = str(int(old) + 1) if old.lstrip('-').isdigit() else old
+      digits = old.removeprefix('-')
+      version = str(int(old) + 1) if digits.isascii() and digits.isdigit() else old
     self.weight_version, self.model_path = str(version), str(req['model_path'])
     self.stats['updates'] += 1
-    job.future.set_result((True, f'Succeeded to update model weights (weight_version {old} -> {version}).'))
+    return True, f'Succeeded to update model weights (weight_version {old} -> {version}).'
 
   def _flush(self, job: _Job) -> None:
     cache = getattr(self.sampler, 'prefix_cache', None)

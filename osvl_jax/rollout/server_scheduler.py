@@ -58,8 +58,11 @@ class Scheduler:
       self._collect()
       if self.closing and not self.backlog and not self.batches:
         return
-      self._admit()
-      self._step()
+      try:
+        self._admit()
+        self._step()
+      except Exception as e:  # pylint: disable=broad-except
+        self._fail_all(e)   # a bug must answer every waiting request with an error, never stop the worker
 
   # -- 1. collect ----------------------------------------------------------------------------------------------
   def _take(self, block: bool, timeout: float | None = None) -> bool:
@@ -106,6 +109,9 @@ class Scheduler:
           break                     # a barrier: the rows before it finish on the old weights first
         self.backlog.popleft()
         (s._update if job.kind == 'update' else s._flush)(job)  # pylint: disable=protected-access
+        continue
+      if job.future.done():         # answered already (a row of it failed): its other rows are dropped
+        self.backlog.popleft()
         continue
       p = self._pending(job)
       if p is None:
@@ -210,7 +216,8 @@ class Scheduler:
       p.left -= 1
       if p.left == 0:
         del self.pending[id(job)]
-        job.future.set_result(p.outputs)
+        if not job.future.done():   # a cancelled request's future stays cancelled
+          job.future.set_result(p.outputs)
 
   def _fail(self, jobs: list, error: BaseException) -> None:
     for job in jobs:
@@ -218,6 +225,17 @@ class Scheduler:
       if p is not None:   # its rows still in a batch are dropped when they finish (`_deliver`)
         p.failed = True
         del self.pending[id(job)]
+        if not job.future.done():
+          job.future.set_exception(error)
+
+  def _fail_all(self, error: BaseException) -> None:
+    """Answers every job held here (running, pending or waiting) with `error` and forgets all batches."""
+    jobs = [p.job for p in self.pending.values()] + list(self.backlog)
+    self.pending.clear()
+    self.backlog.clear()
+    self.batches.clear()
+    for job in jobs:
+      if not job.future.done():
         job.future.set_exception(error)
 
   def _drop(self, key: tuple, batch, error: BaseException) -> None:

@@ -163,4 +163,8 @@ def test_policy_identity_names_the_checkpoint_step_and_content(tmp_path):
   checkpoint.save(mngr, 2, model, None, {'note': 'b'})
   second = policy.policy_identity(config)
   assert second['step'] == 2 and second['meta_sha256'] != first['meta_sha256']
+  # the evaluator loads the step its fingerprint names, not whatever is latest by the time it loads
+  _, described = policy.load_policy(config, step=first['step'])
+  assert described.endswith('step 1')
+  assert policy.load_policy(config)[1].endswith('step 2')
   assert policy.policy_identity(small_config()) == {'model': small_config().model.to_dict(), 'seed': 0}

@@ -118,6 +118,28 @@ def test_a_previous_export_holding_a_foreign_file_is_refused_even_with_overwrite
   assert (out / 'README.md').read_text() == 'my notes'
 
 
+def test_an_edited_marker_or_a_symlinked_folder_cannot_make_overwrite_delete_outside(workdir):
+  """A marker that lists '../x' or an absolute path, or a folder replaced by a symlink to other storage: the
+  folder is not a previous export (refused even with --overwrite), and the files outside survive."""
+  out = workdir.parent / 'hf'
+  export_hf.export(workdir, out)
+  sibling, shared = workdir.parent / 'sibling.txt', workdir.parent / 'shared'
+  sibling.write_text('keep me')
+  shared.mkdir()
+  (shared / 'config.json').write_text('{}')
+  marker = json.loads((out / export_folder.MARKER).read_text())
+  for files in (marker['files'] + ['../sibling.txt'], marker['files'] + [str(sibling)]):
+    (out / export_folder.MARKER).write_text(json.dumps({**marker, 'files': files}))
+    with pytest.raises(export_folder.UnsafeTarget):
+      export_hf.export(workdir, out, overwrite=True)
+    assert sibling.read_text() == 'keep me'
+  (out / export_folder.MARKER).write_text(json.dumps({**marker, 'files': marker['files'] + ['sub/config.json']}))
+  (out / 'sub').symlink_to(shared, target_is_directory=True)
+  with pytest.raises(export_folder.UnsafeTarget):
+    export_hf.export(workdir, out, overwrite=True)
+  assert (shared / 'config.json').read_text() == '{}'
+
+
 def test_an_export_into_an_empty_folder_honours_the_umask(workdir):
   out = workdir.parent / 'empty'
   out.mkdir()

@@ -13,6 +13,7 @@ from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import jax_sampler
 from osvl_jax.rollout import request_limits
 from osvl_jax.rollout import server
+from osvl_jax.rollout import server_auth
 from osvl_jax.rollout import sglang_client as sc
 from tests.serve.conftest import BUCKET, MAX_LEN, NEW, serve_in_thread
 
@@ -94,6 +95,32 @@ def test_a_row_failing_inside_the_batched_call_fails_alone(service, contexts, pr
   assert service.stats['isolation_retries'] > before['isolation_retries']
 
 
+def test_a_failing_row_of_a_job_larger_than_the_free_room_is_answered_once(tiny_model, tokenizer, processor,
+                                                                          contexts, tmp_path):
+  """max_batch=2 and a 3-row job whose second row fails inside the batched prefill: the job gets that one error
+  (never re-admitted from row 0, never answered twice); a weight update that cannot even be resolved (a NUL byte
+  in the path) is a (False, why); the worker keeps serving after both."""
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
+                                   temperature=0.0, max_len=MAX_LEN, bucket=BUCKET)
+  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0', max_batch=2,
+                              default_max_new_tokens=NEW, weights_roots=server_auth.WeightsRoots([str(tmp_path)]))
+  try:
+    ids, refs = contexts[2]
+    start = int(np.flatnonzero(ids == VS)[0])
+    split = np.concatenate([ids[:start + 3], [500], ids[start + 3:]]).astype(np.int32)
+    row = lambda c: server.Row(context=engine_lib.as_context(c), max_new_tokens=3, temperature=0.0, top_p=1.0,
+                               stop=(), stop_token_ids=frozenset(), return_logprob=True)
+    with pytest.raises(ValueError, match='needs 4 image tokens'):
+      svc.submit_rows([row(contexts[0]), row((split, refs)), row(contexts[1])]).result(timeout=120)
+    ok, message = svc.submit_update({'model_path': str(tmp_path) + '/x\x00'}).result(timeout=60)
+    assert not ok and 'bad model_path' in message, message
+    (alone,) = svc.submit_rows([row(contexts[1])]).result(timeout=120)
+    assert len(alone['ids']) == 3 and svc.weight_version == '0'
+    assert svc.submit_rows([]).result(timeout=5) == []
+  finally:
+    svc.close()
+
+
 G = {'input_ids': [1, 2, 3]}   # a valid /generate body
 CHAT = [{'role': 'user', 'content': 'hello'}]
 
@@ -124,6 +151,10 @@ GENERATE_REFUSALS = [
     (sp(logit_bias={str(PAD): 5.0}), f'sampling_params.logit_bias[{PAD}]'),      # a boost, not a ban
     (sp(logit_bias={'x': -1e4}), "sampling_params.logit_bias: key 'x'"),
     (sp(logit_bias=[PAD]), 'sampling_params.logit_bias must be an object'),
+    (sp(logit_bias={'\u00b2': -1e4}), 'is not a token id'),                  # '²'.isdigit() is True
+    (sp(logit_bias={str(PAD): -10 ** 400}), f'sampling_params.logit_bias[{PAD}] must be a finite number'),
+    (sp(logit_bias={str(PAD): None}), f'sampling_params.logit_bias[{PAD}] must be a finite number'),
+    (sp(temperature=10 ** 400), 'sampling_params.temperature'),              # beyond float range
     (sp(max_new_tokens=10**9), f'sampling_params.max_new_tokens=1000000000 is above the server limit '
                                f'--max_new_tokens_limit={LIMIT_NEW}'),
     (sp(skip_special_tokens='no'), 'sampling_params.skip_special_tokens'),
@@ -229,6 +260,16 @@ def test_chat_refusals_name_the_field(url, body, match):
   resp = httpx.post(url + '/v1/chat/completions', json=body, timeout=60)
   assert resp.status_code == 400, resp.text
   assert match in resp.json()['error']['message']
+
+
+@pytest.mark.parametrize('content, match', [
+    ('"\\ud800"', 'messages[0].content is not valid Unicode'),
+    ('[{"type": "text", "text": "a\\udfffb"}]', 'messages[0].content[0].text is not valid Unicode')])
+def test_chat_text_with_a_lone_surrogate_is_a_400(url, content, match):
+  """JSON escapes of lone surrogates decode to strings the tokenizer refuses: a 400 naming the field, not a 500."""
+  body = '{"messages": [{"role": "user", "content": %s}]}' % content
+  resp = httpx.post(url + '/v1/chat/completions', content=body.encode(), timeout=60)
+  assert resp.status_code == 400 and match in resp.json()['error']['message'], resp.text
 
 
 def test_body_limits_and_serving_after_refusals(url, contexts):
