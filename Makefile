@@ -17,8 +17,12 @@ $(VENV_STAMP): setup.py
 demo: $(VENV_STAMP)
 	$(PY) -m osvl_jax.demo --workdir=$(WORKDIR)
 
+# Two phases: the test files on 2 xdist workers, then tests/distributed alone (each of its tests starts several
+# JAX processes; beside two ~8 GB workers they would exceed a 24 GB machine).
 test: $(VENV_STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -n 2 --dist loadfile tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -n 2 --dist loadfile tests \
+	    --ignore=tests/distributed
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q tests/distributed
 
 clean:
 	rm -rf workdir .pytest_cache
