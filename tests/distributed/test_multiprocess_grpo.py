@@ -92,9 +92,9 @@ def _params(model) -> dict:
 
 @pytest.mark.timeout(900)
 @pytest.mark.xfail(strict=False, reason=(
-    'REGRESSION of session 7, open: process 1 never reaches JAX shutdown (it waits at a barrier, most likely '
-    "weight_sync.publish's, after process 0 left); the commits of 2026-12-01 that touch this path are the "
-    'export_folder version folders, the weight-update checks and continuous batching. Fix, then remove this mark.'))
+    'REGRESSION of session 7, open: the server refuses the first published version (weight_update.check_update: '
+    '"the update changes the architecture", likely the bf16 weights_dtype vs the float32 served params), process 0 '
+    "raises and process 1 waits in weight_sync.publish's barrier. Fix, then remove this mark."))
 def test_two_processes_run_grpo_against_a_server_with_the_one_process_update(server, tmp_path):
   _prompts_dataset(tmp_path)
   config_file = tmp_path / 'grpo_config.py'
