@@ -13,7 +13,9 @@ snapshot of the policy, no export) and takes the same version.
 
 Multi-host (HTTP engines only): every process calls `publish` at the same point; all take part in gathering the
 full parameters (`host_copy`), process 0 alone writes the folder and calls the servers, then every process waits
-for it (`distributed.barrier`), so no host runs ahead of the published version.
+for its outcome (`distributed.broadcast_object`), so no host runs ahead of the published version, and a failure on
+process 0 (a server refusing the update, a full disk) raises on every process instead of leaving the others
+waiting at a barrier.
 
   sync = WeightSync(engine, root=workdir / 'weights', min_pixels=..., max_pixels=...)
   sync.publish(model, version=step)   # after the optimizer step that produced `version`
@@ -33,6 +35,10 @@ from osvl_jax import distributed, export_folder, export_hf
 
 DTYPES = ('float32', 'bfloat16')
 KIND = 'weight_version'  # the `export_folder` kind of a version folder
+
+
+class PublishFailed(RuntimeError):
+  """Raised on processes other than 0 when process 0 failed to export or publish a weight version."""
 
 
 def folder_name(version: int) -> str:
@@ -136,17 +142,26 @@ class WeightSync:
       {'version': int, 'path': exported folder or '' (embedded), 'seconds': wall time, 'servers': answers}.
     Raises:
       sglang_client.EngineError: a server refused the update (it keeps its old weights and version).
+      PublishFailed: on the other processes of a multi-process job, when process 0 failed (its error named).
       ValueError: an embedded engine in a multi-process job.
     """
     t0 = time.time()
     path, answers = '', []
     if self.remote:
       host_model = host_copy(model)  # every process: the gathers are collectives
+      error = None
       if distributed.is_main():
-        path = str(export_version(host_model, self.root, version, self.min_pixels, self.max_pixels, self.dtype,
-                                  self.keep))
-        answers = self.engine.update_weights_from_disk(path, weight_version=str(int(version)))
-      distributed.barrier(f'weight_sync.publish v{int(version)}')
+        try:
+          path = str(export_version(host_model, self.root, version, self.min_pixels, self.max_pixels, self.dtype,
+                                    self.keep))
+          answers = self.engine.update_weights_from_disk(path, weight_version=str(int(version)))
+        except Exception as e:  # pylint: disable=broad-except
+          error = e
+      failed = distributed.broadcast_object(None if error is None else f'{type(error).__name__}: {error}')
+      if error is not None:
+        raise error
+      if failed is not None:
+        raise PublishFailed(f'process 0 failed to publish weight version {int(version)}: {failed}')
     elif jax.process_count() > 1:
       raise ValueError('WeightSync: the embedded engine runs in one process; a multi-process job needs servers')
     else:  # a snapshot: the trainer updates `model`'s Variables in place, maybe while the sampler generates
