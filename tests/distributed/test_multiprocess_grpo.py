@@ -134,8 +134,14 @@ def test_two_processes_run_grpo_against_a_server_with_the_one_process_update(ser
     batch.pop('rewards'), batch.pop('fatal_steps')
     expected.append(update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)[0])
   assert all(e['kl'] > 0.1 and e['grad_norm'] > 0.1 for e in expected)  # the KL term acts
+  # Step 2 starts from the same parameters on both sides: only float32 summation order differs (rel 1e-5). Step 3
+  # starts after one Adam step, whose per-element steps agree only to 1e-2 of the movement (see the parameter check
+  # below), so its metrics may differ by up to 1e-2 of how much the step moved them (measured: 3e-5 relative once,
+  # depending on the sampled rollouts).
   for key in ('loss', 'kl', 'grad_norm'):
-    np.testing.assert_allclose([r[key] for r in rows], [e[key] for e in expected], rtol=1e-5, err_msg=key)
+    got, want = [r[key] for r in rows], [e[key] for e in expected]
+    assert got[0] == pytest.approx(want[0], rel=1e-5), key
+    assert abs(got[1] - want[1]) <= 1e-5 * abs(want[1]) + 1e-2 * abs(want[1] - want[0]), (key, got, want)
   pod_model = policy.create_model(c, one_device, seed=1)
   assert checkpoint.restore(checkpoint.manager(pod, 'grpo_ckpt'), pod_model)['step'] == STEPS
   want, got = _params(model), _params(pod_model)
