@@ -187,6 +187,8 @@ def shard_vision_inputs(pixel_values, image_grid_thw, per_row, shards: int, visi
     ValueError: S does not divide B; the rows, pixel_values and grids disagree on the patch count; a budget not a
       multiple of spatial_merge_size**2; a shard needing more patches than the budget (naming both).
   """
+  if vision_config is None:
+    raise ValueError('shard_vision_inputs: images (or a patch budget) need the vision config')
   merge2 = vision_config.spatial_merge_size ** 2
   if patches_per_shard and patches_per_shard % merge2:
     raise ValueError(f'patches_per_shard={patches_per_shard} is not a multiple of spatial_merge_size**2={merge2}')
