@@ -92,6 +92,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.warmup_steps = c.sft.get_ref('steps') * 2 // 45
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
+  # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
+  # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = each batch's
+  # fullest shard (a new program per new patch count).
+  c.sft.patches_per_shard = 0
   c.sft.log_every = 10
   c.sft.ckpt_every = 150
 
@@ -123,6 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
   c.grpo.length_multiple = 1024  # sequence lengths padded to a multiple (few compiled shapes)
   c.grpo.loss_multiple = 256  # loss positions padded to a multiple
+  c.grpo.patches_per_shard = 0  # image patches per batch shard of a micro-batch (as sft.patches_per_shard)
   c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
   # Update schedule (osvl_jax/train/grpo_update.py): prompts' groups per mini-batch = per optimizer step; 0 = the
   # whole rollout batch (the demo keeps one step per rollout batch; the official run: 64 of 256).

@@ -124,6 +124,10 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.sft.warmup_steps = c.sft.get_ref('steps') * 3 // 100
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
+  # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
+  # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = each batch's
+  # fullest shard (a new program per new patch count).
+  c.sft.patches_per_shard = 0
   c.sft.log_every = 10
   c.sft.ckpt_every = 500
 
@@ -145,6 +149,7 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.grad_clip = 1.0
   c.grpo.length_multiple = 1024  # sequence lengths padded to a multiple (few compiled shapes)
   c.grpo.loss_multiple = 256
+  c.grpo.patches_per_shard = 0  # image patches per batch shard of a micro-batch (as sft.patches_per_shard)
   c.grpo.eps_low = 0.2
   c.grpo.eps_high = 0.28
   c.grpo.beta = 0.0

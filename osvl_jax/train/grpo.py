@@ -91,6 +91,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   if cfg.get('std_ddof') is not None:
     checks.choice(config, 'grpo.std_ddof', (0, 1))
   checks.number(config, 'grpo.clip_ratio_c', low=1, low_open=True, optional=True)
+  checks.number(config, 'grpo.patches_per_shard', integer=True, low=0, optional=True)
   checks.number(config, 'grpo.temperature', low=0, low_open=True)
   checks.number(config, 'grpo.top_p', low=0, low_open=True, high=1)
   total = checks.positive_int(config, 'rollout.max_total_tokens')
@@ -140,7 +141,7 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
   Returns:
     (batch, grid, scores, advantage stats): `batch` is `batching.collate`'s dict plus loss_mask [B, K] float32
     (Eq. 10 at the loss positions), advantages [B] float32 (Eq. 11), rewards [B], fatal_steps [B] int32 (-1 =
-    not fatal); `grid` is the static image-grid key; `scores` the per-trajectory reward components.
+    not fatal); `grid` the images' grids, a tuple of (t, h, w) (host data for `grpo_update`'s row splits); `scores` the per-trajectory reward components.
   """
   scores = score_batch(trajectories, cfg, judge) if scores is None else scores
   if len(scores) != len(trajectories):
@@ -159,7 +160,8 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
       estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1))
   batch = batching.collate(trajectories, length_multiple=cfg.get('length_multiple', 1024),
                            loss_multiple=cfg.get('loss_multiple', 256))  # few distinct shapes
-  grid = sft.grid_key(batch.pop('image_grid_thw'))
+  grids = batch.pop('image_grid_thw')  # host data: the update lays the images out per shard (no static grid)
+  grid = tuple(map(tuple, grids.tolist())) if grids is not None else ()
   batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['completion_mask'], batch['loss_step'], fatal_steps,
                                                       fatal_mode.mask_fn))
   batch['advantages'] = np.asarray(adv, np.float32)
@@ -311,7 +313,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   runner = rollouts.RolloutRunner(config, model, workdir)
   judge = judges_registry.get_judge(config.get('judge'))
   writer = metrics.MetricWriter(workdir, 'grpo')
-  update = grpo_update.make_update_fn(cfg, place=lambda b: policy.shard_batch(b, mesh, rules))
+  patches = int(cfg.get('patches_per_shard', 0) or 0)  # the images' budget per batch shard (0: per micro-batch)
+  update = grpo_update.make_update_fn(
+      cfg, place=lambda b: policy.shard_batch(b, mesh, rules, model.config.vision, patches))
   group, max_staleness = cfg.num_generations, int(cfg.get('max_staleness') or 0)
 
   def rollout(step: int) -> tuple[list, float]:

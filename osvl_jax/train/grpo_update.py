@@ -13,7 +13,9 @@ Train–inference mismatch: the engine's log-probs ride on the trajectory (`roll
 mean |log π_rollout − log π_old| and the spread of π_old / π_rollout, and with `grpo.tis_cap` C > 0 weights each
 token's loss by min(π_old / π_rollout, C) (truncated importance sampling, verl's TIS).
 
-Placement is injected (`place(batch) -> batch`, applied to every micro-batch); this module builds no mesh.
+Placement is injected (`place(batch) -> batch`, applied to every host micro-batch, which carries its images' grids as
+image_grid_thw [I, 3]; the placed batch has them laid out per shard as arrays, `policy.vision_layout`, so the jitted
+pieces take nothing grid-shaped as static and compile once per budget); this module builds no mesh.
 Multi-host: every process runs the update on the same host batch; results split over several hosts' devices come
 back through `distributed.to_host` (a collective, called at the same points on every process).
 """
@@ -81,7 +83,7 @@ def take_rows(batch: dict, grid: tuple, rows, merge_size: int = 2,
   Args:
     batch: `batching.collate` fields (+ per-row loss arrays [B, ...]) as host numpy arrays, without image_grid_thw;
       position_ids [3, B, T] (rows on axis 1), pixel_values [P, D], scalars and None kept as they are.
-    grid: the batch's image grids, a tuple of (t, h, w) (`sft.grid_key`).
+    grid: the batch's image grids, a tuple of (t, h, w) (`grpo.prepare_batch`).
     rows: int row indices (any order, no repeats needed).
   Returns:
     (part, part grid); T and K stay the batch's, so all parts share compiled shapes.
@@ -213,10 +215,22 @@ def tis_weights(old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, known_ro
 # Jitted pieces and the schedule
 # ----------------------------------------------------------------------------------------------------------------
 
-@nnx.jit(static_argnums=2)
-def logprob_fn(model, batch: dict, grid: tuple) -> jax.Array:
-  """Jitted: [B, K] float32 log-probs of `model` at the batch's loss positions (π_old, π_ref). `grid` is static."""
-  batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
+def with_grid(batch: dict, grid: tuple) -> dict:
+  """A host (micro-)batch with its images' grids as image_grid_thw int32 [I, 3] (None without images), the form
+  `place` and `policy.vision_layout` read."""
+  return dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
+
+
+def default_place(vision_config, patches_per_shard: int = 0) -> Callable[[dict], dict]:
+  """`place` without a mesh: the batch's images laid out as one shard (`policy.vision_layout`), host arrays."""
+  return functools.partial(policy.vision_layout, vision_config=vision_config, shards=1,
+                           patches_per_shard=patches_per_shard)
+
+
+@nnx.jit
+def logprob_fn(model, batch: dict) -> jax.Array:
+  """Jitted: [B, K] float32 log-probs of `model` at the batch's loss positions (π_old, π_ref). `batch` as `place`
+  returns it (images laid out per shard; nothing static)."""
   return policy.loss_logprobs(model, batch)
 
 
@@ -234,7 +248,8 @@ def apply_fn(model, optimizer, grads) -> jax.Array:
 
 
 def make_grad_fn(cfg: ml_collections.ConfigDict):
-  """Jitted (model, batch, grid, num_sequences, num_tokens) -> (grads, metrics) of −J (Eq. 12) on one micro-batch.
+  """Jitted (model, batch, num_sequences, num_tokens) -> (grads, metrics) of −J (Eq. 12) on one placed micro-batch
+  (images laid out per shard, `place`; nothing static, so one program per budget).
 
   `num_sequences` (rows) and `num_tokens` (Σ M) are those of the mini-batch the micro-batch belongs to (float32
   scalars), so the micro-batch gradients sum to the mini-batch gradient. The batch needs old_logprobs, advantages,
@@ -252,10 +267,8 @@ def make_grad_fn(cfg: ml_collections.ConfigDict):
 @functools.cache
 def _grad_fn(eps_low: float, eps_high: float, beta: float, aggregation: str, clip_ratio_c: float | None):
 
-  @nnx.jit(static_argnums=2)
-  def grad_fn(model, batch, grid, num_sequences, num_tokens):
-    batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
-
+  @nnx.jit
+  def grad_fn(model, batch, num_sequences, num_tokens):
     def loss_fn(model):
       logprobs = policy.loss_logprobs(model, batch)
       return losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
@@ -269,12 +282,12 @@ def _grad_fn(eps_low: float, eps_high: float, beta: float, aggregation: str, cli
   return grad_fn
 
 
-def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequences: float,
+def accumulate_grads(model, parts: list[dict], grad_fn, num_sequences: float,
                      num_tokens: float) -> tuple[nnx.State, dict]:
   """Σ over micro-batches of the gradient of −J, each normalised by the mini-batch: the mini-batch gradient.
 
   Args:
-    parts: (placed batch, grid) micro-batches (`split_micro_batches`, then `place`).
+    parts: placed micro-batches (`split_micro_batches`, then `with_grid` and `place`).
     grad_fn: `make_grad_fn(cfg)`.
     num_sequences, num_tokens: rows and Σ M of the mini-batch.
   Returns:
@@ -282,8 +295,8 @@ def accumulate_grads(model, parts: list[tuple[dict, tuple]], grad_fn, num_sequen
   """
   grads, metrics_list = None, []
   f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
-  for batch, grid in parts:
-    g, m = grad_fn(model, batch, grid, f32(num_sequences), f32(num_tokens))
+  for batch in parts:
+    g, m = grad_fn(model, batch, f32(num_sequences), f32(num_tokens))
     grads = g if grads is None else jax.tree.map(jax.numpy.add, grads, g)
     metrics_list.append(distributed.to_host(m))
   return grads, metrics.reduce_metrics(metrics_list, losses.GRPO_METRIC_REDUCTIONS)
@@ -295,7 +308,8 @@ def batch_logprobs(model, batch: dict, grid: tuple, micro_batch_size: int,
   split over several hosts are gathered: `distributed.to_host`)."""
   rows = batch['input_ids'].shape[0]
   parts = split_micro_batches(batch, grid, math.gcd(rows, micro_batch_size or rows))
-  return np.concatenate([np.asarray(distributed.to_host(logprob_fn(model, place(b), g))) for b, g in parts])
+  return np.concatenate([np.asarray(distributed.to_host(logprob_fn(model, place(with_grid(b, g)))))
+                         for b, g in parts])
 
 
 def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict] | None = None):
@@ -303,8 +317,11 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
 
   Args:
     cfg: config.grpo: mini_batch_prompts (0 = whole batch), ppo_epochs (default 1), micro_batch_size (0 = the
-      mini-batch), tis_cap (None / 0 = off), beta, and `make_grad_fn`'s loss settings.
-    place: host batch -> placed batch (e.g. sharded over a mesh), applied to every micro-batch; default identity.
+      mini-batch), tis_cap (None / 0 = off), beta, patches_per_shard (the default place's patch budget; 0 / absent
+      = each micro-batch's fullest shard), and `make_grad_fn`'s loss settings.
+    place: host batch (with image_grid_thw, `with_grid`) -> placed batch (e.g. `policy.shard_batch` over a mesh:
+      images laid out per shard), applied to every micro-batch; default `default_place(model.config.vision,
+      cfg.patches_per_shard)`, host arrays.
   Returns:
     update(model, optimizer, batch, grid, prompt_ids, ref_model=None) -> (metrics, step_metrics):
       batch / grid as `grpo.prepare_batch` returns them (without rewards / fatal_steps; host numpy), prompt_ids [B]
@@ -315,21 +332,22 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
   Raises (from update):
     ValueError: prompt_ids not [B]; beta > 0 without ref_model.
   """
-  place = place or (lambda b: b)
+  patches = int(cfg.get('patches_per_shard', 0) or 0)
   mini_prompts, epochs = int(cfg.get('mini_batch_prompts', 0) or 0), int(cfg.get('ppo_epochs', 1) or 1)
   micro, tis_cap, beta = int(cfg.get('micro_batch_size', 0) or 0), cfg.get('tis_cap', None), float(cfg.beta)
   grad_fn = make_grad_fn(cfg)
 
   def update(model, optimizer, batch, grid, prompt_ids, ref_model=None):
+    put = place or default_place(model.config.vision, patches)
     rows = batch['input_ids'].shape[0]
     if len(prompt_ids) != rows:
       raise ValueError(f'prompt_ids has {len(prompt_ids)} entries for a batch of {rows} rows')
     if beta and ref_model is None:
       raise ValueError(f'grpo.beta={beta} needs ref_model')
     batch = dict(batch)
-    batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, place)  # once (Eq. 12's π_old)
+    batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, put)  # once (Eq. 12's π_old)
     if beta:
-      batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, place)
+      batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put)
     known = rollout_logprob_rows(batch)
     rollout = batch.get('rollout_logprobs', np.zeros_like(batch['old_logprobs']))
     out = mismatch_metrics(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
@@ -341,7 +359,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       for mini_rows in minis:
         n = len(mini_rows)
         part, part_grid = (batch, grid) if n == rows else take_rows(batch, grid, mini_rows)
-        parts = [(place(b), g) for b, g in split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
+        parts = [put(with_grid(b, g)) for b, g in split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
         micro_batches = max(micro_batches, len(parts))
         grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(part['loss_mask'])))
         step['grad_norm'] = float(distributed.to_host(apply_fn(model, optimizer, grads)))

@@ -4,7 +4,7 @@ their placement on the trainer's mesh (DESIGN.md §3: the training mains own the
 SFT and GRPO share one path:
   mesh = sharding.mesh_from_config(config.mesh)           # ('data', 'fsdp', 'tensor', 'expert')
   model, optimizer = policy.create(config, mesh, 'sft')   # created sharded: no full copy on one device
-  batch = policy.shard_batch(batch, mesh, rules)          # rows over ('data', 'fsdp')
+  batch = policy.shard_batch(batch, mesh, rules, vision)  # rows over ('data', 'fsdp'), images per shard
   with sharding.use_mesh(mesh, rules): step(model, optimizer, batch, ...)
 Parameters and the optimizer state (Adam mu / nu like their parameter) are placed by the model's logical rules
 (`models/qwen3_vl/sharding.py`, overridable with `config.sharding_rules`).
@@ -22,6 +22,7 @@ from flax import nnx
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.models.qwen3_vl import vision as vision_lib
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.rl import losses
 from osvl_jax.train import batching
@@ -173,15 +174,53 @@ def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict) -> jax.Array:
 
   Args:
     model: the policy.
-    batch: from `batching.collate` (jnp or np arrays).
+    batch: from `batching.collate` (jnp or np arrays; flat pixel_values with static image_grid_thw), or laid out
+      per shard (`vision_layout` / `shard_batch`: pixel_values [S, P, D] and the `vision_*` geometry arrays).
   Returns:
     [B, K] float32: log pi(token t+1 | tokens <= t) at `loss_positions`; garbage where `completion_mask` is 0.
   """
   hidden, _ = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'],
                     pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'),
-                    patch_index=batch.get('patch_index'))
+                    vision_inputs=vision_inputs(batch))
   gathered = jnp.take_along_axis(hidden, batch['loss_positions'][..., None], axis=1)  # [B, K, H]
   return losses.token_logprobs(model.logits(gathered), batch['loss_targets'])
+
+
+def vision_inputs(batch: dict) -> dict | None:
+  """The per-shard geometry arrays of a laid-out batch (fields 'vision_<name>', `vision.GEOMETRY_FIELDS`) as the
+  model's `vision_inputs` dict, or None for a flat (or image-less) batch."""
+  if 'vision_segment_ids' not in batch:
+    return None
+  return {k: batch[f'vision_{k}'] for k in vision_lib.GEOMETRY_FIELDS}
+
+
+def vision_layout(batch: dict, vision_config: config_lib.VisionConfig | None, shards: int = 1,
+                  patches_per_shard: int = 0) -> dict:
+  """On the host: a collated batch's flat images (pixel_values [N, D], image_grid_thw [I, 3]) laid out per batch
+  shard with their geometry as arrays (`batching.shard_vision_inputs`), image_grid_thw dropped: the form the jitted
+  training steps take (nothing grid-shaped static). A batch already laid out (pixel_values [S, P, D]) or without
+  images and budget is returned as it is, less image_grid_thw.
+
+  Args:
+    batch: `batching.collate`'s fields (+ per-row loss arrays), host arrays.
+    vision_config: the policy's `VisionConfig` (needed when the batch has images or a budget is set).
+    shards: S, the batch shards of the mesh (`sharding.batch_shards`).
+    patches_per_shard: the patch budget P (config `sft.patches_per_shard` / `grpo.patches_per_shard`); 0 = the
+      fullest shard of this batch.
+  Raises:
+    ValueError: images without vision_config; from `batching.shard_vision_inputs` (a shard over the budget, ...).
+  """
+  batch = dict(batch)
+  grid = batch.pop('image_grid_thw', None)
+  pixels = batch.get('pixel_values')
+  if (pixels is not None and np.ndim(pixels) == 3) or (pixels is None and not patches_per_shard):
+    return batch
+  if vision_config is None:
+    raise ValueError('vision_layout: a batch with images (or a patch budget) needs the vision config')
+  per_row = batching.row_patches(np.asarray(batch['input_ids']), vision_config.spatial_merge_size)
+  batch.update(batching.shard_vision_inputs(None if pixels is None else np.asarray(pixels), grid, per_row, shards,
+                                            vision_config, patches_per_shard))
+  return batch
 
 
 def device_batch(batch: dict) -> dict:
@@ -189,9 +228,8 @@ def device_batch(batch: dict) -> dict:
   return {k: (v if k == 'image_grid_thw' or v is None else jnp.asarray(v)) for k, v in batch.items()}
 
 
-# Batch fields whose row axis is not 0: position_ids [3, B, T] (rows on axis 1). pixel_values: flat [N, 1536] (all
-# images; multi-host `distributed.host_batch`) replicated, or per shard [S, P, 1536] (`shard_batch`) split like the
-# rows, as patch_index [S, P].
+# Batch fields whose row axis is not 0: position_ids [3, B, T] (rows on axis 1). pixel_values: flat [N, 1536]
+# replicated, or per shard [S, P, 1536] (`vision_layout`) split like the rows, as the vision_* geometry [S, P, ...].
 ROW_AXIS = {'position_ids': 1, 'image_grid_thw': None}
 
 
@@ -206,30 +244,28 @@ def batch_sharding(key: str, ndim: int, mesh: jax.sharding.Mesh,
 
 
 def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RULES,
-                merge_size: int = 2) -> dict:
+                vision_config: config_lib.VisionConfig | None = None, patches_per_shard: int = 0) -> dict:
   """Puts a collated batch (host arrays, every row) on the mesh: the rows of input_ids, attention_mask, the loss
-  arrays [B, ...] and position_ids [3, B, T] split over ('data', 'fsdp'); image_grid_thw (static shapes) stays on
-  the host. With S > 1 batch shards the images are laid out per shard (`batching.shard_images`: pixel_values
-  [S, P, 1536] and patch_index [S, P], split like the rows), so each device's vision tower encodes only its own
-  rows' images; with one shard pixel_values stay flat [N, 1536]. Multi-host: SFT feeds only each host's rows
+  arrays [B, ...] and position_ids [3, B, T] split over ('data', 'fsdp'). The images are laid out per batch shard
+  (`vision_layout`: pixel_values [S, P, 1536] and the vision_* geometry [S, P, ...], split like the rows, S >= 1),
+  so each device's vision tower encodes only its own rows' images and the step's program depends on the budgets
+  only, not on the grids; image_grid_thw is dropped. Multi-host: SFT feeds only each host's rows
   (`distributed.host_batch`); GRPO gives every host the whole batch, of which each places its devices' slices.
 
   Args:
-    batch: `batching.collate`'s fields (+ per-row loss arrays), host or jax arrays; pixel_values flat [N, 1536].
+    batch: `batching.collate`'s fields (+ per-row loss arrays), host or jax arrays; pixel_values flat [N, 1536]
+      with image_grid_thw [I, 3], or already laid out.
     mesh, rules: the trainer's mesh and logical rules.
-    merge_size: the vision tower's spatial_merge_size (patches per image token: merge_size**2).
+    vision_config, patches_per_shard: as `vision_layout`.
   Raises:
     ValueError: naming the field, when its B rows do not split over the data x fsdp devices; from
-      `batching.shard_images` when the image tokens do not match the patches.
+      `vision_layout` (a shard over the patch budget, images without vision_config, ...).
   """
   shards = sharding.batch_shards(mesh, rules)
-  batch = dict(batch)
-  if shards > 1 and batch.get('pixel_values') is not None and np.ndim(batch['pixel_values']) == 2:
-    if np.shape(batch['input_ids'])[0] % shards:
-      raise ValueError(f"batch field 'input_ids' has {np.shape(batch['input_ids'])[0]} rows, not a multiple of "
-                       f'the {shards} data x fsdp devices of the mesh')
-    batch['pixel_values'], batch['patch_index'] = batching.shard_images(
-        np.asarray(batch['input_ids']), np.asarray(batch['pixel_values']), shards, merge_size)
+  if np.shape(batch['input_ids'])[0] % shards:
+    raise ValueError(f"batch field 'input_ids' has {np.shape(batch['input_ids'])[0]} rows, not a multiple of "
+                     f'the {shards} data x fsdp devices of the mesh')
+  batch = vision_layout(batch, vision_config, shards, patches_per_shard)
   out = {}
   for key, value in batch.items():
     if key == 'image_grid_thw' or value is None:

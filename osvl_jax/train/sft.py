@@ -59,7 +59,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     ValueError: naming the field: `check_model_config`'s, sft.steps / batch_size / log_every / ckpt_every not
       ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps) (`checks.warmup_steps`: the message says
       which value fits), sft.weight_decay < 0, sft.grad_clip <= 0,
-      sft.batch_size not a multiple of the mesh's data x fsdp size.
+      sft.batch_size not a multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int
+      >= 0.
   """
   check_model_config(config)
   steps = checks.positive_int(config, 'sft.steps')
@@ -69,6 +70,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   checks.warmup_steps(config, 'sft')
   checks.number(config, 'sft.weight_decay', low=0)
   checks.number(config, 'sft.grad_clip', low=0, low_open=True)
+  checks.number(config, 'sft.patches_per_shard', integer=True, low=0, optional=True)
   shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
   if config.sft.batch_size % shards:
     raise ValueError(f'sft.batch_size={config.sft.batch_size} does not split over the {shards} data x fsdp devices '
@@ -90,31 +92,28 @@ def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> n
 
 def loss_fn(model, batch: dict) -> tuple[jax.Array, dict]:
   """The SFT loss of `batch` (`policy.loss_logprobs` + `losses.sft_loss`, Eq. 7-8): (loss, metrics); batch fields
-  as `make_train_step` reads them, image_grid_thw included (static)."""
+  as `make_train_step` reads them."""
   return losses.sft_loss(policy.loss_logprobs(model, batch), batch['completion_mask'])
 
 
 def make_train_step():
-  """A jitted SFT step (model, optimizer, batch, grid) -> metrics; `grid` (image_grid_thw as a tuple) is static.
+  """A jitted SFT step (model, optimizer, batch) -> metrics.
 
-  The model's and optimizer's arrays are donated: the step updates them in place (one copy of the parameters and
-  Adam moments per device, not two), so arrays read from them before the step are deleted by it.
+  `batch` is laid out by `policy.shard_batch` / `distributed.host_batch` (images per batch shard with their geometry
+  as arrays, no image_grid_thw): nothing of it is static, so every batch of the same budgets (T, K, rows, patches
+  per shard) runs one compiled program whatever its images. The model's and optimizer's arrays are donated: the step
+  updates them in place (one copy of the parameters and Adam moments per device, not two), so arrays read from them
+  before the step are deleted by it.
   """
 
-  @nnx.jit(static_argnums=3, donate_argnums=(0, 1))
-  def train_step(model, optimizer, batch, grid):
-    batch = dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
+  @nnx.jit(donate_argnums=(0, 1))
+  def train_step(model, optimizer, batch):
     (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
     optimizer.update(model, grads)
     policy.pin_placement(model, optimizer)  # the updated state keeps the rules' shardings
     return dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))
 
   return train_step
-
-
-def grid_key(image_grid_thw: np.ndarray | None) -> tuple:
-  """A batch's image_grid_thw, int [I, 3] or None, as a hashable static argument: ((t, h, w), ...), () for None."""
-  return tuple(map(tuple, image_grid_thw.tolist())) if image_grid_thw is not None else ()
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
@@ -144,13 +143,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   train_step = make_train_step()
 
   length, num_loss = batching.padded_sizes(trajectories)  # one shape for the run: one compiled step
+  patches = int(cfg.get('patches_per_shard', 0) or 0)  # with T and K fixed, the images' budget (0: per batch)
   t0, tokens = time.time(), 0
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
                           disable=not distributed.is_main()):
     idx = batch_indices(step, cfg.batch_size, len(trajectories), config.seed)
-    batch, grid = distributed.host_batch([trajectories[i] for i in idx], mesh, length, num_loss, rules)
+    batch = distributed.host_batch([trajectories[i] for i in idx], mesh, length, num_loss, rules,
+                                   model.config.vision, patches)
     with sharding.use_mesh(mesh, rules):  # activation constraints on
-      out = train_step(model, optimizer, batch, grid)
+      out = train_step(model, optimizer, batch)
     tokens += out['num_tokens']
     if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
       out = jax.device_get(out)

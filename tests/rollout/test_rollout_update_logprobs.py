@@ -6,12 +6,12 @@ from flax import nnx
 
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import model as model_lib
-from osvl_jax.models.qwen3_vl import vision
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import jax_sampler
 from osvl_jax.train import batching
+from osvl_jax.train import grpo_update
 from osvl_jax.train import policy
 from tools import env as tools_env
 
@@ -49,14 +49,9 @@ def test_loss_logprobs_of_the_collated_batch_equal_the_samplers():
                                     [item], max_turns=3)
   assert len(traj.images) == 3 and len(traj.steps) == 3 and traj.stop_reason == 'max_turns'
   batch = batching.collate([traj], length_multiple=64, loss_multiple=16)
-  grid = vision.as_grid_tuple(batch['image_grid_thw'])
-
-  @nnx.jit(static_argnums=2)  # as the trainer calls it (train/grpo.py make_logprob_fn)
-  def logprob_fn(model, batch, grid):
-    return policy.loss_logprobs(model, dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3)))
-
-  device = policy.device_batch({k: v for k, v in batch.items() if k != 'image_grid_thw'})
-  logprobs = np.asarray(logprob_fn(model, device, grid))[0]
+  # as the trainer calls it: images laid out per shard with their geometry as arrays (grpo_update.default_place)
+  device = policy.device_batch(grpo_update.default_place(model.config.vision)(batch))
+  logprobs = np.asarray(grpo_update.logprob_fn(model, device))[0]
   sampled = batch['completion_mask'][0] & (batch['loss_step'][0] == 2)
   assert sampled.sum() == 1
   np.testing.assert_allclose(logprobs[sampled], batch['rollout_logprobs'][0][sampled], atol=2e-4)

@@ -175,7 +175,7 @@ def test_grad_fn_uses_clip_range_beta_and_aggregation_from_config():
   batch['ref_logprobs'] = logprobs + rng.normal(0, 0.2, (b, k)).astype(np.float32)
   settings = dict(eps_low=0.1, eps_high=0.5, beta=0.3, aggregation='seq_mean_token_sum')
   cfg = _cfg(**settings)
-  _, metrics = grpo_update.make_grad_fn(cfg)(model, policy.device_batch(batch), (), jnp.float32(4.0), jnp.float32(9.0))
+  _, metrics = grpo_update.make_grad_fn(cfg)(model, policy.device_batch(batch), jnp.float32(4.0), jnp.float32(9.0))
   want, want_metrics = losses.grpo_loss(jnp.asarray(logprobs), batch['old_logprobs'], batch['advantages'],
                                         batch['loss_mask'], ref_logprobs=batch['ref_logprobs'],
                                         num_sequences=4.0, num_tokens=9.0, **settings)

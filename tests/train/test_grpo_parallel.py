@@ -68,7 +68,9 @@ def setup():
 
 
 def _grads(model, batch, grid, cfg, micro_batch_size, mesh):
-  parts = [(policy.shard_batch(b, mesh), g) for b, g in grpo_update.split_micro_batches(batch, grid, micro_batch_size)]
+  vision = model.config.vision
+  parts = [policy.shard_batch(grpo_update.with_grid(b, g), mesh, vision_config=vision)
+           for b, g in grpo_update.split_micro_batches(batch, grid, micro_batch_size)]
   with sharding.use_mesh(mesh):
     grads, metrics = grpo_update.accumulate_grads(model, parts, grpo_update.make_grad_fn(cfg), len(batch['advantages']),
                                            float(batch['loss_mask'].sum()))
@@ -118,15 +120,19 @@ def test_gradient_is_the_same_in_one_step_in_micro_batches_and_sharded(setup):
 def test_shard_batch_splits_rows_over_the_data_and_fsdp_axes(setup):
   if jax.device_count() < 8:
     pytest.skip('needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
-  _, batch, _, _ = setup
+  model, batch, grid, _ = setup
   mesh = sharding.mesh_from_config({'data': 2, 'fsdp': 4})
-  sharded = policy.shard_batch(batch, mesh)
+  sharded = policy.shard_batch(grpo_update.with_grid(batch, grid), mesh, vision_config=model.config.vision)
   assert tuple(sharded['input_ids'].sharding.spec) == (('data', 'fsdp'), None)
   assert tuple(sharded['loss_mask'].sharding.spec) == (('data', 'fsdp'), None)
   assert tuple(sharded['position_ids'].sharding.spec) == (None, ('data', 'fsdp'), None)
   # Each shard's own rows' patches, padded to the fullest shard: [S, P, D] split like the rows (no replication).
   assert tuple(sharded['pixel_values'].sharding.spec) == (('data', 'fsdp'), None, None)
-  assert sharded['pixel_values'].shape[0] == 8 and sharded['patch_index'].shape == sharded['pixel_values'].shape[:2]
+  assert sharded['pixel_values'].shape[0] == 8
+  for key in ('vision_interp_indices', 'vision_interp_weights', 'vision_hw_positions', 'vision_segment_ids'):
+    assert sharded[key].shape[:2] == sharded['pixel_values'].shape[:2], key
+    assert tuple(sharded[key].sharding.spec)[0] == ('data', 'fsdp'), key
+  assert 'image_grid_thw' not in sharded
   assert len(sharded['pixel_values'].addressable_shards) == 8
   assert len(sharded['input_ids'].addressable_shards) == 8
   assert sharded['input_ids'].addressable_shards[0].data.shape[0] == GROUPS * G // 8

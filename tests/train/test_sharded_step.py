@@ -67,6 +67,11 @@ def _batch() -> tuple[dict, tuple]:
   return batch, tuple(map(tuple, grid.tolist()))
 
 
+def _place(batch: dict, grid: tuple, mesh, model) -> dict:
+  """The batch on `mesh`, its image laid out per batch shard with its geometry as arrays (no static grid)."""
+  return policy.shard_batch(dict(batch, image_grid_thw=np.array(grid)), mesh, vision_config=model.config.vision)
+
+
 def _leaves(tree) -> list[np.ndarray]:
   return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
 
@@ -82,17 +87,17 @@ def _train(kind: str, mesh: jax.sharding.Mesh) -> dict:
   config = _config(kind)
   model, optimizer = policy.create(config, mesh, 'sft')
   batch, grid = _batch()
-  placed = policy.shard_batch(batch, mesh)
+  placed = _place(batch, grid, mesh, model)
   out = {'params_0': _leaves(nnx.state(model, nnx.Param)), 'sft_losses': []}
   with sharding.use_mesh(mesh):
-    grads, metrics = grpo_update.make_grad_fn(config.grpo)(model, placed, grid, np.float32(B),
+    grads, metrics = grpo_update.make_grad_fn(config.grpo)(model, placed, np.float32(B),
                                                     np.float32(batch['loss_mask'].sum()))
     out['grpo_loss'], out['grpo_clipped'] = float(metrics['loss']), float(metrics['clipped_tokens'])
     out['grpo_grads'] = _leaves(grads)
     grpo_update.apply_fn(model, optimizer, grads)
     step = sft.make_train_step()
     for _ in range(STEPS):
-      out['sft_losses'].append(float(step(model, optimizer, placed, grid)['loss']))
+      out['sft_losses'].append(float(step(model, optimizer, placed)['loss']))
   out['params'] = _leaves(nnx.state(model, nnx.Param))
   out['model'], out['optimizer'] = model, optimizer
   return out
@@ -158,13 +163,13 @@ def test_compiled_moe_step_routes_only_each_devices_tokens(monkeypatch):
   mesh = sharding.mesh_from_config({'fsdp': 2, 'expert': 4})
   model, optimizer = policy.create(_config('moe'), mesh, 'sft')
   batch, grid = _batch()
-  placed = policy.shard_batch(batch, mesh)
+  placed = _place(batch, grid, mesh, model)
   k, two_i = MOE['num_experts_per_tok'], 2 * MOE['moe_intermediate_size']
   hidden = config_lib.Qwen3VLConfig.tiny().text.hidden_size
 
   def shapes() -> set[str]:
     with sharding.use_mesh(mesh):
-      hlo = sft.make_train_step().lower(model, optimizer, placed, grid).compile().as_text()
+      hlo = sft.make_train_step().lower(model, optimizer, placed).compile().as_text()
     return set(re.findall(r'[a-z]+\d*\[[\d,]*\]', hlo))
 
   def routed(rows: int) -> set[str]:
@@ -208,11 +213,11 @@ def test_sft_step_donates_the_policy_and_grpo_step_the_optimizer_state():
   mesh = sharding.mesh_from_config({'fsdp': 8})
   model, optimizer = policy.create(_config('dense'), mesh, 'sft')
   batch, grid = _batch()
-  placed = policy.shard_batch(batch, mesh)
+  placed = _place(batch, grid, mesh, model)
   params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
   q_before = np.asarray(model.language_model.layers[0].self_attn.q_proj.kernel[...])
   with sharding.use_mesh(mesh):
-    sft.make_train_step()(model, optimizer, placed, grid)
+    sft.make_train_step()(model, optimizer, placed)
   assert all(x.is_deleted() for x in params + opt_state)
   live = jax.tree.leaves(nnx.state(model)) + jax.tree.leaves(nnx.state(optimizer))
   assert not any(x.is_deleted() for x in live)

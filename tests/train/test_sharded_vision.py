@@ -3,9 +3,9 @@ step.
 
 A batch of 8 rows with images in several rows -- different grids, rows without images, one row with two -- is
 placed by `policy.shard_batch` on meshes of 8 simulated CPU devices (fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4):
-the patches are laid out per batch shard ([S, P, 1536], `batching.shard_images`). The GRPO gradient and the SFT
-loss / gradient / step equal the one-device ones (flat patches, the HF-parity path) to a relative 1e-5, the vision
-tower's own gradients included. The compiled vision tower does 1/S of the global work per device (within the
+the patches are laid out per batch shard with their geometry as arrays ([S, P, 1536], `batching.shard_vision_inputs`).
+The GRPO gradient and the SFT loss / gradient / step equal the one-device ones (one shard; its SFT loss and gradient
+equal the flat patches' of the HF-parity path) to a relative 1e-5, the vision tower's own gradients included. The compiled vision tower does 1/S of the global work per device (within the
 padding to the fullest shard), and no collective of the compiled step carries a patch array of more than one
 shard; the old layout (all patches replicated) trips that same check.
 
@@ -71,8 +71,9 @@ def _batch() -> dict:
 
 
 @nnx.jit(static_argnums=2)
-def _sft_grads(model, batch, grid):
-  batch = dict(batch, image_grid_thw=np.array(grid, np.int32))
+def _sft_grads(model, batch, grid=()):
+  """SFT loss and gradient; a static `grid` = the flat path (pixel_values [N, 1536], HF parity)."""
+  batch = dict(batch, image_grid_thw=np.array(grid, np.int32)) if grid else batch
   (loss, _), grads = nnx.value_and_grad(sft.loss_fn, has_aux=True)(model, batch)
   return loss, sharding.constrain_state(grads)
 
@@ -96,14 +97,16 @@ def _run(mesh_items: tuple) -> dict:
   config = _config()
   model, optimizer = policy.create(config, mesh, 'sft')
   batch = _batch()
-  placed = policy.shard_batch(batch, mesh)
+  placed = policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision)
   out = {'pixel_values': placed['pixel_values']}
   with sharding.use_mesh(mesh):
-    grads, metrics = grpo_update.make_grad_fn(config.grpo)(model, placed, GRID, np.float32(B),
+    grads, metrics = grpo_update.make_grad_fn(config.grpo)(model, placed, np.float32(B),
                                                           np.float32(batch['loss_mask'].sum()))
     out['grpo_loss'], out['grpo_grads'] = float(metrics['loss']), grads
-    out['sft_loss'], out['sft_grads'] = _sft_grads(model, placed, GRID)
-    step = sft.make_train_step()(model, optimizer, placed, GRID)
+    out['sft_loss'], out['sft_grads'] = _sft_grads(model, placed, ())
+    if not mesh_items:   # the flat patches (static grid, HF parity)
+      out['flat_sft_loss'], out['flat_sft_grads'] = _sft_grads(model, policy.device_batch(batch), GRID)
+    step = sft.make_train_step()(model, optimizer, placed)
   out['step_loss'], out['step_grad_norm'] = float(step['loss']), float(step['grad_norm'])
   out['params'] = _leaves(nnx.state(model, nnx.Param))
   return out
@@ -113,7 +116,9 @@ def _run(mesh_items: tuple) -> dict:
 def test_sharded_images_give_the_one_device_losses_and_gradients(mesh_kw):
   ref, got = _run(()), _run(tuple(mesh_kw.items()))
   shards = sharding.batch_shards(sharding.mesh_from_config(mesh_kw))
-  assert ref['pixel_values'].shape == (N, 1536)                       # one device: flat, static segments
+  assert ref['pixel_values'].shape == (1, N, 1536)                    # one device: one shard
+  assert ref['sft_loss'] == pytest.approx(ref['flat_sft_loss'], rel=1e-5)   # = the flat (HF-parity) path
+  assert _relative(_leaves(ref['flat_sft_grads']), _leaves(ref['sft_grads'])) <= 1e-5
   assert got['pixel_values'].shape[0] == shards and got['pixel_values'].ndim == 3
   assert tuple(got['pixel_values'].sharding.spec) == (('data', 'fsdp'), None, None)
   assert got['grpo_loss'] == pytest.approx(ref['grpo_loss'], rel=1e-5)
@@ -179,26 +184,27 @@ def test_each_device_encodes_only_its_own_rows_images(mesh_kw):
   shards = sharding.batch_shards(mesh)
   model, _ = policy.create(_config(), mesh, 'sft')
   batch = _batch()
-  placed = policy.shard_batch(batch, mesh)
+  placed = policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision)
   width = placed['pixel_values'].shape[1]
   assert width == {8: 28, 2: 52}[shards]                               # the fullest shard's patches
   assert placed['pixel_values'].addressable_shards[0].data.shape == (1, width, 1536)
 
-  encode = nnx.jit(lambda m, pixels, index: m.visual(pixels, GRID, index)[0])
+  encode_flat = nnx.jit(lambda m, pixels: m.visual(pixels, GRID)[0])
+  encode = nnx.jit(lambda m, pixels, geometry: m.visual(pixels, vision_inputs=geometry)[0])
   alone, _ = policy.create(_config(), sharding.make_mesh(), 'sft')   # on one device: every image
-  one_device = _flops(encode.lower(alone, batch['pixel_values'], None).compile())
+  one_device = _flops(encode_flat.lower(alone, batch['pixel_values']).compile())
   with sharding.use_mesh(mesh):
-    per_device = _flops(encode.lower(model, placed['pixel_values'], placed['patch_index']).compile())
+    per_device = _flops(encode.lower(model, placed['pixel_values'], policy.vision_inputs(placed)).compile())
   assert per_device <= 1.02 * one_device * width / N                   # 1/S of the work, up to the padding
 
   grad_fn = grpo_update.make_grad_fn(_config().grpo)
   args = (np.float32(B), np.float32(batch['loss_mask'].sum()))
   with sharding.use_mesh(mesh):
-    hlo = grad_fn.lower(model, placed, GRID, *args).compile().as_text()
+    hlo = grad_fn.lower(model, placed, *args).compile().as_text()
     assert _patch_collectives(hlo, shards, width) == []
-    # The check can fail: the old layout (every patch on every device) moves patch activations between devices.
-    replicated = dict(placed, pixel_values=jax.device_put(batch['pixel_values'], jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec())))
-    replicated.pop('patch_index')
-    old = grad_fn.lower(model, replicated, GRID, *args).compile().as_text()
+    # The check can fail: the old layout (every patch on every device, flat) moves patch activations between devices.
+    replicated = {k: v for k, v in placed.items() if not k.startswith('vision_')}
+    replicated['pixel_values'] = jax.device_put(batch['pixel_values'], jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+    old = _sft_grads.lower(model, replicated, GRID).compile().as_text()
   assert _patch_collectives(old, shards, width)

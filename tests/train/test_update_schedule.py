@@ -90,6 +90,12 @@ def _eq12_loss(new, old, adv, mask, eps_low=0.2, eps_high=0.28, weights=None):
   return -row.mean(), low / mask.sum(), high / mask.sum()
 
 
+
+def _logprobs(model, batch: dict, grid: tuple):
+  """`grpo_update.logprob_fn` on a host batch, placed as the update places it (no mesh: `default_place`)."""
+  return grpo_update.logprob_fn(model, grpo_update.default_place(model.config.vision)(
+      grpo_update.with_grid(batch, grid)))
+
 def test_mini_batch_rows_keep_groups_whole():
   assert [r.tolist() for r in grpo_update.mini_batch_rows(['a', 'b', 'a', 'b'], 1)] == [[0, 2], [1, 3]]
   assert [r.tolist() for r in grpo_update.mini_batch_rows(['a', 'b', 'a', 'b'], 0)] == [[0, 1, 2, 3]]
@@ -130,8 +136,8 @@ def test_two_mini_batches_two_steps_first_on_policy_second_clipped_as_eq12(setup
   _, only_first = update(model1, optimizer1, part0, grid0, [pids[r] for r in rows0])
   assert only_first[0]['grad_norm'] == pytest.approx(first['grad_norm'], rel=1e-5)  # the same first step
   part1, grid1 = grpo_update.take_rows(batch, grid, rows1)
-  old = np.asarray(grpo_update.logprob_fn(model0, part1, grid1))
-  new = np.asarray(grpo_update.logprob_fn(model1, part1, grid1))
+  old = np.asarray(_logprobs(model0, part1, grid1))
+  new = np.asarray(_logprobs(model1, part1, grid1))
   want, low, high = _eq12_loss(new, old, part1['advantages'], part1['loss_mask'])
   assert second['loss'] == pytest.approx(want, rel=1e-4, abs=1e-6)
   assert second['clip_frac_low'] == pytest.approx(low, abs=1e-6)
@@ -151,7 +157,7 @@ def test_whole_batch_one_epoch_is_the_one_step_update(setup):
 
   # the one-step update written out (jitted, as the trainer's): old log-probs from the same weights, one step on −J
   ref, ref_opt = _fresh(model0, _sgd())
-  full = dict(batch, image_grid_thw=np.array(grid, np.int32))
+  full = grpo_update.default_place(model0.config.vision)(grpo_update.with_grid(batch, grid))  # the trainer's layout
   old = nnx.jit(lambda m: policy.loss_logprobs(m, full))(ref)  # the batch a closed-over constant
 
   @nnx.jit
@@ -199,7 +205,7 @@ def test_two_epochs_give_twice_the_steps_and_micro_batches_the_same_update(setup
 
 def test_tis_weights_the_first_steps_loss_by_min_ratio_cap(setup):
   model0, batch, grid, pids = setup
-  old = np.asarray(grpo_update.logprob_fn(model0, batch, grid))
+  old = np.asarray(_logprobs(model0, batch, grid))
   # engine log-probs: π_old / π_rollout = 3 on even tokens (capped at C = 2), 0.5 on odd ones; row 3 unknown (0s)
   shift = np.where(np.arange(old.shape[1]) % 2 == 0, -np.log(3.0), np.log(2.0))[None, :]
   rollout = np.where(batch['completion_mask'], old + shift, 0.0).astype(np.float32)
@@ -228,7 +234,7 @@ def test_tis_weights_reach_the_gradient(setup):
   """With π_old / π_rollout = 0.5 on every token (under the cap), TIS weights every token's loss by 0.5: the first
   step's gradient is exactly half the untempered one's (its norm too), whatever the summation order."""
   model0, batch, grid, pids = setup
-  old = np.asarray(grpo_update.logprob_fn(model0, batch, grid))
+  old = np.asarray(_logprobs(model0, batch, grid))
   rollout = np.where(batch['completion_mask'], old + np.log(2.0), 0.0).astype(np.float32)
   runs = {}
   for cap in (None, 2.0):

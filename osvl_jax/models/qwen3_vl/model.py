@@ -14,9 +14,10 @@ Under jit the image grid must be static (host data):
 Images are matched to `<|image_pad|>` tokens in row-major (batch, time) order, which is the order their patches
 must have in `pixel_values` (and their grids in `image_grid_thw`).
 
-Training on a mesh passes the per-shard layout instead (`patch_index`, see `vision`): shard s's merged image
-tokens fill the image tokens of its own rows [s*B/S, (s+1)*B/S), so the vision tower and the scatter into the rows
-stay on the devices that hold those rows.
+Training on a mesh passes the per-shard layout instead (`vision_inputs`, see `vision`; nothing grid-shaped is
+static, so one program serves every batch of the same budgets): shard s's merged image tokens fill the image tokens
+of its own rows [s*B/S, (s+1)*B/S), so the vision tower and the scatter into the rows stay on the devices that hold
+those rows.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Qwen3VLModel(nnx.Module):
       self.lm_head = nnx.Linear(config.text.hidden_size, config.text.vocab_size, use_bias=False, **kw)
 
   def __call__(self, input_ids, position_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
-               cache=None, cache_index=None, patch_index=None):
+               cache=None, cache_index=None, vision_inputs=None):
     """Forward pass up to the final norm.
 
     Args:
@@ -54,17 +55,20 @@ class Qwen3VLModel(nnx.Module):
       position_ids: int32 [3, B, T] from `rope.get_rope_index` (prefill) or `rope.text_position_ids` (decode).
       attention_mask: bool/int [B, T] (True = real token; padding may be left or right) or None.
       pixel_values: float32 [N, C*Tp*P*P] patches of all images in the batch, or None.
-      image_grid_thw: concrete [I, 3] grids (numpy/tuple; static under jit), or None.
+      image_grid_thw: concrete [I, 3] grids (numpy/tuple; static under jit), or None (always with
+        `vision_inputs`).
       cache: KV cache from `init_cache` or None. With a cache, keys/values of the T new tokens are written at
         slots cache_index[b] + arange(T) and attention reads all valid slots up to the causal frontier.
       cache_index: int32 [B] per-row write offset (required with a cache).
-      patch_index: None (pixel_values flat), or int32 [S, P] with pixel_values [S, P, C*Tp*P*P]: the per-shard
-        layout of `batching.shard_images` (S divides B; shard s = rows [s*B/S, (s+1)*B/S)).
+      vision_inputs: None (pixel_values flat), or with pixel_values [S, P, C*Tp*P*P] the dict of per-shard geometry
+        arrays of `batching.shard_vision_inputs` (`vision.GEOMETRY_FIELDS`: interp_indices int32 [S, P, 4],
+        interp_weights float32 [S, P, 4], hw_positions int32 [S, P, 2], segment_ids int32 [S, P], -1 on padding;
+        S divides B; shard s = rows [s*B/S, (s+1)*B/S)).
 
     Returns:
       hidden: [B, T, hidden] (`dtype`), new cache (None without a cache).
     Raises:
-      ValueError: pixel_values without image_grid_thw; image tokens and image features differ in number (flat,
+      ValueError: pixel_values without image_grid_thw or vision_inputs; image tokens and image features differ in number (flat,
         concrete input_ids); S does not divide B; a cache without cache_index.
     """
     c = self.config
@@ -72,11 +76,11 @@ class Qwen3VLModel(nnx.Module):
     x = text_lib.embed_lookup(self.language_model.embed_tokens, input_ids)
     visual_pos_mask, deepstack = None, ()
     if pixel_values is not None:
-      if image_grid_thw is None:
-        raise ValueError('pixel_values needs image_grid_thw')
-      image_embeds, deepstack = self.visual(jnp.asarray(pixel_values), image_grid_thw, patch_index)
+      if image_grid_thw is None and vision_inputs is None:
+        raise ValueError('pixel_values needs image_grid_thw (flat) or vision_inputs (per shard)')
+      image_embeds, deepstack = self.visual(jnp.asarray(pixel_values), image_grid_thw, vision_inputs)
       visual_pos_mask = input_ids == c.image_token_id
-      if patch_index is not None:
+      if vision_inputs is not None:
         x, deepstack = scatter_shards(x, visual_pos_mask, image_embeds, deepstack)
       else:
         if not isinstance(visual_pos_mask, jax.core.Tracer):

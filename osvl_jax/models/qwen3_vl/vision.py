@@ -1,21 +1,23 @@
 """Qwen3-VL vision tower in Flax NNX (mirrors HF `Qwen3VLVisionModel`).
 
 The per-image geometry (grid sizes) is host data: `vision_metadata(grid_thw)` turns a concrete [I, 3] grid into
-numpy gather indices / weights / rotary positions / attention segments. Inside `jax.jit` the grid must therefore be
-static (a hashable tuple of tuples passed as a static argument, or a numpy constant closed over); each distinct set
-of grid shapes compiles once.
+numpy gather indices / weights / rotary positions / attention segments. On the flat path (HF parity, the samplers)
+the grid is therefore static under `jax.jit` (a hashable tuple of tuples passed as a static argument, or a numpy
+constant closed over) and each distinct set of grid shapes compiles once; the per-shard path (training) takes the
+same geometry as array inputs instead (below).
 
 Patch order: `pixel_values` rows are in the order the HF image processor emits them (spatial-merge-block order:
 for each frame, for each 2x2 block in raster order, its 4 patches in raster order), each row the flattened
 [C, temporal_patch, patch, patch] voxel, so the Conv3d patch embedding is one matmul.
 
 Per-shard layout (training on a mesh): `pixel_values` [S, P, D] holds, for each of the S batch shards (the row
-blocks of the ('data', 'fsdp') axes), that shard's patches, contiguous and zero-padded to P, and `patch_index`
-[S, P] int32 the index of each in the batch's flat patch order (-1 = padding; `batching.shard_images`). The
-host geometry of the whole batch (static, from the grids) is gathered per shard by `patch_index`, so one program
-runs on every device over its own patches; attention is then masked by frame (`segment_ids`), not looped over
-static segments. Under a mesh (`sharding.use_mesh`) the shard axis of every per-shard array is pinned to the
-logical 'batch' axis, so the compiler gathers the (FSDP-sharded) weights, never the patches.
+blocks of the ('data', 'fsdp') axes), that shard's patches, contiguous and zero-padded to P (a config budget), and
+`vision_inputs` that shard's host geometry as arrays (`batching.shard_vision_inputs`; `GEOMETRY_FIELDS`):
+interp_indices int32 [S, P, 4], interp_weights float32 [S, P, 4], hw_positions int32 [S, P, 2] and segment_ids int32
+[S, P] (-1 on padding). Nothing grid-shaped is static, so one program runs whatever the batch's images; attention
+is masked by frame (`segment_ids`), not looped over static segments. Under a mesh (`sharding.use_mesh`) the shard
+axis of every per-shard array is pinned to the logical 'batch' axis, so the compiler gathers the (FSDP-sharded)
+weights, never the patches.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from osvl_jax.models.qwen3_vl.config import VisionConfig
 
 
 QUERY_BLOCK = 512  # patches per query block of the per-shard (masked) vision attention
+# The per-shard geometry arrays of `vision_inputs` (batch fields 'vision_<name>', `batching.shard_vision_inputs`).
+GEOMETRY_FIELDS = ('interp_indices', 'interp_weights', 'hw_positions', 'segment_ids')
 
 
 def as_grid_tuple(grid_thw) -> tuple[tuple[int, int, int], ...]:
@@ -281,44 +285,50 @@ class Qwen3VLVision(nnx.Module):
     self.deepstack_merger_list = nnx.List(
         [PatchMerger(config, postshuffle_norm=True, **kw) for _ in config.deepstack_visual_indexes])
 
-  def __call__(self, pixel_values, grid_thw, patch_index=None) -> tuple[Any, list[Any]]:
+  def __call__(self, pixel_values, grid_thw=None, vision_inputs=None) -> tuple[Any, list[Any]]:
     """Encodes all images of a batch, packed (flat), or each batch shard's own images (per-shard layout).
 
     Args:
       pixel_values: float [N, C*Tp*P*P], N = sum(t*h*w) over images, in HF processor order; or, with
-        `patch_index`, [S, P, C*Tp*P*P]: each shard's patches (module docstring).
-      grid_thw: concrete [I, 3] (numpy / tuple; static under jit) or a precomputed `VisionMetadata`: all images of
-        the batch, in order.
-      patch_index: None, or int32 [S, P]: the flat index (into the N patches of `grid_thw`) of each patch of
-        `pixel_values`, -1 on padding (`batching.shard_images`).
+        `vision_inputs`, [S, P, C*Tp*P*P]: each shard's patches, then zero padding (module docstring).
+      grid_thw: flat path: concrete [I, 3] (numpy / tuple; static under jit) or a precomputed `VisionMetadata`:
+        all images of the batch, in order. Unused (may be None) with `vision_inputs`.
+      vision_inputs: None (flat), or a dict of the per-shard geometry arrays `GEOMETRY_FIELDS`:
+        interp_indices int32 [S, P, 4], interp_weights float32 [S, P, 4], hw_positions int32 [S, P, 2],
+        segment_ids int32 [S, P] (-1 on padding) (`batching.shard_vision_inputs`); traced arrays under jit.
 
     Returns:
       embeds: [N / merge**2, out_hidden] merged image tokens, images concatenated in order; per-shard layout:
         [S, P / merge**2, out_hidden], each shard's tokens in order, then padding.
       deepstack: list (one per `deepstack_visual_indexes`) of arrays shaped like `embeds`.
     Raises:
-      ValueError: the patch count does not match the grids (flat), or `patch_index` does not match
+      ValueError: the patch count does not match the grids (flat), or the geometry arrays do not match
         `pixel_values`' [S, P].
     """
-    meta = grid_thw if isinstance(grid_thw, VisionMetadata) else vision_metadata(grid_thw, self.config)
-    if patch_index is None:
+    per_shard = vision_inputs is not None
+    if not per_shard:
+      if grid_thw is None:
+        raise ValueError('the flat vision path needs grid_thw')
+      meta = grid_thw if isinstance(grid_thw, VisionMetadata) else vision_metadata(grid_thw, self.config)
       if pixel_values.shape[0] != meta.num_patches:
         raise ValueError(f'pixel_values has {pixel_values.shape[0]} patches, grids need {meta.num_patches}')
       geometry = (meta.interp_indices, meta.interp_weights, meta.hw_positions)
       segments = meta.segments
     else:
-      if pixel_values.ndim != 3 or tuple(patch_index.shape) != tuple(pixel_values.shape[:2]):
-        raise ValueError(f'patch_index {tuple(patch_index.shape)} does not match pixel_values '
+      missing = [k for k in GEOMETRY_FIELDS if k not in vision_inputs]
+      if missing:
+        raise ValueError(f'vision_inputs lacks {missing}')
+      segments = jnp.asarray(vision_inputs['segment_ids'], jnp.int32)
+      if pixel_values.ndim != 3 or tuple(segments.shape) != tuple(pixel_values.shape[:2]):
+        raise ValueError(f"vision_inputs['segment_ids'] {tuple(segments.shape)} does not match pixel_values "
                          f'{tuple(pixel_values.shape)} (expected [S, P] and [S, P, D])')
-      flat = _by_shard(jnp.maximum(patch_index, 0))   # padding reads patch 0's geometry (finite, never used)
-      geometry = tuple(_by_shard(jnp.asarray(a)[flat])
-                       for a in (meta.interp_indices, meta.interp_weights, meta.hw_positions))
-      segments = _by_shard(jnp.where(patch_index >= 0, jnp.asarray(meta.segment_ids)[flat], -1))
-    pin = _by_shard if patch_index is not None else (lambda x: x)
+      segments = _by_shard(segments)
+      geometry = tuple(_by_shard(jnp.asarray(vision_inputs[k])) for k in GEOMETRY_FIELDS[:3])
+    pin = _by_shard if per_shard else (lambda x: x)
     interp_indices, interp_weights, hw_positions = geometry
     x = self.patch_embed(pin(pixel_values))
     table = self.pos_embed.embedding[...]
-    if patch_index is not None:   # gather the (FSDP-sharded) table, not each shard's indices
+    if per_shard:   # gather the (FSDP-sharded) table, not each shard's indices
       table = sharding.constrain(table, (None, 'activation_embed'))
     pos = (table[interp_indices].astype(jnp.float32) * interp_weights[..., None]).sum(-2)
     x = pin(x + pos.astype(x.dtype))
