@@ -17,17 +17,17 @@ $(VENV_STAMP): setup.py
 demo: $(VENV_STAMP)
 	$(PY) -m osvl_jax.demo --workdir=$(WORKDIR)
 
-# Two phases: the test files on 2 xdist workers, then tests/distributed alone (each of its tests starts several
-# JAX processes; beside two ~8 GB workers they would exceed a 24 GB machine). The tests compile many small programs
-# and run each briefly: XLA's CPU backend at optimization level 0 compiles them ~35% faster (measured on
-# tests/models/test_scan_layers.py; every tolerance is independent of code generation), and the first phase shares a
-# persistent compilation cache, fresh for each run, between its workers and the servers they start.
+# The test files on 2 xdist workers, the heaviest folders first (tests/conftest.py): the multi-process jobs of
+# tests/distributed run while the workers are small (late, beside two ~8 GB workers, they exceeded a 24 GB machine).
+# The tests compile many small programs and run each briefly: XLA's CPU backend at optimization level 0 compiles
+# them ~35% faster (measured on tests/models/test_scan_layers.py; every tolerance is independent of code
+# generation), and a persistent compilation cache, fresh for each run, is shared by the workers and the servers
+# they start (tests/distributed's jobs run without it).
 TEST_XLA_FLAGS := --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0
 test: $(VENV_STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2 XLA_FLAGS="$(TEST_XLA_FLAGS)" \
-	    $(PY) -m pytest -q -n 2 --dist loadfile tests --ignore=tests/distributed
-	XLA_FLAGS="$(TEST_XLA_FLAGS)" $(PY) -m pytest -q tests/distributed
+	    $(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
 	rm -rf workdir .pytest_cache

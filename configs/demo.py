@@ -66,6 +66,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.max_total_tokens = 4096
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
+  # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's
+  # "blind" vanilla baseline); the masks and the clamp are the same either way.
+  c.rollout.stop_at_fatal = True
   # The asyncio agent loop: episodes in flight at once, threads for blocking tool calls (1 keeps the order of
   # failure-injection draws reproducible; raise it with remote tools), wall-clock seconds per trajectory.
   c.rollout.max_concurrency = 64
@@ -90,6 +93,7 @@ def get_config() -> ml_collections.ConfigDict:
   # 20 of the 450 steps; a fraction of sft.steps (as MaxText's warmup_steps_fraction), so --config.sft.steps=5
   # runs (warmup 0). An explicit --config.sft.warmup_steps is kept as given (sft.check_config says what fits).
   c.sft.warmup_steps = c.sft.get_ref('steps') * 2 // 45
+  c.sft.lr_schedule = 'cosine'  # 'cosine' (to 10% of lr) | 'constant', after the warmup (policy.make_schedule)
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
   # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
@@ -112,6 +116,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.num_generations = 4
   c.grpo.lr = 1e-4
   c.grpo.warmup_steps = 0  # GRPO steps of linear lr warmup (policy.make_tx), < grpo.steps
+  c.grpo.lr_schedule = 'cosine'  # as sft.lr_schedule (the paper's GRPO runs: 'constant')
   c.grpo.weight_decay = 0.0  # AdamW
   c.grpo.grad_clip = 1.0  # global-norm clipping
   c.grpo.eps_low = 0.2

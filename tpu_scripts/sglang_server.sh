@@ -18,9 +18,11 @@
 #    decodes the ids and re-tokenizes the text (retokenization drift, sgl-project/sglang#26555). 0.5.23 defaults
 #    it on (srt/environ.py); the script sets it so that a host environment cannot turn it off. The client checks
 #    every answer's meta_info.prompt_tokens against the context it sent.
-#    And SGLANG_RETURN_ORIGINAL_LOGPROB=1: SGLang 0.5.23 (srt/layers/sampler.py) then returns the log-probs of the
-#    untempered distribution (log_softmax of the logits, before temperature), as osvl_jax.serve, JaxSampler and
-#    the trainer do; without it a sampled request gets temperature-scaled log-probs.
+#    And SGLANG_RETURN_ORIGINAL_LOGPROB=0 (0.5.23's default, set so that a host environment cannot turn it on):
+#    SGLang (srt/layers/sampler.py) then returns, for a sampled request, the log-probs of the distribution it
+#    sampled from, log_softmax(logits / temperature), which is what the trainer recomputes at grpo.temperature
+#    (policy.loss_logprobs) and what osvl_jax.serve and JaxSampler report; =1 would return temperature-1
+#    log-probs and make every ratio at a rollout temperature other than 1 compare two distributions.
 #    No flag is needed to keep vision ids out of sampling: the client sends sampling_params.logit_bias (native in
 #    0.5.23, added to the logits before sampling), not a custom_logit_processor (which would need
 #    --enable-custom-logit-processor).
@@ -51,7 +53,7 @@ dry_run=0
 extra=()
 
 usage() {
-  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
@@ -123,7 +125,7 @@ if [[ "$skip_setup" == 0 ]]; then
   run "$py" -m pip install -q "$sglang_spec" "$ROUTER_SPEC"
 fi
 
-server=(env SGLANG_MM_AVOID_RETOKENIZE=1 SGLANG_RETURN_ORIGINAL_LOGPROB=1 "$py" -m sglang.launch_server --model-path "$model_path"
+server=(env SGLANG_MM_AVOID_RETOKENIZE=1 SGLANG_RETURN_ORIGINAL_LOGPROB=0 "$py" -m sglang.launch_server --model-path "$model_path"
   --tp-size "$tp_size" --mem-fraction-static "$mem_fraction_static" --host "$host" --port "$port")
 if [[ -n "$context_length" ]]; then
   server+=(--context-length "$context_length")

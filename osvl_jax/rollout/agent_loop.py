@@ -191,7 +191,8 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
                              stop: Sequence[str] = (), policy_version: int = 0, tool_workers: int = 1,
                              log_fn: Callable[[dict], None] | None = None, max_prompt_tokens: int | None = None,
                              max_concurrency: int | None = None,
-                             max_seconds: float | None = None) -> list[traj_lib.Trajectory]:
+                             max_seconds: float | None = None,
+                             stop_at_fatal: bool = True) -> list[traj_lib.Trajectory]:
   """Rolls out `num_generations` episodes per item, all concurrently (asyncio), each at its own pace.
 
   Args:
@@ -204,7 +205,8 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
     items: N items (`Item`, or mappings with prompt_id, question, image uint8 [H, W, 3] | None, answers).
     num_generations: G episodes per item (the GRPO group).
     max_turns: at most this many steps (assistant turns) per episode.
-    fatal_k: K, consecutive execution errors that make an episode fatal (it stops there).
+    fatal_k: K, consecutive execution errors that make an episode fatal (it stops there unless stop_at_fatal is
+      False).
     fatal_index: 'first' (f_i = first step of the run) or 'kth' (the K-th), `rl.fatal.FATAL_INDEX`.
     max_new_tokens: cap per assistant turn (None: the engine's default); a turn cut there is never executed.
     max_total_tokens: token budget per trajectory (None: unlimited); a step that would cross it is dropped and
@@ -219,6 +221,9 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
     max_seconds: wall-clock budget of one episode, seconds from its start (None: unlimited). On expiry the
       episode stops at once (its engine request or tool call is abandoned), the trajectory ends at the last
       whole step, stop_reason 'time_budget'.
+    stop_at_fatal: end an episode at its fatal cascade (the official abort, stop_reason 'fatal'); False lets it
+      run on to its other limits (the "blind" vanilla baseline of the paper), its fatal_step still recorded (the
+      first cascade), so the training masks and the clamp are the same either way.
 
   Returns:
     N * G Trajectories, item-major (item i, samples 0..G-1), with steps, final_response, fatal_step,
@@ -249,7 +254,8 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
                     "(stop_reason 'error'). First: %s", len({id(e.item) for e in failed}),
                     len({id(e.item) for e in episodes}), len(failed), failed[0].error)
 
-  limits = _Limits(max_turns, fatal_k, fatal_index, max_new_tokens, max_total_tokens, max_seconds)
+  limits = _Limits(max_turns, fatal_k, fatal_index, max_new_tokens, max_total_tokens, max_seconds,
+                   bool(stop_at_fatal))
   queue = turn_queue.make_queue(engine, tuple(stop) if stop else None, log_fn)
   semaphore = asyncio.Semaphore(max_concurrency or max(len(episodes), 1))
   pool = concurrent.futures.ThreadPoolExecutor(tool_workers, thread_name_prefix='tools')
@@ -294,6 +300,7 @@ class _Limits:
   max_new_tokens: int | None
   max_total_tokens: int | None
   max_seconds: float | None
+  stop_at_fatal: bool = True
 
 
 async def _run_episode(key: int, e: _Episode, engine: engine_lib.Engine, queue, env,
@@ -365,7 +372,9 @@ async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, po
   else:
     f = fatal_lib.fatal_step([s.is_execution_error for s in e.builder.steps], limits.fatal_k, limits.fatal_index)
     if f is not None:
-      e.fatal_step, e.done, e.end_reason = f, True, 'fatal'
+      e.fatal_step = f   # the first cascade: `fatal_step` of the steps so far never moves once found
+      if limits.stop_at_fatal:
+        e.done, e.end_reason = True, 'fatal'
 
 
 def _observe(episode: _Episode, result: tools_base.ToolResult) -> None:

@@ -27,10 +27,10 @@ image spans; a sampled pad would break the pad/feature count of the next context
 `never_sampled` holds them; a subclass may add ids (bench/sampler_speed.py adds the end-of-sequence ids to decode
 full-length rows, as transformers' `min_new_tokens` does).
 
-Log-probabilities: `Generation.logprobs[k]` is log softmax(logits)[id_k] at temperature 1, i.e. under the policy
-model itself, not under the temperature/top-p-warped distribution the id was drawn from. This is what the trainer
-recomputes (the GRPO old/new log-probs are temperature-1 log-probs, vision ids not masked), so the two can be
-compared directly.
+Log-probabilities: `Generation.logprobs[k]` is log softmax(logits / temperature)[id_k] (temperature 1 when
+greedy): the distribution the id was drawn from, before top-p and with the vision ids not masked. This is what
+the trainer recomputes at the rollout temperature (`policy.loss_logprobs(..., grpo.temperature)`, π_old and π_θ
+alike, as verl does) and what SGLang 0.5.23 returns by default, so the two can be compared directly.
 
 Sampling parameters are validated on construction and on assignment (`temperature`, `top_p` are properties):
 a ValueError names the parameter.
@@ -300,7 +300,7 @@ class JaxSampler(engine_lib.Engine):
       max_new_tokens: cap per row, an integer >= 1 (default: the sampler's).
       stop: non-empty stop strings (default: the sampler's); `<|im_end|>` and `<|endoftext|>` always stop.
     Returns:
-      B `Generation`s; `logprobs` are temperature-1 log-probabilities of the emitted ids (module docstring).
+      B `Generation`s; `logprobs` are log-probabilities of the emitted ids at the sampling temperature (module docstring).
     Raises:
       ValueError: naming the parameter, for an invalid `max_new_tokens` or `stop`; for a context whose
         `<|image_pad|>` count does not match its images.

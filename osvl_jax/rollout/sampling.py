@@ -2,7 +2,7 @@
 
 Pure functions of arrays, jit-able:
   * `sample_logits`: greedy / temperature / nucleus (top-p) draw with some ids banned, returning the ids and their
-    temperature-1 log-probabilities under the unmasked model (what the trainer recomputes).
+    log-probabilities at the sampling temperature under the unmasked model (what the trainer recomputes).
   * `categorical`: one draw per row from softmax(logits) by two-level inverse-CDF sampling (2 uniforms per row),
     the distribution of `jax.random.categorical` without its V Gumbel draws per row.
 """
@@ -67,7 +67,7 @@ def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
 def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array,
                   greedy: bool, use_top_p: bool, banned: Sequence[int] = NEVER_SAMPLED
                   ) -> tuple[jax.Array, jax.Array]:
-  """Draws one id per row and returns it with its temperature-1 log-probability.
+  """Draws one id per row and returns it with its log-probability under the distribution it was drawn from.
 
   Args:
     logits: float32 [B, V].
@@ -79,11 +79,15 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     banned: static; ids never drawn (logits -inf before sampling and argmax; ids >= V are ignored). Default:
       the vision ids.
   Returns:
-    (ids int32 [B], logprobs float32 [B]) with logprobs = log_softmax(logits)[ids] (unmasked, temperature 1),
-    computed as (logits[id] - max) - log(sum(exp(logits - max))) like `jax.nn.log_softmax`, without
-    materialising the [B, V] log-probabilities.
+    (ids int32 [B], logprobs float32 [B]) with logprobs = log_softmax(logits / temperature)[ids] (unmasked: the
+    banned ids and top-p do not renormalise it; greedy: temperature 1), what `policy.loss_logprobs` recomputes at
+    the rollout temperature and what SGLang 0.5.23 returns by default (`layers/sampler.py`), computed as
+    (x[id] - max) - log(sum(exp(x - max))) like `jax.nn.log_softmax`, without materialising the [B, V]
+    log-probabilities.
   """
   raw = logits.astype(jnp.float32)
+  if not greedy:
+    raw = raw / temperature   # the distribution sampled from (and reported: the trainer's π_T)
   top = jnp.max(raw, axis=-1, keepdims=True)
   log_z = jnp.log(jnp.sum(jnp.exp(raw - top), axis=-1))
   allowed = np.ones(raw.shape[-1], bool)
@@ -92,7 +96,7 @@ def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
   if greedy:
     ids = jnp.argmax(logits, axis=-1)
   else:
-    scaled = logits / temperature
+    scaled = logits
     if use_top_p:
       sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]
       probs = jax.nn.softmax(sorted_logits, axis=-1)

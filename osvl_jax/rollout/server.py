@@ -46,7 +46,8 @@ any decode) and concurrent image decodes; every malformed field is a 400 naming 
 raises while admitting rows is retried in halves (`server_scheduler`), so only the row that fails alone gets
 the error.
 
-Log-probs are temperature-1 log-probabilities of the emitted ids under the served weights (`JaxSampler`'s).
+Log-probs are those of the emitted ids under the served weights at the request's temperature (temperature 1 when
+greedy), `JaxSampler`'s, as SGLang 0.5.23 returns them by default.
 A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream advances per batch).
 """
 
@@ -126,7 +127,7 @@ class SamplerService:
       raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')
     self.decode_steps = decode_steps
     self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0, 'failed_rows': 0,
-                  'isolation_retries': 0}
+                  'isolation_retries': 0, 'peak_kv_slots': 0}
     self.started = time.time()
     self._queue: queue.Queue = queue.Queue()
     self._thread = threading.Thread(target=self._run, name='osvl-sampler', daemon=True)

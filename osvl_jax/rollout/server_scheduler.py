@@ -5,8 +5,9 @@ loop turn:
   1. collects jobs: when nothing runs it blocks for the first one, then keeps taking jobs while they arrive less
      than `batch_window_s` apart (at most 20 windows, up to `max_batch` rows); while rows run, it only takes the
      jobs already waiting;
-  2. admits waiting rows, oldest first, into the batches (at most `max_batch` rows decoding in all): one prefill
-     per batch and turn, into free slots;
+  2. admits waiting rows, oldest first, into the batches: one prefill per batch and turn, into free slots; a row
+     waits while admitting it would make the batches' KV-cache slots (their capacity, free slots included, summed
+     over every sampling setting) exceed `max_batch`, the bound `/get_server_info` states as max_total_num_tokens;
   3. runs one chunk (`decode_steps` steps at most, ending early at the first finished row) of every batch and
      answers each job whose rows are all done.
 So a short request waits at most one chunk before it is prefilled, never for a long one to finish. Each row's
@@ -100,9 +101,14 @@ class Scheduler:
   # -- 2. admit ------------------------------------------------------------------------------------------------
   def _admit(self) -> None:
     s = self.service
-    room = s.max_batch - sum(b.live for b in self.batches.values())
     groups: dict[tuple, list] = {}
-    while self.backlog and room > 0:
+
+    def fits(key: tuple) -> bool:   # the KV slots of every batch, with one more row of `key`, within max_batch
+      keys = set(self.batches) | set(groups) | {key}
+      slots = sum(self._slots_after(k, len(groups.get(k, ())) + (k == key)) for k in keys)
+      return slots <= s.max_batch or not (self.batches or groups)   # one row always runs
+
+    while self.backlog:
       job = self.backlog[0]
       if job.kind != 'generate':
         if self.batches or groups:
@@ -116,18 +122,30 @@ class Scheduler:
       p = self._pending(job)
       if p is None:
         p = self.pending[id(job)] = _Pending(job, [None] * len(job.payload), len(job.payload), s.weight_version)
-      while p.next_row < len(job.payload) and room > 0 and not p.failed:
+      while p.next_row < len(job.payload) and not p.failed:
         k, row = p.next_row, job.payload[p.next_row]
+        key = (row.temperature, row.top_p, row.stop)
+        if not fits(key):
+          break
         p.next_row += 1
         if self._trivial(job, k, row):
           continue
-        groups.setdefault((row.temperature, row.top_p, row.stop), []).append((job, k, row))
-        room -= 1
+        groups.setdefault(key, []).append((job, k, row))
       if p.next_row < len(job.payload) and not p.failed:
         break                       # no room for the rest of this job
       self.backlog.popleft()
     for key, items in groups.items():
       self._admit_group(key, [it for it in items if self._pending(it[0]) is not None])
+
+  def _slots_after(self, key: tuple, rows: int) -> int:
+    """KV-cache slots the batch of `key` holds after admitting `rows` more rows, as `DecodeBatch.admit` grows it
+    (free slots first, then to the next power of two)."""
+    batch = self.batches.get(key)
+    if batch is None:
+      pow2 = getattr(self.service.sampler, 'pad_batch_pow2', False)
+      return 0 if not rows else decode_batch.next_pow2(rows) if pow2 else rows
+    free = batch.capacity - batch.live
+    return batch.capacity if rows <= free else max(batch.capacity, decode_batch.next_pow2(batch.capacity + rows - free))
 
   def _trivial(self, job, k: int, row) -> bool:
     """Answers a row that cannot run (a pad count that does not fit its images: ValueError, a 400) or has nothing
@@ -166,6 +184,7 @@ class Scheduler:
     s.stats['batches'] += 1
     s.stats['rows'] += len(items)
     s.stats['max_rows_per_batch'] = max(s.stats['max_rows_per_batch'], batch.live + len(finished))
+    s.stats['peak_kv_slots'] = max(s.stats['peak_kv_slots'], sum(b.capacity for b in self.batches.values()))
     self._deliver(finished)
     self._retire(key)
 

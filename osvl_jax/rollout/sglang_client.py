@@ -51,9 +51,9 @@ class SGLangEngine(engine_lib.Engine):
 
   Log-probabilities are what the server returns. SGLang 0.5.23 (`layers/sampler.py`) returns, for sampled
   requests, log-probs of the temperature-scaled distribution (top-p not applied), and temperature-1 log-probs
-  for greedy batches or when the server runs with `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (set it on the GPU servers
-  so that rollout log-probs are comparable to the trainer's); `osvl_jax.serve` always returns temperature-1
-  log-probs, like `JaxSampler`. At temperature 1 (GRPO rollouts) all agree. SGLang adds the vision-id
+  for greedy batches; `SGLANG_RETURN_ORIGINAL_LOGPROB=1` would make them temperature-1 always
+  (`tpu_scripts/sglang_server.sh` sets it to 0). `osvl_jax.serve` and `JaxSampler` report the same tempered
+  quantity, and the trainer recomputes it at `grpo.temperature` (`policy.loss_logprobs`). SGLang adds the vision-id
   `logit_bias` before computing them, so its log-probs are normalised over the other ids (the trainer's and
   `JaxSampler`'s are not: they differ by log(1 - p(vision ids)), ~0 for a trained policy).
   """

@@ -92,6 +92,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     checks.choice(config, 'grpo.std_ddof', (0, 1))
   checks.number(config, 'grpo.clip_ratio_c', low=1, low_open=True, optional=True)
   checks.number(config, 'grpo.patches_per_shard', integer=True, low=0, optional=True)
+  if cfg.get('lr_schedule') is not None:
+    checks.choice(config, 'grpo.lr_schedule', policy.SCHEDULES)
   checks.number(config, 'grpo.temperature', low=0, low_open=True)
   checks.number(config, 'grpo.top_p', low=0, low_open=True, high=1)
   total = checks.positive_int(config, 'rollout.max_total_tokens')

@@ -228,10 +228,11 @@ def default_place(vision_config, patches_per_shard: int = 0) -> Callable[[dict],
 
 
 @nnx.jit
-def logprob_fn(model, batch: dict) -> jax.Array:
-  """Jitted: [B, K] float32 log-probs of `model` at the batch's loss positions (π_old, π_ref). `batch` as `place`
-  returns it (images laid out per shard; nothing static)."""
-  return policy.loss_logprobs(model, batch)
+def logprob_fn(model, batch: dict, temperature=1.0) -> jax.Array:
+  """Jitted: [B, K] float32 log-probs of `model` at the batch's loss positions (π_old, π_ref), of the distribution
+  at `temperature` (a float32 scalar, traced: `policy.loss_logprobs`). `batch` as `place` returns it (images laid
+  out per shard; nothing static)."""
+  return policy.loss_logprobs(model, batch, jax.numpy.asarray(temperature, jax.numpy.float32))
 
 
 @functools.partial(nnx.jit, donate_argnums=(1, 2))
@@ -254,23 +255,32 @@ def make_grad_fn(cfg: ml_collections.ConfigDict):
   `num_sequences` (rows) and `num_tokens` (Σ M) are those of the mini-batch the micro-batch belongs to (float32
   scalars), so the micro-batch gradients sum to the mini-batch gradient. The batch needs old_logprobs, advantages,
   loss_mask (ref_logprobs when beta > 0; tis_weights [B, K] when TIS is on) beside `batching.collate`'s fields.
-  Loss settings from `cfg` (= config.grpo): eps_low, eps_high, beta, aggregation, clip_ratio_c; one function (and
-  compile cache) per distinct setting.
+  Loss settings from `cfg` (= config.grpo): eps_low, eps_high, beta, aggregation, clip_ratio_c, temperature (π_θ
+  at the rollout temperature, `policy.loss_logprobs`; default 1); one function (and compile cache) per distinct
+  setting.
   """
   aggregation = cfg.get('aggregation', 'seq_mean_token_mean')
   losses.AGGREGATIONS.get(aggregation)
   clip_ratio_c = cfg.get('clip_ratio_c', None)
   return _grad_fn(float(cfg.eps_low), float(cfg.eps_high), float(cfg.beta), aggregation,
-                  None if clip_ratio_c is None else float(clip_ratio_c))
+                  None if clip_ratio_c is None else float(clip_ratio_c), temperature(cfg))
+
+
+def temperature(cfg: ml_collections.ConfigDict) -> float:
+  """The temperature of the trainer's log-probs: `cfg.temperature` (config.grpo; the rollout temperature, which
+  `grpo.check_config` holds it equal to), 1.0 when absent."""
+  value = cfg.get('temperature', None)
+  return 1.0 if value is None else float(value)
 
 
 @functools.cache
-def _grad_fn(eps_low: float, eps_high: float, beta: float, aggregation: str, clip_ratio_c: float | None):
+def _grad_fn(eps_low: float, eps_high: float, beta: float, aggregation: str, clip_ratio_c: float | None,
+             temperature: float = 1.0):
 
   @nnx.jit
   def grad_fn(model, batch, num_sequences, num_tokens):
     def loss_fn(model):
-      logprobs = policy.loss_logprobs(model, batch)
+      logprobs = policy.loss_logprobs(model, batch, temperature)
       return losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
                               ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
                               eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
@@ -303,12 +313,13 @@ def accumulate_grads(model, parts: list[dict], grad_fn, num_sequences: float,
 
 
 def batch_logprobs(model, batch: dict, grid: tuple, micro_batch_size: int,
-                   place: Callable[[dict], dict]) -> np.ndarray:
-  """log π of `model` at the loss positions of the whole batch, float32 [B, K] on host, in micro-batches (rows
-  split over several hosts are gathered: `distributed.to_host`)."""
+                   place: Callable[[dict], dict], temp: float = 1.0) -> np.ndarray:
+  """log π_T of `model` (at temperature `temp`) at the loss positions of the whole batch, float32 [B, K] on host,
+  in micro-batches (rows split over several hosts are gathered: `distributed.to_host`)."""
   rows = batch['input_ids'].shape[0]
   parts = split_micro_batches(batch, grid, math.gcd(rows, micro_batch_size or rows))
-  return np.concatenate([np.asarray(distributed.to_host(logprob_fn(model, place(with_grid(b, g)))))
+  t = np.float32(temp)
+  return np.concatenate([np.asarray(distributed.to_host(logprob_fn(model, place(with_grid(b, g)), t)))
                          for b, g in parts])
 
 
@@ -335,7 +346,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
   patches = int(cfg.get('patches_per_shard', 0) or 0)
   mini_prompts, epochs = int(cfg.get('mini_batch_prompts', 0) or 0), int(cfg.get('ppo_epochs', 1) or 1)
   micro, tis_cap, beta = int(cfg.get('micro_batch_size', 0) or 0), cfg.get('tis_cap', None), float(cfg.beta)
-  grad_fn = make_grad_fn(cfg)
+  grad_fn, temp = make_grad_fn(cfg), temperature(cfg)
 
   def update(model, optimizer, batch, grid, prompt_ids, ref_model=None):
     put = place or default_place(model.config.vision, patches)
@@ -345,9 +356,9 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
     if beta and ref_model is None:
       raise ValueError(f'grpo.beta={beta} needs ref_model')
     batch = dict(batch)
-    batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, put)  # once (Eq. 12's π_old)
+    batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, put, temp)  # once (Eq. 12's π_old)
     if beta:
-      batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put)
+      batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put, temp)
     known = rollout_logprob_rows(batch)
     rollout = batch.get('rollout_logprobs', np.zeros_like(batch['old_logprobs']))
     out = mismatch_metrics(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)

@@ -75,31 +75,45 @@ def model_dtypes(config: ml_collections.ConfigDict) -> dict:
   return out
 
 
-def make_schedule(lr: float, steps: int, warmup_steps: int = 0) -> optax.Schedule:
-  """Learning rate per optimizer step: linear warmup from 0 over `warmup_steps`, then cosine decay to 10% of `lr`
-  at `steps`; without warmup the first step already uses `lr`.
+SCHEDULES = ('cosine', 'constant')
+
+
+def make_schedule(lr: float, steps: int, warmup_steps: int = 0, kind: str = 'cosine') -> optax.Schedule:
+  """Learning rate per optimizer step: linear warmup from 0 over `warmup_steps`, then (`kind`) 'cosine' decay to
+  10% of `lr` at `steps`, or 'constant' `lr` (verl's actor default, the official GRPO run's); without warmup the
+  first step already uses `lr`.
 
   Raises:
-    ValueError: steps < 1, warmup_steps < 0 or warmup_steps >= steps (optax's cosine decay needs >= 1 step).
+    ValueError: steps < 1, warmup_steps < 0 or warmup_steps >= steps (optax's cosine decay needs >= 1 step), an
+      unknown `kind`.
   """
+  if kind not in SCHEDULES:
+    raise ValueError(f'lr_schedule={kind!r}: expected one of {SCHEDULES}')
   if steps < 1:
     raise ValueError(f'steps={steps}: the schedule needs at least one step')
   if not 0 <= warmup_steps < steps:
     raise ValueError(f'warmup_steps={warmup_steps} must lie in [0, steps={steps})')
+  if kind == 'constant':
+    if warmup_steps == 0:
+      return optax.constant_schedule(lr)
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), optax.constant_schedule(lr)],
+                                [warmup_steps])
   if warmup_steps == 0:
     return optax.cosine_decay_schedule(lr, decay_steps=steps, alpha=0.1)
   return optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, steps, end_value=lr * 0.1)
 
 
 def make_tx(lr: float, steps: int, warmup_steps: int = 0, weight_decay: float = 0.0,
-            grad_clip: float = 1.0) -> optax.GradientTransformation:
-  """AdamW (b1 0.9, b2 0.95) on `make_schedule(lr, steps, warmup_steps)`, global-norm clipping at `grad_clip`.
+            grad_clip: float = 1.0, schedule: str = 'cosine') -> optax.GradientTransformation:
+  """AdamW (b1 0.9, b2 0.95) on `make_schedule(lr, steps, warmup_steps, schedule)`, global-norm clipping at
+  `grad_clip`.
 
   Raises:
     ValueError: from `make_schedule`.
   """
   return optax.chain(optax.clip_by_global_norm(grad_clip),
-                     optax.adamw(make_schedule(lr, steps, warmup_steps), b1=0.9, b2=0.95, weight_decay=weight_decay))
+                     optax.adamw(make_schedule(lr, steps, warmup_steps, schedule), b1=0.9, b2=0.95,
+                                 weight_decay=weight_decay))
 
 
 def create_model(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -142,9 +156,9 @@ def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     config: the job config: `model`, `seed`, optional `sharding_rules`, and the stage's optimizer settings.
     mesh: the trainer's mesh (`sharding.mesh_from_config(config.mesh)`).
     stage: 'sft' or 'grpo': `config.<stage>` gives lr, steps and optionally warmup_steps (0), weight_decay (0.0),
-      grad_clip (1.0) to `make_tx`. The schedule spans optimizer steps: for GRPO each of the `steps` rollout
-      batches makes ppo_epochs × (prompts_per_step / mini_batch_prompts) of them (DESIGN.md §6), and
-      warmup_steps counts rollout steps too.
+      grad_clip (1.0), lr_schedule ('cosine' | 'constant') to `make_tx`. The schedule spans optimizer steps: for
+      GRPO each of the `steps` rollout batches makes ppo_epochs × (prompts_per_step / mini_batch_prompts) of them
+      (DESIGN.md §6), and warmup_steps counts rollout steps too.
   Returns:
     (model, optimizer).
   Raises:
@@ -157,7 +171,7 @@ def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     per_step = int(cfg.get('ppo_epochs') or 1) * max(int(cfg.prompts_per_step) // int(mini), 1)
   model = create_model(config, mesh, seed=config.seed)
   tx = make_tx(cfg.lr, cfg.steps * per_step, cfg.get('warmup_steps', 0) * per_step, cfg.get('weight_decay', 0.0),
-               cfg.get('grad_clip', 1.0))
+               cfg.get('grad_clip', 1.0), cfg.get('lr_schedule', 'cosine'))
   return model, create_optimizer(model, tx, mesh, sharding.rules_from_config(config))
 
 
@@ -169,21 +183,27 @@ def pin_placement(*modules: nnx.Module) -> None:
     nnx.update(module, sharding.constrain_state(nnx.state(module)))
 
 
-def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict) -> jax.Array:
-  """Log-probs of the emitted tokens at the batch's loss positions.
+def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0) -> jax.Array:
+  """Log-probs of the emitted tokens at the batch's loss positions, of the distribution at `temperature`.
 
   Args:
     model: the policy.
     batch: from `batching.collate` (jnp or np arrays; flat pixel_values with static image_grid_thw), or laid out
       per shard (`vision_layout` / `shard_batch`: pixel_values [S, P, D] and the `vision_*` geometry arrays).
+    temperature: > 0, a Python float or a float32 scalar: log_softmax(logits / temperature), the distribution a
+      rollout at that temperature samples from (verl divides the logits by the rollout temperature for π_old,
+      π_θ and π_ref alike). 1.0 (SFT) leaves the logits as they are.
   Returns:
-    [B, K] float32: log pi(token t+1 | tokens <= t) at `loss_positions`; garbage where `completion_mask` is 0.
+    [B, K] float32: log pi_T(token t+1 | tokens <= t) at `loss_positions`; garbage where `completion_mask` is 0.
   """
   hidden, _ = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'],
                     pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'),
                     vision_inputs=vision_inputs(batch))
   gathered = jnp.take_along_axis(hidden, batch['loss_positions'][..., None], axis=1)  # [B, K, H]
-  return losses.token_logprobs(model.logits(gathered), batch['loss_targets'])
+  logits = model.logits(gathered)
+  if not (isinstance(temperature, (int, float)) and temperature == 1):
+    logits = logits / jnp.asarray(temperature, jnp.float32)
+  return losses.token_logprobs(logits, batch['loss_targets'])
 
 
 def vision_inputs(batch: dict) -> dict | None:

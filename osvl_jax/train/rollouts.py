@@ -152,7 +152,8 @@ class RolloutRunner:
                                    max_turns=r.max_turns, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
                                    max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
                                    policy_version=self.version or 0, max_concurrency=r.get('max_concurrency'),
-                                   tool_workers=r.get('tool_workers', 1), max_seconds=r.get('max_seconds'))
+                                   tool_workers=r.get('tool_workers', 1), max_seconds=r.get('max_seconds'),
+                                   stop_at_fatal=bool(r.get('stop_at_fatal', True)))
 
 
 _RULE_JUDGE = rule_judge.RuleJudge()

@@ -71,6 +71,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   checks.number(config, 'sft.weight_decay', low=0)
   checks.number(config, 'sft.grad_clip', low=0, low_open=True)
   checks.number(config, 'sft.patches_per_shard', integer=True, low=0, optional=True)
+  if config.sft.get('lr_schedule') is not None:
+    checks.choice(config, 'sft.lr_schedule', policy.SCHEDULES)
   shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
   if config.sft.batch_size % shards:
     raise ValueError(f'sft.batch_size={config.sft.batch_size} does not split over the {shards} data x fsdp devices '

@@ -67,3 +67,15 @@ def test_stop_reasons(tokenizer, env, make_builder):
 
   traj = _run(tokenizer, env, make_builder, [], engine=FullEngine())
   assert traj.stop_reason == 'context_full' and traj.truncated and traj.steps == []
+
+
+def test_without_stop_at_fatal_the_episode_runs_on_and_keeps_its_first_cascade(tokenizer, env, make_builder):
+  """stop_at_fatal=False (the paper's "blind" baseline): the episode goes past its fatal cascade to its answer;
+  fatal_step stays the first cascade's step, even when a second cascade follows, so the masks are unchanged."""
+  script = [UNKNOWN, UNKNOWN, CROP, UNKNOWN, UNKNOWN, ANSWER]
+  stopped = _run(tokenizer, env, make_builder, script, fatal_k=2, max_turns=8)
+  assert (stopped.stop_reason, stopped.fatal_step, len(stopped.steps)) == ('fatal', 0, 2)
+  blind = _run(tokenizer, env, make_builder, script, fatal_k=2, max_turns=8, stop_at_fatal=False)
+  assert (blind.stop_reason, blind.fatal_step, len(blind.steps)) == ('response', 0, 6)
+  assert blind.final_response == 'Agra' and len(blind.images) == 2 and tj.check_trajectory(blind) == []
+  np.testing.assert_array_equal(blind.token_ids[:stopped.num_tokens], stopped.token_ids)  # the same first steps

@@ -39,15 +39,20 @@ def _image_prompt(ref) -> np.ndarray:
 
 
 def _reference_greedy(model, prompt, images, n):
-  """Greedy ids and temperature-1 logprobs by full forwards (no cache), one token at a time."""
+  """Greedy ids and temperature-1 logprobs by full forwards (no cache), one token at a time.
+
+  Each forward runs on the prompt and the ids so far right-padded to len(prompt) + n (one compiled program for
+  the n calls): a causal model's logits at the last real position do not depend on what follows it."""
   ids, out_ids, out_lp = list(prompt), [], []
   grid = np.stack([im.grid_thw for im in images]) if images else None
   pixels = np.concatenate([im.pixel_values for im in images]) if images else None
+  static_grid = None if grid is None else tuple(map(tuple, grid.tolist()))
+  forward = nnx.jit(lambda m, x, pos, pix: m.logits(m(x, pos, None, pix, static_grid)[0]))
+  total = len(prompt) + n
   for _ in range(n):
-    x = np.asarray(ids, np.int32)[None]
+    x = np.asarray(ids + [0] * (total - len(ids)), np.int32)[None]
     pos, _ = rope.get_rope_index(x, grid)
-    hidden, _ = model(x, pos, None, pixels, grid)
-    logp = jax.nn.log_softmax(model.logits(hidden)[0, -1])
+    logp = jax.nn.log_softmax(forward(model, x, pos, pixels)[0, len(ids) - 1])
     tok = int(jnp.argmax(logp))
     out_ids.append(tok)
     out_lp.append(float(logp[tok]))
@@ -114,12 +119,20 @@ def test_stop_string_ends_the_row(model, tokenizer):
   assert gen.finish_reason == engine_lib.FINISH_STOP_STRING
 
 
-def test_tiny_top_p_sampling_is_greedy_and_logprobs_are_temperature_one(model, tokenizer):
+def test_tiny_top_p_sampling_is_greedy_and_logprobs_are_at_the_temperature(model, tokenizer):
+  """top_p -> 0 keeps only the argmax: the greedy ids; their log-probs are those of softmax(logits / 0.7), as a
+  teacher-forced forward divided by 0.7 gives them (log-probs ~12 in float32: atol 1e-5)."""
   prompt = _text_prompt(0, 11)
   greedy = _sampler(model, tokenizer).generate([(prompt, [])])[0]
   nucleus = _sampler(model, tokenizer, temperature=0.7, top_p=1e-6, seed=3).generate([(prompt, [])])[0]
   assert nucleus.ids.tolist() == greedy.ids.tolist()
-  np.testing.assert_allclose(nucleus.logprobs, greedy.logprobs, atol=1e-5)
+  ids = np.concatenate([prompt, greedy.ids]).astype(np.int32)[None]
+  pos, _ = rope.get_rope_index(ids, None)
+  hidden, _ = model(ids, pos)
+  logits = np.asarray(model.logits(hidden), np.float64)[0, len(prompt) - 1:-1]
+  want = jax.nn.log_softmax(logits / 0.7, axis=-1)[np.arange(len(greedy.ids)), greedy.ids]
+  np.testing.assert_allclose(nucleus.logprobs, np.asarray(want), atol=1e-5)
+  assert np.abs(nucleus.logprobs - greedy.logprobs).max() > 1e-3   # greedy reports temperature 1
 
 
 def test_context_at_max_len_emits_nothing(model, tokenizer):

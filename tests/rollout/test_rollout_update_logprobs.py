@@ -1,7 +1,9 @@
 """The update's forward (`batching.collate` -> `policy.loss_logprobs`) reproduces the log-probs the JaxSampler
-reported for a turn that came after two tool-returned images: same ids, same pixels, same 3-D positions."""
+reported for a turn that came after two tool-returned images: same ids, same pixels, same 3-D positions, and the
+same temperature (the sampler reports log_softmax(logits / T), the trainer recomputes it at grpo.temperature)."""
 
 import numpy as np
+import pytest
 from flax import nnx
 
 from osvl_jax import trajectory as tj
@@ -35,12 +37,13 @@ class ScriptThenSample(engine_lib.Engine):
     return self.sampler.generate(contexts, max_new_tokens, stop)
 
 
-def test_loss_logprobs_of_the_collated_batch_equal_the_samplers():
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_loss_logprobs_of_the_collated_batch_equal_the_samplers(temperature):
   tokenizer = tj.load_tokenizer()
   model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
   env = tools_env.ToolEnv({'enabled': ('crop', 'sharpen')})
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
-  sampler = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=1, temperature=1.0, seed=0, max_len=1024,
+  sampler = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=1, temperature=temperature, seed=0, max_len=1024,
                                    bucket=64, pad_batch_pow2=False)
   engine = ScriptThenSample(engine_lib.ScriptedEngine(SCRIPT, tokenizer), sampler, tokenizer)
   image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
@@ -51,7 +54,10 @@ def test_loss_logprobs_of_the_collated_batch_equal_the_samplers():
   batch = batching.collate([traj], length_multiple=64, loss_multiple=16)
   # as the trainer calls it: images laid out per shard with their geometry as arrays (grpo_update.default_place)
   device = policy.device_batch(grpo_update.default_place(model.config.vision)(batch))
-  logprobs = np.asarray(grpo_update.logprob_fn(model, device))[0]
+  logprobs = np.asarray(grpo_update.logprob_fn(model, device, np.float32(temperature)))[0]
   sampled = batch['completion_mask'][0] & (batch['loss_step'][0] == 2)
   assert sampled.sum() == 1
   np.testing.assert_allclose(logprobs[sampled], batch['rollout_logprobs'][0][sampled], atol=2e-4)
+  if temperature != 1.0:   # the untempered recomputation is off by far more (a trainer at T = 1 fails here)
+    untempered = np.asarray(grpo_update.logprob_fn(model, device))[0]
+    assert abs(untempered[sampled] - batch['rollout_logprobs'][0][sampled]).max() > 1e-2

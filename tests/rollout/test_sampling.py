@@ -41,16 +41,22 @@ def test_block_size_divides_the_real_vocabulary():
   assert sampling._block_size(37) == 7          # prime: ceil(sqrt(37)), padded
 
 
-def test_sample_logits_returns_temperature_one_log_softmax_of_the_draw():
+def test_sample_logits_returns_the_log_softmax_at_its_temperature_of_the_draw():
+  """Sampled at T: log_softmax(logits / T) of the id, before top-p and the ban (SGLang 0.5.23's default, what the
+  trainer recomputes at grpo.temperature); greedy: temperature 1. Log-probs of size ~10 in float32: atol 1e-5."""
   rng = np.random.default_rng(0)
   logits = jnp.asarray(5.0 * rng.standard_normal((4, 1000)), jnp.float32)
-  ref = np.asarray(jax.nn.log_softmax(logits, axis=-1))
-  for greedy, use_top_p in [(True, False), (False, False), (False, True)]:
-    ids, lp = sampling.sample_logits(logits, jax.random.key(1), jnp.float32(0.7), jnp.float32(0.9), greedy,
-                                     use_top_p, banned=(3, 5))
-    ids = np.asarray(ids)
-    np.testing.assert_allclose(np.asarray(lp), ref[np.arange(4), ids], atol=1e-6, rtol=0)
-    assert not np.isin(ids, (3, 5)).any()
+  for t in (0.7, 1.0, 1.3):
+    for greedy, use_top_p in [(True, False), (False, False), (False, True)]:
+      ref = np.asarray(jax.nn.log_softmax(np.float64(logits) / (1.0 if greedy else t), axis=-1))
+      ids, lp = sampling.sample_logits(logits, jax.random.key(1), jnp.float32(t), jnp.float32(0.9), greedy,
+                                       use_top_p, banned=(3, 5))
+      ids = np.asarray(ids)
+      np.testing.assert_allclose(np.asarray(lp), ref[np.arange(4), ids], atol=1e-5, rtol=0)
+      assert not np.isin(ids, (3, 5)).any()
+      if not greedy and t != 1.0:   # not the untempered one (a sampler that reported T = 1 fails here)
+        untempered = np.asarray(jax.nn.log_softmax(logits, axis=-1))[np.arange(4), ids]
+        assert np.abs(np.asarray(lp) - untempered).max() > 0.1
 
 
 def test_sampling_draws_from_the_model_distribution():
@@ -63,8 +69,9 @@ def test_sampling_draws_from_the_model_distribution():
   np.testing.assert_allclose(np.bincount(ids, minlength=4) / len(ids), [0.5, 0.3, 0.15, 0.05], atol=0.03)
   ids = np.asarray(draw(keys, 0.7))  # nucleus {0, 1}: mass before id 2 is 0.8 >= 0.7
   assert set(ids.tolist()) == {0, 1}
-  tok, lp = sampling.sample_logits(logits, keys[0], 0.5, 0.7, False, True)  # warped draw, base logprob
-  np.testing.assert_allclose(np.exp(lp), np.asarray([0.5, 0.3, 0.15, 0.05])[np.asarray(tok)], rtol=1e-5)
+  tok, lp = sampling.sample_logits(logits, keys[0], 0.5, 0.7, False, True)  # warped draw: p_T, before top-p
+  tempered = np.asarray([0.5, 0.3, 0.15, 0.05]) ** 2 / np.sum(np.asarray([0.5, 0.3, 0.15, 0.05]) ** 2)
+  np.testing.assert_allclose(np.exp(lp), tempered[np.asarray(tok)], rtol=1e-5)
 
 
 def test_sample_logits_bans_ids_in_greedy_top_p_and_plain_sampling():

@@ -1,6 +1,7 @@
 """Continuous batching: a short request sent while a long one generates is answered about as fast as alone, with
 the ids and log-probs it gets alone; rows joining a running `DecodeBatch` (into free slots, growing its slots
-and cache length) decode exactly as they do alone."""
+and cache length) decode exactly as they do alone; the KV slots of the batches of every sampling setting together
+stay within `max_batch`."""
 
 import concurrent.futures
 import statistics
@@ -92,3 +93,26 @@ def test_rows_joining_a_running_batch_decode_as_they_do_alone(tiny_model, tokeni
     assert got[tag].ids.tolist() == want_ids, tag
     np.testing.assert_allclose(got[tag].logprobs, alone.logprobs[:len(want_ids)], rtol=1e-6, atol=1e-6)
     assert got[tag].finish_reason == (engine_lib.FINISH_STOP if tag in stop_ids else alone.finish_reason)
+
+
+def test_the_kv_slots_of_every_sampling_setting_together_stay_within_max_batch(tiny_model, tokenizer, processor):
+  """12 concurrent requests in 3 sampling settings on a server of max_batch 4: every batch (one per setting) counts
+  its slots, free ones included, so at most 4 rows' KV exist at once (before: 4 live rows per setting, 12 slots and
+  more), and every request is still answered, rows joining running batches."""
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
+                                   bucket=16)
+  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0', max_batch=4,
+                              default_max_new_tokens=SHORT, decode_steps=4, batch_window_s=0.05)
+  settings = [{'temperature': 0}, {'temperature': 0.7, 'top_p': 0.9}, {'temperature': 1.0}]
+
+  def one(i):
+    body = {'input_ids': _prompt(10 + i, 5 + i), 'sampling_params': {'max_new_tokens': 12, **settings[i % 3]}}
+    return httpx.post(u + '/generate', json=body, timeout=600)
+
+  with serve_in_thread(svc) as u, concurrent.futures.ThreadPoolExecutor(12) as pool:
+    answers = list(pool.map(one, range(12)))
+  svc.close()
+  assert [r.status_code for r in answers] == [200] * 12, [r.text for r in answers if r.status_code != 200]
+  assert all(r.json()['output_ids'] for r in answers)
+  assert 2 <= svc.stats['peak_kv_slots'] <= 4, svc.stats
+  assert svc.stats['rows'] == 12

@@ -38,7 +38,7 @@ def test_dry_run_sets_up_its_own_venv_then_serves_the_folder():
   assert lines[0] == ['python3', '-m', 'venv', '/home/me/sglang_venv']
   assert lines[1] == [py, '-m', 'pip', 'install', '-q', '--upgrade', 'pip']
   assert lines[2] == [py, '-m', 'pip', 'install', '-q', f'sglang=={SCHEMA["sglang_version"]}', 'sglang-router==0.3.2']
-  assert lines[3] == ['env', 'SGLANG_MM_AVOID_RETOKENIZE=1', 'SGLANG_RETURN_ORIGINAL_LOGPROB=1', py, '-m', 'sglang.launch_server',
+  assert lines[3] == ['env', 'SGLANG_MM_AVOID_RETOKENIZE=1', 'SGLANG_RETURN_ORIGINAL_LOGPROB=0', py, '-m', 'sglang.launch_server',
                       '--model-path', '/ckpt/my policy', '--tp-size', '4', '--mem-fraction-static', '0.7',
                       '--host', '0.0.0.0', '--port', '31000', '--weight-version', 'step-5',
                       '--context-length', '32768']
@@ -53,7 +53,7 @@ def test_the_router_pins_match_setup_py():
 def test_dry_run_with_a_router_lists_this_server_and_the_others():
   lines = _lines(server('--dry_run', '--skip_setup', '--model_path=/m', '--venv=/opt/sg', '--router_port=30100',
                         '--worker_urls=http://h2:30000,http://h3:30000'))
-  assert lines[0][:6] == ['env', 'SGLANG_MM_AVOID_RETOKENIZE=1', 'SGLANG_RETURN_ORIGINAL_LOGPROB=1',
+  assert lines[0][:6] == ['env', 'SGLANG_MM_AVOID_RETOKENIZE=1', 'SGLANG_RETURN_ORIGINAL_LOGPROB=0',
                           '/opt/sg/bin/python', '-m', 'sglang.launch_server']
   assert lines[0][6:] == ['--model-path', '/m', '--tp-size', '1', '--mem-fraction-static', '0.85', '--host',
                           '0.0.0.0', '--port', '30000']
@@ -94,9 +94,10 @@ def test_every_server_command_keeps_multimodal_token_ids_exact(args):
   (line,) = [l for l in _lines(server('--dry_run', '--skip_setup', '--model_path=/m', *args))
              if 'sglang.launch_server' in l]
   env = _server_env(line)
-  assert env['SGLANG_MM_AVOID_RETOKENIZE'] == '1' and env['SGLANG_RETURN_ORIGINAL_LOGPROB'] == '1'
+  assert env['SGLANG_MM_AVOID_RETOKENIZE'] == '1' and env['SGLANG_RETURN_ORIGINAL_LOGPROB'] == '0'
   # SGLang's EnvBool reads exactly these spellings as true.
   assert env['SGLANG_MM_AVOID_RETOKENIZE'].lower() in ('true', '1', 'yes', 'y')
+  assert env['SGLANG_RETURN_ORIGINAL_LOGPROB'].lower() not in ('true', '1', 'yes', 'y')   # tempered log-probs
 
 
 def test_help_prints_the_whole_header():

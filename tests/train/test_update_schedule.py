@@ -91,10 +91,10 @@ def _eq12_loss(new, old, adv, mask, eps_low=0.2, eps_high=0.28, weights=None):
 
 
 
-def _logprobs(model, batch: dict, grid: tuple):
+def _logprobs(model, batch: dict, grid: tuple, temperature=1.0):
   """`grpo_update.logprob_fn` on a host batch, placed as the update places it (no mesh: `default_place`)."""
   return grpo_update.logprob_fn(model, grpo_update.default_place(model.config.vision)(
-      grpo_update.with_grid(batch, grid)))
+      grpo_update.with_grid(batch, grid)), np.float32(temperature))
 
 def test_mini_batch_rows_keep_groups_whole():
   assert [r.tolist() for r in grpo_update.mini_batch_rows(['a', 'b', 'a', 'b'], 1)] == [[0, 2], [1, 3]]
@@ -117,9 +117,12 @@ def test_take_rows_carries_each_rows_images(setup):
   np.testing.assert_array_equal(part['loss_mask'], batch['loss_mask'][[3, 0]])
 
 
-def test_two_mini_batches_two_steps_first_on_policy_second_clipped_as_eq12(setup):
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_two_mini_batches_two_steps_first_on_policy_second_clipped_as_eq12(setup, temperature):
+  """At the rollout temperature T (grpo.temperature) π_old and π_θ are both log_softmax(logits / T): the first
+  step is exactly on policy, the second is Eq. 12 on tempered log-probs."""
   model0, batch, grid, pids = setup
-  update = grpo_update.make_update_fn(_cfg(mini_batch_prompts=1))
+  update = grpo_update.make_update_fn(_cfg(mini_batch_prompts=1, temperature=temperature))
   model, optimizer = _fresh(model0)
   out, steps = update(model, optimizer, batch, grid, pids)
   assert len(steps) == out['optimizer_steps'] == out['mini_batches'] == 2
@@ -136,8 +139,8 @@ def test_two_mini_batches_two_steps_first_on_policy_second_clipped_as_eq12(setup
   _, only_first = update(model1, optimizer1, part0, grid0, [pids[r] for r in rows0])
   assert only_first[0]['grad_norm'] == pytest.approx(first['grad_norm'], rel=1e-5)  # the same first step
   part1, grid1 = grpo_update.take_rows(batch, grid, rows1)
-  old = np.asarray(_logprobs(model0, part1, grid1))
-  new = np.asarray(_logprobs(model1, part1, grid1))
+  old = np.asarray(_logprobs(model0, part1, grid1, temperature))
+  new = np.asarray(_logprobs(model1, part1, grid1, temperature))
   want, low, high = _eq12_loss(new, old, part1['advantages'], part1['loss_mask'])
   assert second['loss'] == pytest.approx(want, rel=1e-4, abs=1e-6)
   assert second['clip_frac_low'] == pytest.approx(low, abs=1e-6)

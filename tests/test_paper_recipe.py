@@ -1,0 +1,82 @@
+"""The six run files carry the official settings of the paper's Tables 4 (SFT) and 5 (RL), transcribed here from
+PAPER.md ("Official run settings") field by field; 32B is not in Table 5 and takes the 8B column. The learning-rate
+schedules are checked as optax evaluates them (Table 4's cosine with warmup ratio 0.1, Table 5's constant)."""
+
+import importlib.util
+import math
+import pathlib
+
+import pytest
+
+from osvl_jax.train import policy
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
+SIZES = ('8b', '30b_a3b', '32b')
+
+# Table 4: the same SFT recipe for every size.
+TABLE_4 = {
+    'model.dtype': 'bfloat16', 'data.max_length': 32_000, 'image.max_pixels': 262_144,
+    'sft.num_examples': 36_592, 'sft.lr': 2e-5, 'sft.lr_schedule': 'cosine', 'sft.epochs': 8,
+    'model.remat': True, 'sft.log_every': 5, 'sft.ckpt_every': 400,
+}
+WARMUP_RATIO = 0.1   # Table 4
+
+# Table 5: 8B | 30B-A3B (32B: the 8B column).
+TABLE_5_COMMON = {
+    'model.dtype': 'bfloat16', 'seed': 3407, 'grpo.prompts_per_step': 256, 'grpo.temperature': 0.7,
+    'grpo.top_p': 1.0, 'eval.temperature': 0.7, 'eval.top_p': 0.95, 'grpo.lr': 1e-6, 'grpo.lr_schedule': 'constant',
+    'grpo.warmup_steps': 0, 'grpo.eps_low': 0.2, 'grpo.eps_high': 0.28, 'grpo.beta': 0.0, 'grpo.ppo_epochs': 1,
+    'grpo.estimator': 'rloo', 'grpo.aggregation': 'seq_mean_token_sum', 'grpo.fatal_mode': 'mask_clamp',
+    'model.remat': True, 'image.max_pixels': 262_144,
+}
+TABLE_5 = {
+    '8b': {'grpo.num_generations': 8, 'grpo.mini_batch_prompts': 64, 'grpo.ckpt_every': 50},
+    '30b_a3b': {'grpo.num_generations': 16, 'grpo.mini_batch_prompts': 128, 'grpo.ckpt_every': 1},
+    '32b': {'grpo.num_generations': 8, 'grpo.mini_batch_prompts': 64, 'grpo.ckpt_every': 50},
+}
+
+
+def _load(name: str):
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _get(config, path: str):
+  for part in path.split('.'):
+    config = config[part]
+  return config
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_sft_run_files_carry_table_4(size):
+  config = _load(f'sft_qwen3vl_{size}')
+  got = {k: _get(config, k) for k in TABLE_4}
+  assert got == TABLE_4
+  assert config.rollout.max_total_tokens == 32_000   # the cutoff bounds a trajectory
+  assert config.sft.warmup_steps == math.floor(WARMUP_RATIO * config.sft.steps)
+  config.sft.batch_size = 256                          # the official effective batch: steps follow
+  assert config.sft.steps == math.ceil(8 * 36_592 / 256) == 1144 and config.sft.warmup_steps == 114
+  lr = policy.make_schedule(config.sft.lr, config.sft.steps, config.sft.warmup_steps, config.sft.lr_schedule)
+  assert float(lr(0)) == 0.0 and float(lr(114)) == pytest.approx(2e-5, rel=1e-6)   # linear warmup, then cosine
+  assert float(lr(1144)) == pytest.approx(2e-6, rel=1e-5)
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_grpo_run_files_carry_table_5(size):
+  config = _load(f'grpo_qwen3vl_{size}')
+  want = {**TABLE_5_COMMON, **TABLE_5[size]}
+  got = {k: _get(config, k) for k in want}
+  assert got == want
+  assert (config.rollout.max_new_tokens, config.rollout.max_turns) == (4096, 50)
+  assert config.rollout.max_total_tokens >= 70_000     # the 70,000-token response budget fits a trajectory
+  lr = policy.make_schedule(config.grpo.lr, 800, config.grpo.warmup_steps, config.grpo.lr_schedule)
+  assert [float(lr(s)) for s in (0, 400, 799)] == [pytest.approx(1e-6, rel=1e-7)] * 3   # constant
+
+
+def test_a_constant_schedule_with_warmup_ramps_then_holds():
+  lr = policy.make_schedule(1.0, 10, 4, 'constant')
+  assert [float(lr(s)) for s in (0, 2, 4, 9)] == pytest.approx([0.0, 0.5, 1.0, 1.0])
+  with pytest.raises(ValueError, match="lr_schedule='linear'"):
+    policy.make_schedule(1.0, 10, 0, 'linear')
