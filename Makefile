@@ -27,7 +27,7 @@ TEST_XLA_FLAGS := --xla_force_host_platform_device_count=8 --xla_backend_optimiz
 test: $(VENV_STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2 XLA_FLAGS="$(TEST_XLA_FLAGS)" \
-	    $(PY) -m pytest -q -n 2 --dist loadfile tests
+	    $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 clean:
 	rm -rf workdir .pytest_cache

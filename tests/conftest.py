@@ -1,7 +1,8 @@
 """Suite-wide collection order: the heaviest folders first.
 
 `make test` runs the files on two pytest-xdist workers (`--dist loadfile`: a file's tests stay on one worker, so
-its module fixtures are built once). Workers take files in collection order, so the order decides how the run
+its module fixtures are built once). With `--no-loadscope-reorder` (xdist otherwise puts the files with the most
+tests first) workers take files in collection order, so the order decides how the run
 ends: with the multi-process jobs of tests/distributed and the long training files first, the short files of
 the other folders fill the end and the two workers finish close together. The multi-process jobs also run while
 the workers are young and small (a worker's memory grows with the programs it has compiled), which keeps their
