@@ -7,7 +7,7 @@ loop turn:
      jobs already waiting;
   2. admits waiting rows, oldest first, into the batches: one prefill per batch and turn, into free slots; a row
      waits while admitting it would make the batches' KV-cache slots (their capacity, free slots included, summed
-     over every sampling setting) exceed `max_batch`, the bound `/get_server_info` states as max_total_num_tokens;
+     over every sampling setting) exceed `max_batch`, the bound `/server_info` states as max_total_num_tokens;
   3. runs one chunk (`decode_steps` steps at most, ending early at the first finished row) of every batch and
      answers each job whose rows are all done.
 So a short request waits at most one chunk before it is prefilled, never for a long one to finish. Each row's
