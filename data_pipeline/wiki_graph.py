@@ -199,27 +199,63 @@ class WikiGraph:
                        len(self.titles))
 
   @functools.cached_property
-  def walk_edges(self) -> np.ndarray:
-    """[E] bool (positions in `csr.indices`): edges src -> dst a walk may follow: dst usable, named in a sentence
-    of src (`link`), and with a descriptor no other out-link of src has or a relation `relations.extract` reads
-    (the cheap part of `referent`, which `paths.check_path` then applies in full)."""
-    ok = np.zeros(self.csr.num_edges, bool)
-    usable, indptr = self.usable, np.asarray(self.csr.indptr, np.int64)
-    for i, art in enumerate(self.data.articles):
-      if not art.text or indptr[i] == indptr[i + 1]:
+  def walk_edges(self) -> 'EdgeMask':
+    """[E] bool (positions in `csr.indices`), read lazily: edges src -> dst a walk may follow: dst usable, named
+    in a sentence of src (`link`), and with a descriptor no other out-link of src has or a relation
+    `relations.extract` reads (the cheap part of `referent`, which `paths.check_path` then applies in full).
+    A source's out-edges are decided the first time a walk stands on it (`EdgeMask`), so a build reads the
+    sentences of the few hundred articles its walks visit, not of every link in the graph."""
+    return EdgeMask(self)
+
+  def out_edges_ok(self, i: int) -> np.ndarray:
+    """[out-degree of node i] bool: `walk_edges` over node i's out-edges, in CSR order."""
+    art, nbrs = self.data.articles[i], self.out_links(self.titles[i])
+    if not art.text or not nbrs:
+      return np.zeros(len(nbrs), bool)
+    seen = {}
+    for w in nbrs:
+      for d in self.descriptors(w):
+        seen[d] = seen.get(d, 0) + 1
+    ok = np.zeros(len(nbrs), bool)
+    usable = self.usable
+    for k, w in enumerate(nbrs):
+      if not usable[self.ids[w]]:
         continue
-      nbrs = self.out_links(art.title)
-      seen = {}
-      for w in nbrs:
-        for d in self.descriptors(w):
-          seen[d] = seen.get(d, 0) + 1
-      for k, w in enumerate(nbrs):
-        if not usable[self.ids[w]]:
-          continue
-        anchor, sentence = self.link(art.title, w)
-        if sentence and (any(seen[d] == 1 for d in self.descriptors(w))
-                         or relations.extract(anchor, sentence, self.aliases(art.title),
-                                              self.domain(art.title)) is not None):
-          ok[indptr[i] + k] = True
+      anchor, sentence = self.link(art.title, w)
+      ok[k] = bool(sentence) and (any(seen[d] == 1 for d in self.descriptors(w))
+                                  or relations.extract(anchor, sentence, self.aliases(art.title),
+                                                       self.domain(art.title)) is not None)
     return ok
 
+
+class EdgeMask:
+  """A [E] bool edge mask over `graph.csr` whose values are computed per source node on first read
+  (`WikiGraph.out_edges_ok`); indexing (an int array of edge positions, or a slice) returns a numpy bool array
+  equal to what the whole mask computed at once would give."""
+
+  def __init__(self, graph: WikiGraph):
+    self.graph = graph
+    self.indptr = np.asarray(graph.csr.indptr, np.int64)
+    self.values = np.zeros(int(self.indptr[-1]), bool)
+    self.done = np.zeros(len(self.indptr) - 1, bool)
+
+  def __len__(self) -> int:
+    return len(self.values)
+
+  def _fill(self, positions: np.ndarray) -> None:
+    nodes = np.unique(np.searchsorted(self.indptr, positions, side='right') - 1)
+    for i in nodes[~self.done[nodes]]:
+      self.values[self.indptr[i]:self.indptr[i + 1]] = self.graph.out_edges_ok(int(i))
+      self.done[i] = True
+
+  def __getitem__(self, index) -> np.ndarray:
+    positions = np.arange(*index.indices(len(self.values))) if isinstance(index, slice) else np.asarray(index)
+    if positions.size:
+      self._fill(np.atleast_1d(positions))
+    return self.values[index]
+
+  def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    """The whole mask (every source node decided)."""
+    self._fill(np.arange(len(self.values)))
+    self.done[:] = True   # nodes without out-edges have nothing to decide
+    return self.values if dtype is None else self.values.astype(dtype)

@@ -69,6 +69,26 @@ def test_the_view_dereferences_redirects_and_reads_the_infobox():
   assert g.answerable.tolist() == [t == 'Alphaland' for t in g.titles]
 
 
+def test_walk_edges_are_decided_per_source_on_first_read_and_equal_the_whole_mask():
+  g = _world()
+  mask = g.walk_edges
+  indptr = np.asarray(g.csr.indptr)
+  tower, river = g.ids['Tower'], g.ids['River Town']
+  # Reading Tower's out-edges decides Tower alone: Hub City (a stated sentence, descriptor 'city' unique among
+  # Tower's links), List of towers (no sentence), River Town (stated through the redirect 'Old Name').
+  assert mask[indptr[tower]:indptr[tower + 1]].tolist() == [True, False, True]
+  assert mask.done.tolist() == [i == tower for i in range(len(g.titles))]
+  # River Town -> Alphaland and -> Tower: both stated in a sentence, each target the only one of its descriptor.
+  assert mask[np.array([indptr[river], indptr[river] + 1])].tolist() == [True, True]
+  assert mask.done.sum() == 2
+  # Every edge read one source at a time equals the whole mask, and F1's links are never stated (no sentence).
+  whole = np.asarray(mask)
+  assert mask.done.all() and len(whole) == g.csr.num_edges
+  assert whole.tolist() == np.concatenate([g.out_edges_ok(i) for i in range(len(g.titles))]).tolist()
+  f1 = g.ids['F1']
+  assert not whole[indptr[f1]:indptr[f1 + 1]].any()
+
+
 def test_walks_keep_every_appendix_d1_constraint():
   g = _world()
   recs, counts = paths.sample_paths(g, _config(), 'imgs')
