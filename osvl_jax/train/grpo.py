@@ -68,6 +68,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     raise ValueError(f"rollout.engine={config.rollout.get('engine')!r} with {jax.process_count()} processes: a "
                      "multi-host GRPO job rolls out on servers (rollout.engine='sglang', rollout.urls); the "
                      'embedded sampler runs in one process')
+  # judge.name registered; an llm judge needs judge.base_url and judge.model (the paper configs give neither: they
+  # come on the command line), valid on_error / temperature / prompts. First, as it needs no devices.
+  judges_registry.check_config(config.get('judge'), 'judge')
   sft.check_model_config(config)
   cfg = config.grpo
   for choices, name in ((fatal_lib.FATAL_MODES, cfg.fatal_mode),
@@ -75,9 +78,6 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
                         (advantages_lib.ESTIMATORS, cfg.get('estimator', 'grpo')),
                         (losses.AGGREGATIONS, cfg.get('aggregation', 'seq_mean_token_mean'))):
     choices.get(name)  # raises ValueError naming the choice and the registered names
-  # judge.name registered; an llm judge needs judge.base_url and judge.model (the paper configs give neither: they
-  # come on the command line), valid on_error / temperature / prompts
-  judges_registry.check_config(config.get('judge'), 'judge')
   for field in ('grpo.steps', 'grpo.prompts_per_step', 'grpo.ckpt_every', 'rollout.max_turns',
                 'rollout.max_new_tokens', 'rollout.fatal_k'):
     checks.positive_int(config, field)
