@@ -2,7 +2,7 @@
 PAPER.md ("Official run settings") field by field; 32B is not in Table 5 and takes the 8B column. The learning-rate
 schedules are checked as optax evaluates them (Table 4's cosine with warmup ratio 0.1, Table 5's constant). The
 judges are the paper's protocols (PAPER.md, "The paper's judge and agent protocols": an LLM judge, temperature 0),
-their endpoint given on the command line."""
+their endpoint given on the command line; configs/eval_paper.py evaluates at the paper's scale."""
 
 import importlib.util
 import math
@@ -133,3 +133,36 @@ def test_the_judge_endpoint_comes_on_the_command_line(monkeypatch):
   old = _parse(monkeypatch, 'grpo_qwen3vl_8b', '--config.judge.base_url=http://127.0.0.1:8000/v1',
                '--config.judge.model=m', '--config.judge.prompts.accuracy=accuracy_v1')   # the earlier wording
   assert judges_registry.get_judge(old.judge).prompt_names['accuracy'] == 'accuracy_v1'
+
+
+# configs/eval_paper.py: PAPER.md's results table (the seven benchmarks, by the eval code's names), its budgets (4,096
+# new tokens per call, up to 50 tool calls; as the run files), Table 5's validation sampling, all seven tools (DESIGN.md
+# §5), the LLM accuracy judge (accuracy_v2, temperature 0) and Table 4's image budget.
+EVAL_PAPER = {
+    'benchmarks': ('simplevqa', 'vdr_bench', 'mmsearch', 'livevqa', 'browsecomp_vl', 'fvqa', 'infoseek'),
+    'tools.enabled': ('text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution',
+                      'perspective_correct'),
+    'modes': ('agentic',), 'max_tool_calls': 50, 'rollout.max_new_tokens': 4096, 'rollout.temperature': 0.7,
+    'rollout.top_p': 0.95, 'rollout.fatal_k': 3, 'image.max_pixels': 262_144, 'max_items_per_benchmark': 0,
+    'judge.name': 'llm', 'judge.temperature': 0.0, 'judge.prompts.accuracy': 'accuracy_v2', 'judge.base_url': '',
+    'judge.model': '',
+}
+
+
+def test_eval_paper_carries_the_papers_evaluation_and_the_cli_accepts_it(monkeypatch):
+  from osvl_jax.data import benchmarks as bench_lib
+  from osvl_jax.eval import runs
+  from tools import schema
+  config = _load('eval_paper')
+  assert {k: _get(config, k) for k in EVAL_PAPER} == EVAL_PAPER
+  assert set(config.benchmarks) <= set(bench_lib.BENCHMARKS)   # names the benchmark adapters know
+  assert set(config.tools.enabled) == set(schema.TOOLS)          # every registered tool
+  assert config.rollout.max_total_tokens >= 70_000              # Table 5's response budget fits a trajectory
+  with pytest.raises(ValueError, match=r"judge.name='llm' needs judge.base_url and judge.model \(empty\)"):
+    runs.check_config(_parse(monkeypatch, 'eval_paper'))       # what `python -m osvl_jax.evaluate` runs first
+  config = _parse(monkeypatch, 'eval_paper', '--config.judge.base_url=http://127.0.0.1:8000/v1',
+                  '--config.judge.model=gpt-4o', '--config.tools.text_search.backend=remote')
+  planned, names = runs.check_config(config)
+  assert planned == [runs.Run('agentic', 'agentic', 50)] and names == list(EVAL_PAPER['benchmarks'])
+  assert config.tools.text_search.backend == 'remote'           # the web backends are one flag away
+  assert judges_registry.get_judge(config.judge).prompt_names['accuracy'] == 'accuracy_v2'
