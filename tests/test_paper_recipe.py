@@ -152,11 +152,14 @@ EVAL_PAPER = {
 def test_eval_paper_carries_the_papers_evaluation_and_the_cli_accepts_it(monkeypatch):
   from osvl_jax.data import benchmarks as bench_lib
   from osvl_jax.eval import runs
+  from tools import base as tools_base
   from tools import schema
   config = _load('eval_paper')
   assert {k: _get(config, k) for k in EVAL_PAPER} == EVAL_PAPER
   assert set(config.benchmarks) <= set(bench_lib.BENCHMARKS)   # names the benchmark adapters know
   assert set(config.tools.enabled) == set(schema.TOOLS)          # every registered tool
+  assert tools_base.SEARCH_TOOLS == ('text_search', 'image_search')   # what query_quality_v3 rates: registered names
+  assert set(tools_base.SEARCH_TOOLS) <= set(schema.TOOLS)
   assert config.rollout.max_total_tokens >= 70_000              # Table 5's response budget fits a trajectory
   with pytest.raises(ValueError, match=r"judge.name='llm' needs judge.base_url and judge.model \(empty\)"):
     runs.check_config(_parse(monkeypatch, 'eval_paper'))       # what `python -m osvl_jax.evaluate` runs first
