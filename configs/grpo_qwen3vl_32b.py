@@ -2,13 +2,15 @@
 (lr 1e-6, G = 8, 256 prompts/step in mini-batches of 64, clip (0.2, 0.28), beta 0, 4,096 new tokens x up to 50 calls).
 
 Settings: configs/qwen3vl_paper.py (what the paper fixes, what is chosen here). Set the placeholders:
-model.hf_path (the released Qwen3-VL-32B-Instruct folder), data.dir, grpo.init_from (the SFT workdir).
+model.hf_path (the released Qwen3-VL-32B-Instruct folder), data.dir, grpo.init_from (the SFT workdir), and the
+judge's endpoint judge.base_url / judge.model (the paper's LLM judges; GRPO refuses to start without them).
 
 Run on a v5p-128 slice (config.tpu; mesh in config.mesh):
   tpu_scripts/launch.sh --name=osvl-32b --zone=ZONE --accelerator_type=v5p-128 \
       --entry=osvl_jax.train.grpo --config=configs/grpo_qwen3vl_32b.py --workdir=gs://BUCKET/grpo_qwen3vl_32b \
       -- --config.model.hf_path=/path/to/Qwen3-VL-32B-Instruct --config.data.dir=/path/to/osvl_data \
-      --config.grpo.init_from=gs://BUCKET/sft_qwen3vl_32b
+      --config.grpo.init_from=gs://BUCKET/sft_qwen3vl_32b \
+      --config.judge.base_url=http://JUDGE_HOST:PORT/v1 --config.judge.model=JUDGE_MODEL
   What launch.sh starts on every host:
   python -m osvl_jax.train.grpo --config=configs/grpo_qwen3vl_32b.py --workdir=gs://BUCKET/grpo_qwen3vl_32b
 Memory plan per chip (shapes only, no weights; `--compile` also compiles the step on the local devices):

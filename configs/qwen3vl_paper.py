@@ -11,7 +11,12 @@ away), 4,096 new tokens per model call, up to 50 calls, a 70,000-token response 
 
 Not yet as the tables (next steps, named so that nobody reads these files as the whole recipe): the SFT batch is
 the slice's rows, not the official 256 (SFT has no gradient accumulation yet); the 30B-A3B router's auxiliary
-loss (0.01) and z-loss (1e-3) are not implemented; the judges default to the offline rule judge.
+loss (0.01) and z-loss (1e-3) are not implemented.
+
+The judges are the paper's (PAPER.md, "The paper's judge and agent protocols"): judge.name 'llm', temperature 0,
+prompts accuracy_v2 (r_acc) and query_quality_v3 (r_query). The paper's judge was GPT-4o; set the endpoint on the
+command line, `--config.judge.base_url=http://HOST:PORT/v1 --config.judge.model=NAME` (any OpenAI-compatible
+server; the key from $OPENAI_API_KEY, `judge.api_key_env`): GRPO refuses to start without them, naming the fields.
 
 What the tables do not fix, chosen here (override on the command line, e.g. `--config.sft.batch_size=64`):
   * sft.batch_size: one 32k row per data-parallel shard of the slice; sft.steps = ceil(sft.epochs *
@@ -186,5 +191,13 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.ckpt_every = 1 if size == '30b_a3b' else 50  # Table 5: save every 50 | 1 steps (32B: as 8B)
   c.grpo.dump_rollouts = False  # debug: pickle each step's rollout batch to <workdir>/rollouts/<step>.pkl
 
+  # The paper's judges (PAPER.md, "The paper's judge and agent protocols"): an LLM judge at temperature 0 with the
+  # paper's accuracy (r_acc) and query-quality (r_query) protocols. The paper used GPT-4o; the endpoint and model are
+  # the user's, given on the command line (`--config.judge.base_url=http://HOST:PORT/v1 --config.judge.model=NAME`):
+  # the GRPO trainer stops at once, naming both fields, when they are missing. `--config.judge.name=rule` runs the
+  # offline rule judge instead (not the paper's).
   c.judge = judges_registry.default_config()
+  c.judge.name = 'llm'
+  c.judge.temperature = 0.0  # PAPER.md: GPT-4o, temperature 0
+  c.judge.prompts = ml_collections.ConfigDict({'accuracy': 'accuracy_v2', 'query_quality': 'query_quality_v3'})
   return c

@@ -135,7 +135,8 @@ def judge_trajectory(traj: traj_lib.Trajectory, judge, min_process_score: float)
   else:
     calls = [s for s in prefix if s.action.kind == 'tool_call']
     verdict = judge.query_quality(traj.question, [(s.action.name, s.action.arguments) for s in calls],
-                                  [s.result for s in calls])
+                                  [s.result for s in calls], answers=list(traj.answers),
+                                  response=traj.final_response)
   if verdict.error is not None:
     return 'process: judge error', 0.0
   score = float(verdict.score)

@@ -8,6 +8,9 @@ import numpy as np
 ERROR_KINDS = ('malformed_call', 'unknown_tool', 'bad_arguments', 'timeout', 'http_error',
                'backend_error', 'no_result')
 EXECUTION_ERROR_KINDS = frozenset(ERROR_KINDS) - {'no_result'}
+# The search tools among the seven (DESIGN.md §5 names; the official release's `web_search` is read as text_search):
+# the calls the query-quality judge rates (r_query, PAPER.md "judge and agent protocols").
+SEARCH_TOOLS = ('text_search', 'image_search')
 
 
 @dataclasses.dataclass

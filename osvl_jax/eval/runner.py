@@ -97,7 +97,7 @@ class Evaluator:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, engine=None,
                judge: judges_base.Judge | None = None, env=None, tokenizer=None):
     self.config = config
-    self.runs, self.benchmarks = runs_lib.check_config(config)  # before anything is built
+    self.runs, self.benchmarks = runs_lib.check_config(config, check_judge=judge is None)  # before anything is built
     self.workdir = pathlib.Path(workdir)
     self.judge = judge or judges_registry.get_judge(config.get('judge'))
     if engine is None:

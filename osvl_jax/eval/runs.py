@@ -1,4 +1,4 @@
-"""The runs of an eval config, checked before anything is built (no model, no engine, no judge).
+"""The runs of an eval config, checked before anything is built (no model, no engine, no judge object).
 
 `config.modes`, `config.benchmarks` and `config.budgets` each accept a tuple or a comma-separated string, and
 any mix (`--config.modes=agentic,direct` arrives as the 1-tuple `('agentic,direct',)`, `--config.budgets=2,4` as
@@ -11,6 +11,7 @@ from typing import Any
 import ml_collections
 
 from osvl_jax.data import benchmarks as bench_lib
+from osvl_jax.judges import registry as judges_registry
 
 MODES = ('agentic', 'direct', 'rag', 'degrade')
 
@@ -90,10 +91,18 @@ def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
   return runs
 
 
-def check_config(config: ml_collections.ConfigDict) -> tuple[list[Run], list[str]]:
+def check_config(config: ml_collections.ConfigDict, check_judge: bool = True) -> tuple[list[Run], list[str]]:
   """(runs, benchmark names) of an eval config; call it before building anything.
 
+  Args:
+    config: the eval config.
+    check_judge: also check `config.judge` (`judges.registry.check_config`; False when the caller brings its own
+      judge object).
   Raises:
-    ValueError: from `plan_runs` or `benchmark_names`.
+    ValueError: from `plan_runs`, `benchmark_names` or the judge check (an llm judge without judge.base_url /
+      judge.model, naming them).
   """
-  return plan_runs(config), benchmark_names(config)
+  planned, names = plan_runs(config), benchmark_names(config)
+  if check_judge:
+    judges_registry.check_config(config.get('judge'), 'judge')
+  return planned, names

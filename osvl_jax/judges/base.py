@@ -3,7 +3,12 @@
 A judge has two methods, each returning a `Verdict` and never raising:
 
   accuracy(question, response, answers) -> Verdict       score ∈ {0, 1}: does the response contain the answer
-  query_quality(question, tool_calls, results) -> Verdict score ∈ [0, 1] over the pre-fatal tool calls
+  query_quality(question, tool_calls, results, *, answers=(), response=None) -> Verdict
+                                                         score ∈ [0, 1] over the pre-fatal tool calls
+
+`query_quality` is given the reference answers and the agent's final response too (the paper's query judge sees
+both, PAPER.md "judge and agent protocols"); a judge that does not need them (the rule judge) ignores them, and
+callers pass them to every judge alike.
 
 Implementations: `rule.RuleJudge` (offline), `llm.LLMJudge` (OpenAI-compatible); pick one by name with
 `registry.get_judge(config.judge)`.
@@ -48,8 +53,18 @@ class Judge:
       return dict(self._counts)
 
   def accuracy(self, question: str, response: str | None, answers: Sequence[str]) -> Verdict:
+    """r_acc: does `response` (None: no final answer) contain one of `answers` (the reference and aliases)?"""
     raise NotImplementedError
 
-  def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]],
-                    results: Sequence[Any]) -> Verdict:
+  def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]], results: Sequence[Any], *,
+                    answers: Sequence[str] = (), response: str | None = None) -> Verdict:
+    """r_query ∈ [0, 1] of the pre-fatal tool calls.
+
+    Args:
+      question: the user question.
+      tool_calls: (tool name, arguments) per call, in order (the pre-fatal prefix only).
+      results: the `tools.base.ToolResult` (or None) of each call, aligned with `tool_calls`.
+      answers: the reference answer and its aliases (may be empty).
+      response: the agent's final response, None when it gave none.
+    """
     raise NotImplementedError

@@ -1,18 +1,27 @@
 """LLM judges over any OpenAI-compatible `/v1/chat/completions` endpoint (DESIGN.md §6; the paper used GPT-4o).
 
-Three judgements, one versioned prompt file each (`osvl_jax/judges/prompts`; temperature 0 from config;
-`config.prompts = {'accuracy': ..., 'query_quality': ..., 'process': ...}` picks other versions):
-  accuracy       binary, VDR-Bench style: does the response contain the ground-truth answer (or an unambiguous
-                 equivalent)? The judge replies `Correct` or `Incorrect`.      -> r_acc ∈ {0, 1}
-  query quality  the pre-fatal steps' tool calls and their (truncated) results; the judge replies
-                 `Score: <number in [0, 1]>` (v2: the mean of four dimensions)   -> r_query ∈ [0, 1]
+Three judgements, one versioned prompt file each (`osvl_jax/judges/prompts`; temperature 0 from config). The
+defaults (`DEFAULT_PROMPTS`) are the paper's protocols (PAPER.md, "The paper's judge and agent protocols"); the
+earlier wordings are one config value away, `config.prompts = {'accuracy': 'accuracy_v1', 'query_quality':
+'query_quality_v2'}` (`--config.judge.prompts.accuracy=accuracy_v1` where the config names the field):
+  accuracy       accuracy_v2 (default): question, reference answers, response: does the response contain the
+                 correct answer anywhere? The judge replies `correct: yes|no` then `reasoning: ...`. accuracy_v1:
+                 `Correct` or `Incorrect`.                                      -> r_acc ∈ {0, 1}
+  query quality  query_quality_v3 (default): question, reference answers, the final answer and a summary of the
+                 pre-fatal tool calls (`summarize_trajectory`: at most 20 steps, arguments cut to 200 characters,
+                 results to 400); only the search calls (`tools.base.SEARCH_TOOLS`) are rated, five criteria on
+                 an anchored 0.0 / 0.3 / 0.5 / 0.7 / 1.0 scale; reply `score: <float>` then `reasoning: ...`.
+                 v1 / v2: the tool calls as `format_calls` lists them, `Score: x`. -> r_query ∈ [0, 1]
   process        a whole trajectory (Sec. 3, four dimensions), `Score:`          -> [0, 1] (`process_quality`)
+Every template is filled from the same fields (`prompts.JUDGE_FIELDS`); a version leaves out those it does not use,
+and one asking for a field the judge does not fill is refused when the judge is built.
 
 Robustness: the reply is parsed leniently (`parse_binary`, `parse_score`: reasoning in <think> blocks dropped,
-JSON or free text, last verdict wins, 0-10 / percent / `7/10` scales mapped to [0, 1]). A failed request (HTTP
-error, timeout, connection error) or an unparseable reply is retried `max_retries` times with exponential backoff;
-then the error is recorded in the `Verdict` and the judge's counters and the fallback score is returned
-(`on_error`: the rule judge's value, or 0). A judge never raises into the trainer.
+a `correct:` / `score:` line decides, then JSON or free text, last verdict wins, 0-10 / percent / `7/10` scales
+mapped to [0, 1]). A failed request (HTTP error, timeout, connection error) or an unparseable reply is retried
+`max_retries` times with exponential backoff; then the error is recorded in the `Verdict` and the judge's counters
+and the fallback score is returned (`on_error`: the rule judge's value, or 0). A judge never raises into the
+trainer.
 
 No call is made when there is nothing to judge: no final response -> r_acc = 0; no tool calls -> r_query = 0.
 """
@@ -27,10 +36,18 @@ from typing import Any, Sequence
 import ml_collections
 import openai
 
-from osvl_jax.judges import base, prompts, rule
+from osvl_jax.judges import base, prompts, registry, rule
+from tools import base as tools_base
 
-# The prompts are versioned files (`osvl_jax/judges/prompts`); `config.prompts.<kind>` picks another version.
-DEFAULT_PROMPTS = {'accuracy': 'accuracy_v1', 'query_quality': 'query_quality_v2', 'process': 'process_v1'}
+# The prompts are versioned files (`osvl_jax/judges/prompts`); `config.prompts.<kind>` picks another version. The
+# defaults are the paper's protocols (accuracy_v2, query_quality_v3); accuracy_v1 / query_quality_v1, v2 stay
+# available by name.
+DEFAULT_PROMPTS = {'accuracy': 'accuracy_v2', 'query_quality': 'query_quality_v3', 'process': 'process_v1'}
+# The paper's trajectory summary for the query judge (query_quality_v3): at most this many tool-call steps, each
+# call's arguments cut to this many characters, its result text to this many.
+SUMMARY_MAX_STEPS = 20
+SUMMARY_ARGUMENT_CHARS = 200
+SUMMARY_RESULT_CHARS = 400
 ACCURACY_PROMPT = prompts.load(DEFAULT_PROMPTS['accuracy'])
 QUERY_PROMPT = prompts.load(DEFAULT_PROMPTS['query_quality'])
 PROCESS_PROMPT = prompts.load(DEFAULT_PROMPTS['process'])
@@ -46,6 +63,10 @@ _BINARY_VALUE = {'not correct': 0.0, 'incorrect': 0.0, 'wrong': 0.0, 'no': 0.0, 
                  'correct': 1.0, 'right': 1.0, 'yes': 1.0, 'true': 1.0}
 _NUMBER = r'(-?\d+(?:\.\d+)?|-?\.\d+)'
 _SCORE_RE = re.compile(rf'score\s*(?:is|of)?\s*[:=]?\s*{_NUMBER}(?:\s*(?:/|out of)\s*{_NUMBER})?', re.IGNORECASE)
+# The paper's query-judge format: a line `score: <float>` (any case, markdown around `score`); it decides whatever
+# numbers the reasoning after it holds.
+_SCORE_FIELD_RE = re.compile(rf'^[\s_#>-]*score[\s_]*[:=]\s*{_NUMBER}(?:\s*(?:/|out of)\s*{_NUMBER})?',
+                             re.IGNORECASE | re.MULTILINE)
 _FRACTION_RE = re.compile(rf'{_NUMBER}\s*(?:/|out of)\s*{_NUMBER}', re.IGNORECASE)
 _LONE_NUMBER_RE = re.compile(rf'^\W*{_NUMBER}\s*(%?)\W*$')
 
@@ -66,9 +87,9 @@ def _strip_reasoning(text: str | None) -> str:
 def parse_binary(text: str | None) -> float:
   """A Correct / Incorrect reply -> 1.0 / 0.0.
 
-  Accepts the paper's `correct: yes|no` line (any case, bold allowed, reasoning before or after it; both values
-  in one reply is a judge error), `Correct`, `**Incorrect**`, `The response is correct.`, `{"correct": true}`, `{"verdict": "Correct"}`, a
-  reply that is only `yes` / `no` / `true` / `false` / `right` / `wrong`, and `1` / `0`. In free text only
+  Accepts the paper's `correct: yes|no` line (accuracy_v2's reply; any case, bold allowed, reasoning before or
+  after it; both values in one reply is a judge error), `Correct`, `**Incorrect**`, `The response is correct.`,
+  `{"correct": true}`, `{"verdict": "Correct"}`, a reply that is only `yes` / `no` / `true` / `false` / `right` / `wrong`, and `1` / `0`. In free text only
   correct / incorrect / not correct / wrong count and the last one wins (`... so it is not correct` -> 0); a
   stray `no` or `yes` inside a sentence is not a verdict. <think> blocks and an echo of the instruction
   ("Correct or Incorrect") are ignored.
@@ -128,13 +149,21 @@ def _to_unit(value: float, denominator: float | None, percent: bool = False) -> 
 def parse_score(text: str | None) -> float:
   """A `Score: x` reply -> x ∈ [0, 1].
 
-  Accepts `Score: 0.7`, `score = 7/10`, `**Score:** 70%`, `{"score": 0.7}`, a lone number (`0.7`, `7`, `70%`);
-  a number in (1, 10] is read on a 0-10 scale, in (10, 100] as a percentage. The last `Score` wins.
+  The paper's format first: a line starting with `score:` (any case, markdown bold allowed, `=` for `:`) decides,
+  whatever numbers the reasoning holds (`score: 0.7\nreasoning: a score of 0.3 would ...` -> 0.7); several such
+  lines with different values are a judge error. Otherwise accepts `The score is 0.7`, `**Score:** 70%`,
+  `{"score": 0.7}`, a lone number (`0.7`, `7`, `70%`), `3 out of 4`, and the last `score` in the text wins. A
+  number in (1, 10] is read on a 0-10 scale, in (10, 100] as a percentage, `x/y` as x / y.
 
   Raises:
-    JudgeParseError: no score, or a score that maps outside [0, 1].
+    JudgeParseError: no score, a score that maps outside [0, 1], or `score:` lines that disagree.
   """
   text = _strip_reasoning(text)
+  lines = {_to_unit(float(v), float(d) if d else None) for v, d in _SCORE_FIELD_RE.findall(text.replace('*', ''))}
+  if len(lines) == 1:
+    return lines.pop()
+  if lines:
+    raise JudgeParseError(f'`score:` lines disagree ({sorted(lines)}) in {text[:200]!r}')
   try:
     data = json.loads(text)
     if isinstance(data, dict) and isinstance(data.get('score'), (int, float)):
@@ -154,26 +183,76 @@ def parse_score(text: str | None) -> float:
   raise JudgeParseError(f'no score in {text[:200]!r}')
 
 
+def _arguments_text(arguments: Any) -> str:
+  try:
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+  except (TypeError, ValueError):
+    return repr(arguments)
+
+
+def _status(result: Any) -> tuple[str, str]:
+  """(status, whitespace-collapsed text) of a tool result: ok | nothing found | error (<kind>) | no result."""
+  if result is None:
+    status, text = 'no result', ''
+  elif getattr(result, 'is_execution_error', False):
+    status, text = f'error ({result.error_kind})', result.text
+  elif getattr(result, 'error_kind', None) == 'no_result':
+    status, text = 'nothing found', result.text
+  else:
+    status, text = 'ok', result.text
+  return status, ' '.join(str(text).split())
+
+
+def _cut(text: str, max_chars: int) -> str:
+  return text if len(text) <= max_chars else text[:max_chars] + ' ...'
+
+
 def format_calls(tool_calls: Sequence[tuple[str, Any]], results: Sequence[Any], max_chars: int = 600) -> str:
-  """The query judge's view of the tool calls: `[k] name {arguments}` then `-> status: result text`."""
+  """The v1 / v2 query judge's view of the tool calls: `[k] name {arguments}` then `-> status: result text`
+  (result text cut to `max_chars` characters, then ' ...')."""
   lines = []
   for k, ((name, arguments), result) in enumerate(zip(tool_calls, results), 1):
-    try:
-      args = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-    except (TypeError, ValueError):
-      args = repr(arguments)
-    if result is None:
-      status, text = 'no result', ''
-    elif getattr(result, 'is_execution_error', False):
-      status, text = f'error ({result.error_kind})', result.text
-    elif getattr(result, 'error_kind', None) == 'no_result':
-      status, text = 'nothing found', result.text
-    else:
-      status, text = 'ok', result.text
-    text = ' '.join(str(text).split())
-    if len(text) > max_chars:
-      text = text[:max_chars] + ' ...'
-    lines.append(f'[{k}] {name} {args}\n    -> {status}: {text}')
+    status, text = _status(result)
+    lines.append(f'[{k}] {name} {_arguments_text(arguments)}\n    -> {status}: {_cut(text, max_chars)}')
+  return '\n'.join(lines)
+
+
+def summarize_trajectory(tool_calls: Sequence[tuple[str, Any]], results: Sequence[Any],
+                         max_steps: int = SUMMARY_MAX_STEPS, max_argument_chars: int = SUMMARY_ARGUMENT_CHARS,
+                         max_result_chars: int = SUMMARY_RESULT_CHARS,
+                         search_tools: Sequence[str] = tools_base.SEARCH_TOOLS) -> str:
+  """The query_quality_v3 judge's summary of the search trajectory (the paper's limits by default).
+
+  One step per tool call, in order, the first `max_steps` only:
+    `Step k [search|other] <name> <arguments as sorted JSON>` (cut to `max_argument_chars` characters)
+    `  -> <status>: <result text>` (whitespace collapsed, cut to `max_result_chars`; status ok | nothing found |
+       error (<error kind>) | no result)
+  A cut text ends with ' ...'. Calls past `max_steps` are counted in a last line
+  `(N later tool calls not shown; the summary keeps the first <max_steps>)` ('call' when N is 1).
+
+  Args:
+    tool_calls: (tool name, arguments) per call, in order.
+    results: the `tools.base.ToolResult` (or None) of each call, aligned with `tool_calls`.
+    max_steps: steps shown (>= 1); max_argument_chars, max_result_chars: characters kept (>= 1).
+    search_tools: names tagged [search] (the calls the judge rates).
+  Returns:
+    The summary ('' without calls).
+  Raises:
+    ValueError: a limit below 1.
+  """
+  if min(max_steps, max_argument_chars, max_result_chars) < 1:
+    raise ValueError(f'summary limits must be >= 1: max_steps={max_steps}, max_argument_chars={max_argument_chars}, '
+                     f'max_result_chars={max_result_chars}')
+  pairs = list(zip(tool_calls, results))
+  lines = []
+  for k, ((name, arguments), result) in enumerate(pairs[:max_steps], 1):
+    kind = 'search' if name in search_tools else 'other'
+    status, text = _status(result)
+    lines.append(f'Step {k} [{kind}] {name} {_cut(_arguments_text(arguments), max_argument_chars)}')
+    lines.append(f'  -> {status}: {_cut(text, max_result_chars)}')
+  if len(pairs) > max_steps:
+    n = len(pairs) - max_steps
+    lines.append(f'({n} later tool call{"s" if n > 1 else ""} not shown; the summary keeps the first {max_steps})')
   return '\n'.join(lines)
 
 
@@ -190,17 +269,14 @@ class LLMJudge(base.Judge):
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__()
-    if not config.base_url or not config.model:
-      raise ValueError('the llm judge needs config.judge.base_url and config.judge.model')
-    if config.on_error not in ('rule', 'zero'):
-      raise ValueError(f"judge.on_error must be 'rule' or 'zero', got {config.on_error!r}")
+    registry.check_config(config)  # base_url, model, on_error, temperature, prompts: ValueError naming the field
     self.config = config
     self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or 'EMPTY',
                                 timeout=float(config.timeout_s), max_retries=0)  # retries are ours, bounded
     self._cache: dict[str, float] = {}
     self._cache_lock = threading.Lock()
     chosen = {**DEFAULT_PROMPTS, **dict(config.get('prompts') or {})}
-    self.prompt_names = {k: prompts.versioned_name(v) for k, v in chosen.items()}  # recorded by reports
+    self.prompt_names = {k: prompts.check_judge_prompt(k, v) for k, v in chosen.items()}  # recorded by reports
     self.prompts = {k: prompts.load(v) for k, v in self.prompt_names.items()}
 
   def _ask(self, prompt: str, parse) -> tuple[float | None, str | None, str]:
@@ -245,13 +321,25 @@ class LLMJudge(base.Judge):
       return base.Verdict(self._fallback(rule.accuracy(response, answers)), error, raw)
     return base.Verdict(score, None, raw)
 
-  def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]],
-                    results: Sequence[Any]) -> base.Verdict:
-    """r_query ∈ [0, 1] over the pre-fatal tool calls; 0 without a call when there are none."""
+  def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]], results: Sequence[Any], *,
+                    answers: Sequence[str] = (), response: str | None = None) -> base.Verdict:
+    """r_query ∈ [0, 1] over the pre-fatal tool calls; 0 without a call when there are none.
+
+    Args:
+      question: the user question.
+      tool_calls, results: the pre-fatal calls and their `ToolResult`s (`base.Judge.query_quality`).
+      answers: the reference answer and its aliases (query_quality_v3 shows them; '(not given)' when empty).
+      response: the agent's final response (v3 shows it; '(none: ...)' when None or empty).
+    Returns:
+      Verdict(score); after failed retries or an unparseable reply, the fallback (`on_error`) with the error.
+    """
     if not tool_calls:
       return base.Verdict(0.0)
-    prompt = self.prompts['query_quality'].format(question=question,
-                                 calls=format_calls(tool_calls, results, int(self.config.max_result_chars)))
+    final = (response or '').strip() or '(none: the agent gave no final answer)'
+    prompt = self.prompts['query_quality'].format(
+        question=question, answers=' | '.join(answers) or '(not given)', final_answer=final,
+        calls=format_calls(tool_calls, results, int(self.config.max_result_chars)),
+        trajectory=summarize_trajectory(tool_calls, results), search_tools=', '.join(tools_base.SEARCH_TOOLS))
     score, error, raw = self._ask(prompt, parse_score)
     if error is not None:
       return base.Verdict(self._fallback(rule.query_quality(tool_calls, results, question)), error, raw)

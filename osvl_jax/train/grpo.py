@@ -54,10 +54,11 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
 
   Raises:
     ValueError: naming the field: `sft.check_model_config`'s; an unknown fatal_mode / fatal_index / estimator /
-      aggregation / judge; grpo.steps / prompts_per_step / ckpt_every not ints >= 1, num_generations < 2 (a group of
-      one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay < 0, grad_clip <= 0, eps_low not
-      in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof not 0 or 1, clip_ratio_c <= 1,
-      temperature <= 0, top_p not in (0, 1]; rollout max_turns / max_new_tokens / fatal_k < 1, max_total_tokens <
+      aggregation; the judge's (`judges.registry.check_config`: judge.name, and for 'llm' an empty judge.base_url /
+      judge.model, on_error, temperature, prompts); grpo.steps / prompts_per_step / ckpt_every not ints >= 1,
+      num_generations < 2 (a group of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay
+      < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof
+      not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout max_turns / max_new_tokens / fatal_k < 1, max_total_tokens <
       max_new_tokens; micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's data x
       fsdp size (`config.mesh`); the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
       weights_dir — a gs:// `workdir` needs it set — weights_dtype, weights_keep); more than one JAX process without
@@ -67,13 +68,15 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     raise ValueError(f"rollout.engine={config.rollout.get('engine')!r} with {jax.process_count()} processes: a "
                      "multi-host GRPO job rolls out on servers (rollout.engine='sglang', rollout.urls); the "
                      'embedded sampler runs in one process')
+  # judge.name registered; an llm judge needs judge.base_url and judge.model (the paper configs give neither: they
+  # come on the command line), valid on_error / temperature / prompts. First, as it needs no devices.
+  judges_registry.check_config(config.get('judge'), 'judge')
   sft.check_model_config(config)
   cfg = config.grpo
   for choices, name in ((fatal_lib.FATAL_MODES, cfg.fatal_mode),
                         (fatal_lib.FATAL_INDEX, config.rollout.fatal_index),
                         (advantages_lib.ESTIMATORS, cfg.get('estimator', 'grpo')),
-                        (losses.AGGREGATIONS, cfg.get('aggregation', 'seq_mean_token_mean')),
-                        (judges_registry.JUDGES, (config.get('judge') or {}).get('name', 'rule'))):
+                        (losses.AGGREGATIONS, cfg.get('aggregation', 'seq_mean_token_mean'))):
     choices.get(name)  # raises ValueError naming the choice and the registered names
   for field in ('grpo.steps', 'grpo.prompts_per_step', 'grpo.ckpt_every', 'rollout.max_turns',
                 'rollout.max_new_tokens', 'rollout.fatal_k'):

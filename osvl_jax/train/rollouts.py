@@ -163,8 +163,9 @@ def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
           judge: judges_base.Judge | None = None) -> dict:
   """r(τ) = r_fmt · (α r_acc + (1−α) r_query) (Eq. 9) with `judge` (default: the offline rule judge, DESIGN §6).
 
-  r_fmt and r_query look only at steps before the fatal step; r_acc is 0 without a final response (no judge
-  call). A judge error never raises: the judge's fallback score is used and the error is recorded.
+  r_fmt and r_query look only at steps before the fatal step (the query judge is also given the reference answers
+  and the final response, as the paper's is); r_acc is 0 without a final response (no judge call). A judge error
+  never raises: the judge's fallback score is used and the error is recorded.
 
   Returns:
     {'reward', 'r_fmt', 'r_acc', 'r_query': float, 'judge_errors': int (judgements that fell back),
@@ -179,7 +180,8 @@ def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
     acc = judges_base.Verdict(0.0)
   calls = [(s.action.name, s.action.arguments) for s in prefix if s.action.kind == 'tool_call']
   results = [s.result for s in prefix if s.action.kind == 'tool_call']
-  query = judge.query_quality(traj.question, calls, results)
+  query = judge.query_quality(traj.question, calls, results, answers=list(traj.answers),
+                              response=traj.final_response)
   errors = [v.error for v in (acc, query) if v.error is not None]
   r_acc, r_query = float(acc.score), float(query.score)
   return {'reward': rewards.composite_reward(r_fmt, r_acc, r_query, alpha), 'r_fmt': r_fmt, 'r_acc': r_acc,

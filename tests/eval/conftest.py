@@ -58,7 +58,7 @@ class CountingJudge(judges_base.Judge):
       return judges_base.Verdict(0.0, 'JudgeParseError: no Correct/Incorrect verdict', 'Maybe.')
     return judges_base.Verdict(float('Tagus' in response and 'Tagus River' in answers))
 
-  def query_quality(self, question, tool_calls, results):
+  def query_quality(self, question, tool_calls, results, *, answers=(), response=None):
     return judges_base.Verdict(0.0)
 
 

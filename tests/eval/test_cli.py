@@ -17,9 +17,9 @@ from tests.eval.conftest import small_config
 ROOT = pathlib.Path(__file__).parents[2]
 
 
-def _evaluate(workdir, *flags, timeout=600):
+def _evaluate(workdir, *flags, timeout=600, config='configs/eval.py'):
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1', 'JAX_PLATFORMS': 'cpu'}
-  return subprocess.run([sys.executable, '-m', 'osvl_jax.evaluate', '--config=configs/eval.py',
+  return subprocess.run([sys.executable, '-m', 'osvl_jax.evaluate', f'--config={config}',
                          f'--workdir={workdir}', '--config.progress=False', *flags],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -36,6 +36,13 @@ def test_bad_names_exit_non_zero_before_anything_is_built(tmp_path, flags, named
   assert named in out.stderr
   if 'benchmark' in named:
     assert str(sorted(benchmarks.BENCHMARKS)) in out.stderr  # the known names are listed
+  assert not (tmp_path / 'w').exists() or not any((tmp_path / 'w').iterdir())  # nothing written, nothing run
+
+
+def test_the_paper_eval_without_a_judge_endpoint_exits_naming_both_fields(tmp_path):
+  out = _evaluate(tmp_path / 'w', timeout=300, config='configs/eval_paper.py')
+  assert out.returncode != 0, out.stdout
+  assert "judge.name='llm' needs judge.base_url and judge.model (empty)" in out.stderr
   assert not (tmp_path / 'w').exists() or not any((tmp_path / 'w').iterdir())  # nothing written, nothing run
 
 

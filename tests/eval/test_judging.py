@@ -71,11 +71,18 @@ def test_four_dimension_reply_reads_the_final_score():
 
 
 def test_prompt_files_are_versioned_and_formattable():
-  assert prompts.versioned_name('accuracy') == 'accuracy_v1'
-  assert prompts.versions('query_quality') == [1, 2]
-  assert llm.ACCURACY_PROMPT == prompts.load('accuracy_v1')
+  assert prompts.versioned_name('accuracy') == 'accuracy_v2'   # the latest: the paper's protocol
+  assert prompts.versions('accuracy') == [1, 2] and prompts.versions('query_quality') == [1, 2, 3]
+  assert llm.ACCURACY_PROMPT == prompts.load('accuracy_v2') and llm.QUERY_PROMPT == prompts.load('query_quality_v3')
   text = prompts.load('query_quality_v2').format(question='q', calls='[1] text_search {}')
   assert all(d in text for d in ('Relevance', 'Specificity', 'Progression', 'Tool fit')) and 'Score:' in text
+  text = prompts.load('query_quality_v3').format(question='q', answers='a', final_answer='f', trajectory='Step 1',
+                                                  search_tools='text_search, image_search')
+  assert all(c in text for c in ('Image-search utility', 'Text-search utility', 'Query progression',
+                                 'Image-text complementarity', 'Evidence-to-noise ratio'))
+  assert [line.split(' = ')[0] for line in text.splitlines() if ' = ' in line] == ['0.0', '0.3', '0.5', '0.7', '1.0']
+  assert prompts.fields('accuracy_v2') == prompts.fields('accuracy_v1') == {'question', 'answers', 'response'}
+  assert prompts.fields('query_quality_v1') == {'question', 'calls'}
   text = prompts.load('process_v1').format(question='q', answers='a', transcript='[1] ...')
   assert all(d in text for d in ('Grounding', 'Necessity', 'Coherence', 'Faithfulness'))
   system = prompts.load('agent_system_v1')

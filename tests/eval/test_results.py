@@ -28,7 +28,7 @@ class ScriptedJudge(judges_base.Judge):
       return judges_base.Verdict(0.0, 'JudgeParseError: no Correct/Incorrect verdict', 'Maybe.')
     return judges_base.Verdict(1.0 if what == 'right' else 0.0)
 
-  def query_quality(self, question, tool_calls, results_):
+  def query_quality(self, question, tool_calls, results_, *, answers=(), response=None):
     return judges_base.Verdict(0.0)
 
 

@@ -106,8 +106,23 @@ def test_accuracy_judge_sends_the_openai_schema_and_reads_the_verdict(serve, mon
   request = server.requests[0]
   assert request['path'] == '/v1/chat/completions' and request['auth'] == 'Bearer sk-test'
   assert request['body']['model'] == 'judge-model' and request['body']['temperature'] == 0.0
-  prompt = request['body']['messages'][0]['content']
-  assert 'Ground-truth answer (aliases separated by " | "): Agra' in prompt and 'It is Agra.' in prompt
+  prompt = request['body']['messages'][0]['content']   # accuracy_v2, the default
+  assert 'Reference answer (equivalent forms separated by " | "): Agra' in prompt
+  assert "The agent's response:\nIt is Agra.\n" in prompt
+  assert prompt.endswith('correct: <yes or no>\nreasoning: <one or two sentences on why>')
+
+
+def test_defaults_are_the_paper_protocols_and_the_old_versions_one_value_away(serve):
+  server = serve(['correct: yes\nreasoning: the response names Agra.', 'Correct'])
+  judge = _judge(server)
+  assert judge.prompt_names == {'accuracy': 'accuracy_v2', 'query_quality': 'query_quality_v3', 'process': 'process_v1'}
+  verdict = judge.accuracy('Which city?', 'It is Agra, in India.', ['Agra', 'Agra city'])
+  assert verdict == judges_base.Verdict(1.0, None, 'correct: yes\nreasoning: the response names Agra.')
+  assert 'separated by " | "): Agra | Agra city' in server.requests[0]['body']['messages'][0]['content']
+  old = _judge(server, prompts={'accuracy': 'accuracy_v1', 'query_quality': 'query_quality_v2'})
+  assert old.prompt_names['accuracy'] == 'accuracy_v1' and old.prompt_names['query_quality'] == 'query_quality_v2'
+  assert old.accuracy('Which city?', 'Agra', ['Agra']).score == 1.0
+  assert server.requests[1]['body']['messages'][0]['content'].endswith('exactly one word: Correct or Incorrect.')
 
 
 def test_no_response_and_no_tool_calls_need_no_judge_call(serve):
@@ -119,16 +134,65 @@ def test_no_response_and_no_tool_calls_need_no_judge_call(serve):
   assert server.requests == []
 
 
-def test_query_judge_scores_the_pre_fatal_calls(serve):
+CALLS = [('text_search', {'query': 'Taj Mahal city'}), ('crop', {'image': 'img_1'})]
+RESULTS = [base.ToolResult(ok=True, text='[1] Taj Mahal: a mausoleum in Agra'),
+           base.error('bad_arguments', "missing argument 'x'")]
+
+
+def test_query_judge_v2_scores_the_pre_fatal_calls(serve):
   server = serve(['<think>fine queries</think>\nScore: 0.75'])
-  calls = [('text_search', {'query': 'Taj Mahal city'}), ('crop', {'image': 'img_1'})]
-  results = [base.ToolResult(ok=True, text='[1] Taj Mahal: a mausoleum in Agra'),
-             base.error('bad_arguments', "missing argument 'x'")]
-  verdict = _judge(server).query_quality('Which city?', calls, results)
+  judge = _judge(server, prompts={'query_quality': 'query_quality_v2'})   # the earlier wording, by name
+  verdict = judge.query_quality('Which city?', CALLS, RESULTS, answers=['Agra'], response='Agra')
   assert verdict.score == 0.75 and verdict.error is None
   prompt = server.requests[0]['body']['messages'][0]['content']
   assert '[1] text_search {"query": "Taj Mahal city"}' in prompt and 'mausoleum in Agra' in prompt
   assert "error (bad_arguments): missing argument 'x'" in prompt
+  assert 'Agra |' not in prompt and 'final answer:' not in prompt   # v2 has no answer fields: they are left out
+
+
+def test_query_judge_v3_sees_answers_final_answer_and_the_summary(serve):
+  reply = 'score: 0.7\nreasoning: The text search found the city at once. A score of 0.3 would undervalue it.'
+  server = serve([reply])
+  verdict = _judge(server).query_quality('Which city?', CALLS, RESULTS, answers=['Agra', 'Agra city'],
+                                         response='  It is Agra.  ')
+  assert verdict == judges_base.Verdict(0.7, None, reply)   # the `score:` line decides, not the reasoning's 0.3
+  prompt = server.requests[0]['body']['messages'][0]['content']
+  assert prompt.startswith('You are assessing the searches')
+  assert 'Rate only its search calls (text_search, image_search);' in prompt
+  assert ('Question: Which city?\nReference answer: Agra | Agra city\nThe agent\'s final answer: It is Agra.\n'
+          in prompt)
+  assert ('\nStep 1 [search] text_search {"query": "Taj Mahal city"}\n  -> ok: [1] Taj Mahal: a mausoleum in Agra'
+          "\nStep 2 [other] crop {\"image\": \"img_1\"}\n  -> error (bad_arguments): missing argument 'x'\n\n"
+          in prompt)
+  assert prompt.endswith('score: <a number between 0 and 1>\nreasoning: <2-3 sentences>')
+  _judge(server).query_quality('Which city?', CALLS, RESULTS)   # no answers, no final response
+  prompt = server.requests[1]['body']['messages'][0]['content']
+  assert "Reference answer: (not given)\nThe agent's final answer: (none: the agent gave no final answer)\n" in prompt
+
+
+def test_the_trajectory_summary_keeps_20_steps_200_argument_and_400_result_characters():
+  assert (llm.SUMMARY_MAX_STEPS, llm.SUMMARY_ARGUMENT_CHARS, llm.SUMMARY_RESULT_CHARS) == (20, 200, 400)
+  calls = ([('text_search', {'query': 'q' * 250}),
+            ('crop', {'image': 'img_1', 'x': 0, 'y': 0, 'width': 10, 'height': 10})] +
+           [('image_search', {'image': 'img_1'})] * 18 + [('text_search', {'query': 'x'})] * 2)
+  results = ([base.ToolResult(ok=True, text='r' * 450), base.error('bad_arguments', 'box  outside\nthe image')] +
+             [base.error('no_result', 'No visual matches.')] * 18 + [None] * 2)
+  lines = llm.summarize_trajectory(calls, results).split('\n')
+  # '{"query": "' is 11 characters: 189 q's fill the 200; the result keeps 400 of its 450 r's
+  assert lines[:4] == ['Step 1 [search] text_search {"query": "' + 'q' * 189 + ' ...', '  -> ok: ' + 'r' * 400 + ' ...',
+                       'Step 2 [other] crop {"height": 10, "image": "img_1", "width": 10, "x": 0, "y": 0}',
+                       '  -> error (bad_arguments): box outside the image']
+  assert lines[4:6] == ['Step 3 [search] image_search {"image": "img_1"}', '  -> nothing found: No visual matches.']
+  assert lines[38:] == ['Step 20 [search] image_search {"image": "img_1"}', '  -> nothing found: No visual matches.',
+                        '(2 later tool calls not shown; the summary keeps the first 20)']
+  assert len(lines) == 41
+  exact = llm.summarize_trajectory([('text_search', {'query': 'q' * 187})], [None])   # 11 + 187 + 2 = 200: not cut
+  assert exact == 'Step 1 [search] text_search {"query": "' + 'q' * 187 + '"}\n  -> no result: '
+  assert llm.summarize_trajectory(calls[:21], results[:21]).endswith('(1 later tool call not shown; the summary '
+                                                                     'keeps the first 20)')
+  assert llm.summarize_trajectory([], []) == ''
+  with pytest.raises(ValueError, match='max_steps=0'):
+    llm.summarize_trajectory(calls, results, max_steps=0)
 
 
 @pytest.mark.parametrize('text, want', [
@@ -147,13 +211,18 @@ def test_parse_binary(text, want):
 @pytest.mark.parametrize('text, want', [
     ('Score: 0.7', 0.7), ('score = 7/10', 0.7), ('**Score:** 70%', 0.7), ('{"score": 0.25}', 0.25),
     ('0.4', 0.4), ('8', 0.8), ('60%', 0.6), ('I would say 3 out of 4', 0.75), ('Score: 1', 1.0),
+    # the paper's format: the `score:` line decides, any case, whatever numbers the reasoning holds
+    ('score: 0.3\nreasoning: mostly noise; the score would be 0.7 with one more relevant hit.', 0.3),
+    ('SCORE: 0.5\nReasoning: mixed.', 0.5), ('**score:** 1.0\nreasoning: targeted.', 1.0),
+    ('reasoning: two good searches.\nscore: 0.7', 0.7), ('score: 0.7\nscore: 0.7', 0.7),
 ])
 def test_parse_score(text, want):
   assert llm.parse_score(text) == pytest.approx(want)
 
 
 @pytest.mark.parametrize('text', ['', None, 'Maybe.', 'Score: 250', 'Score: -1', '<think>Correct</think>',
-                                  'correct: yes\nreasoning: on reflection\ncorrect: no'])
+                                  'correct: yes\nreasoning: on reflection\ncorrect: no',
+                                  'score: 0.7\nreasoning: on reflection\nScore: 0.3'])
 def test_unparseable_replies_raise_parse_error(text):
   with pytest.raises(llm.JudgeParseError):
     llm.parse_score(text) if text and 'Score' in text else llm.parse_binary(text)
@@ -207,6 +276,26 @@ def test_registry_names_and_config_errors():
     registry.get_judge({'name': 'llm'})
 
 
+def test_check_config_names_the_missing_fields_before_any_judge_is_built():
+  registry.check_config(None)                          # the rule judge needs nothing
+  with pytest.raises(ValueError, match=r"judge.name='llm' needs judge.base_url and judge.model \(empty\).*"
+                                       r'--config.judge.base_url=http://127.0.0.1:8000/v1 --config.judge.model=MODEL'):
+    registry.check_config({'name': 'llm'})
+  with pytest.raises(ValueError, match=r"needs judge.model \(empty\)"):
+    registry.check_config({'name': 'llm', 'base_url': 'http://127.0.0.1:1/v1', 'model': '  '})
+  ok = {'name': 'llm', 'base_url': 'http://127.0.0.1:1/v1', 'model': 'm'}
+  registry.check_config(ok)                            # no request: nothing listens on port 1
+  with pytest.raises(ValueError, match="judge.name: judge 'gpt' is not one of"):
+    registry.check_config({'name': 'gpt'})
+  with pytest.raises(ValueError, match=r"judge.prompts.accuracy='query_quality_v3'.*\['final_answer', "
+                                       r"'search_tools', 'trajectory'\] that the judge does not fill"):
+    registry.check_config({**ok, 'prompts': {'accuracy': 'query_quality_v3'}})
+  with pytest.raises(ValueError, match=r"judge.prompts.accuracy='accuracy_v9'.*not found"):
+    registry.check_config({**ok, 'prompts': {'accuracy': 'accuracy_v9'}})
+  with pytest.raises(ValueError, match="judge.on_error='retry'"):
+    registry.check_config({**ok, 'on_error': 'retry'})
+
+
 ANSWER = tj.render_assistant_text('It is Agra.', response='Agra')
 SEARCH = tj.render_assistant_text('Look it up.', tool_call={'name': 'text_search', 'arguments': {'query': 'Agra'}})
 
@@ -223,12 +312,15 @@ def _trajectory(texts, results):
 
 
 def test_rollout_score_and_prepare_batch_use_the_configured_judge(serve):
-  server = serve(['Correct', 'Score: 0.5', 'Incorrect'])
+  server = serve(['correct: yes\nreasoning: Agra.', 'score: 0.5\nreasoning: one search.', 'Incorrect'])
   traj = _trajectory([SEARCH, ANSWER], [base.ToolResult(ok=True, text='[1] Agra: a city'), None])
   judge = _judge(server)
   s = rollouts.score(traj, alpha=0.8, judge=judge)
   # r = r_fmt · (0.8 r_acc + 0.2 r_query) = 1 · (0.8 · 1 + 0.2 · 0.5) = 0.9
   assert (s['r_fmt'], s['r_acc'], s['r_query'], s['reward'], s['judge_errors']) == (1.0, 1.0, 0.5, 0.9, 0)
+  prompt = server.requests[1]['body']['messages'][0]['content']   # the query judge got the answer and the response
+  assert ("Reference answer: Agra\nThe agent's final answer: Agra\n" in prompt and
+          '\nStep 1 [search] text_search {"query": "Agra"}\n  -> ok: [1] Agra: a city\n' in prompt)
   # a judge that is down: scoring still completes, the errors are counted, the rule judge's values are used
   down = serve([('status', 500)])
   s = rollouts.score(traj, judge=_judge(down, max_retries=1))

@@ -56,14 +56,15 @@ class _RecordingJudge(judges_base.Judge):
   def accuracy(self, question, response, answers):
     return judges_base.Verdict(0.0)
 
-  def query_quality(self, question, tool_calls, results):
-    self.calls = (list(tool_calls), list(results))
+  def query_quality(self, question, tool_calls, results, *, answers=(), response=None):
+    self.calls = (list(tool_calls), list(results), list(answers), response)
     return judges_base.Verdict(0.5)
 
 
 def test_any_judge_receives_the_prefix_only():
   judge = _RecordingJudge()
   rollouts.score(_trajectory(1), judge=judge)
-  calls, results = judge.calls
+  calls, results, answers, response = judge.calls
   assert calls == [('text_search', {'query': 'Agra'})]
   assert [r.ok for r in results] == [True]
+  assert (answers, response) == (['Agra'], None)   # the reference answers and the (absent) final response

@@ -155,6 +155,8 @@ def test_paper_configs_load_and_pass_the_trainer_checks(name):
   sizes = sharding.mesh_sizes(config.mesh, chips, multi_host=True)
   assert math.prod(sizes.values()) == chips
   check = sft.check_config if stage == 'sft' else grpo.check_config
+  assert (config.judge.name, config.judge.base_url, config.judge.model) == ('llm', '', '')   # the paper's judges
+  config.judge.base_url, config.judge.model = 'http://127.0.0.1:8000/v1', 'judge'   # given on the command line
   fixed = math.prod(s for s in config.mesh.values() if s != -1)
   if len(jax.devices()) % fixed == 0:   # the mesh can be laid out on this machine's devices
     check(config)
