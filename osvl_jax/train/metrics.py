@@ -8,16 +8,34 @@ In a multi-host run only process 0 writes (`MetricWriter` is a no-op elsewhere).
 import json
 import os
 import pathlib
+import sys
 import tempfile
 import time
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
-import tensorboardX
 
 from osvl_jax import compile_cache
 from osvl_jax.train import storage
+
+
+def _import_tensorboardx():
+  """tensorboardX, imported without torch: tensorboardX imports torch when it is installed, only to accept
+  torch tensors as values (`writer.numpy_compatible`), which costs a trainer 5-12 s of start-up in an environment
+  that has torch for the HF reference (this one). Scalars from numpy / Python are written the same either way."""
+  if 'torch' in sys.modules:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    return tensorboardX
+  sys.modules['torch'] = None  # `import torch` raises ImportError while tensorboardX is imported
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  finally:
+    del sys.modules['torch']
+  return tensorboardX
+
+
+tensorboardX = _import_tensorboardx()
 
 
 class MetricWriter:

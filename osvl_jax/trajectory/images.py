@@ -1,8 +1,8 @@
 """Images as the model sees them: `ImageRef` and the Qwen3-VL `ImageProcessor` (DESIGN.md §4)."""
 
 import dataclasses
-import functools
 import io
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,21 +73,44 @@ def _check_rgb(image: Any, name: str) -> np.ndarray:
   return np.ascontiguousarray(image)
 
 
-@functools.lru_cache(maxsize=8)
-def _hf_processor(patch_size: int, temporal_patch_size: int, merge_size: int):
-  import transformers  # pylint: disable=g-import-not-at-top
-  return transformers.Qwen2VLImageProcessorPil(
-      patch_size=patch_size, temporal_patch_size=temporal_patch_size, merge_size=merge_size,
-      image_mean=list(QWEN3_VL_IMAGE_MEAN), image_std=list(QWEN3_VL_IMAGE_STD), do_resize=False)
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+  """(H', W'), multiples of `factor` pixels, as close to the image's aspect ratio as the area bounds allow:
+  each side rounded to the nearest multiple, then, when the area leaves [min_pixels, max_pixels], both sides
+  scaled by the same factor (rounded down under the maximum, up over the minimum). Mirrors transformers'
+  `qwen2_vl.image_processing_pil_qwen2_vl.smart_resize` (equal on every shape: tests/trajectory); written here
+  because importing that module imports torch, which costs each process that builds trajectories 10-25 s.
+
+  Raises:
+    ValueError: the aspect ratio exceeds 200 (as transformers).
+  """
+  if max(height, width) / min(height, width) > 200:
+    raise ValueError(f'absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}')
+  h, w = round(height / factor) * factor, round(width / factor) * factor
+  if h * w > max_pixels:
+    scale = math.sqrt(height * width / max_pixels)
+    h = max(factor, math.floor(height / scale / factor) * factor)
+    w = max(factor, math.floor(width / scale / factor) * factor)
+  elif h * w < min_pixels:
+    scale = math.sqrt(min_pixels / (height * width))
+    h, w = math.ceil(height * scale / factor) * factor, math.ceil(width * scale / factor) * factor
+  return h, w
 
 
 def _pixel_values(pixels: np.ndarray, height: int, width: int, patch_size: int, temporal_patch_size: int,
                   merge_size: int) -> np.ndarray:
-  """float32 [N, 3*T*P*P]: `pixels` resized (bicubic, as the HF processor) to height x width, then patchified."""
+  """float32 [N, 3*T*P*P]: `pixels` resized (bicubic) to height x width, rescaled to [0, 1], normalised by the
+  Qwen3-VL mean and std, and cut into patches in the merge order: rows of N = (H/P)(W/P) patches, each 2x2 block
+  of merged patches consecutive, a patch's values ordered (channel, time, y, x) with the frame repeated over T.
+  Bit-identical to transformers' `Qwen2VLImageProcessorPil` (`do_resize=False` after the same PIL resize;
+  tests/trajectory/test_traj_images.py), computed here without importing it (see `smart_resize`)."""
   resized = np.asarray(Image.fromarray(pixels).resize((width, height), resample=Image.Resampling.BICUBIC))
-  out = _hf_processor(patch_size, temporal_patch_size, merge_size)(
-      images=[resized], do_resize=False, input_data_format='channels_last', return_tensors='np')
-  return np.asarray(out['pixel_values'], dtype=np.float32)
+  image = (resized.transpose(2, 0, 1).astype(np.float64) * (1 / 255)).astype(np.float32)  # [C, H, W]
+  mean, std = np.asarray(QWEN3_VL_IMAGE_MEAN, np.float32), np.asarray(QWEN3_VL_IMAGE_STD, np.float32)
+  image = (image - mean[:, None, None]) / std[:, None, None]
+  gh, gw, m, p = height // patch_size, width // patch_size, merge_size, patch_size
+  patches = image.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, C, p, p]
+  patches = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], temporal_patch_size, p, p))
+  return np.ascontiguousarray(patches.reshape(gh * gw, 3 * temporal_patch_size * p * p), dtype=np.float32)
 
 
 class ImageProcessor:
@@ -110,9 +133,7 @@ class ImageProcessor:
 
   def resized_shape(self, height: int, width: int) -> tuple[int, int]:
     """(H', W') the model sees for an H x W image (HF `smart_resize`)."""
-    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf  # pylint: disable=g-import-not-at-top
-    return hf.smart_resize(height, width, factor=self.patch_size * self.merge_size, min_pixels=self.min_pixels,
-                        max_pixels=self.max_pixels)
+    return smart_resize(height, width, self.patch_size * self.merge_size, self.min_pixels, self.max_pixels)
 
   def process(self, image: np.ndarray, name: str = 'image') -> ImageRef:
     """Preprocesses one image.

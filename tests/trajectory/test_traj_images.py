@@ -23,8 +23,10 @@ def test_pad_counts_qwen3_vl_defaults(rng, hw, grid, tokens):
   assert ref.num_tokens == tokens
 
 
-def test_matches_transformers_processor(small_processor, rng):
-  img = rng.integers(0, 256, (75, 131, 3), dtype=np.uint8)
+@pytest.mark.parametrize('hw', [(75, 131), (300, 20), (16, 16), (257, 255), (40, 700)])
+def test_matches_transformers_processor(small_processor, rng, hw):
+  # Shapes that round each side, hit the max-pixel rescale (257x255), the min-pixel one (16x16) and a long strip.
+  img = rng.integers(0, 256, (*hw, 3), dtype=np.uint8)
   hf = transformers.Qwen2VLImageProcessorPil(
       patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=256 * 256,
       image_mean=[0.5] * 3, image_std=[0.5] * 3)
@@ -32,6 +34,18 @@ def test_matches_transformers_processor(small_processor, rng):
   ref = small_processor.process(img)
   np.testing.assert_array_equal(ref.grid_thw, want['image_grid_thw'][0])
   np.testing.assert_array_equal(ref.pixel_values, want['pixel_values'])
+
+
+def test_smart_resize_equals_transformers_on_every_shape():
+  from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf  # pylint: disable=import-outside-toplevel
+  for factor, lo, hi in ((32, 32 * 32, 256 * 256), (32, tj.QWEN3_VL_MIN_PIXELS, tj.QWEN3_VL_MAX_PIXELS), (28, 3136, 12845056)):
+    for h in range(1, 1200, 7):
+      for w in (1, 5, 31, 32, 33, 100, 257, 640, 1023, 4000):
+        if max(h, w) / min(h, w) > 200:
+          with pytest.raises(ValueError, match='aspect ratio'):
+            tj.images.smart_resize(h, w, factor, lo, hi)
+          continue
+        assert tj.images.smart_resize(h, w, factor, lo, hi) == hf.smart_resize(h, w, factor, lo, hi), (h, w, factor)
 
 
 def test_rebuild_from_pixels_and_grid_is_bit_identical(small_processor, rng):
