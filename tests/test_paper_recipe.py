@@ -34,6 +34,10 @@ TABLE_5 = {
     '30b_a3b': {'grpo.num_generations': 16, 'grpo.mini_batch_prompts': 128, 'grpo.ckpt_every': 1},
     '32b': {'grpo.num_generations': 8, 'grpo.mini_batch_prompts': 64, 'grpo.ckpt_every': 50},
 }
+# Table 5's "MoE only" row (auxiliary load-balancing loss 0.01, router z-loss 1e-3), set for both stages of the
+# 30B-A3B runs; the dense sizes have no router (0).
+MOE_ROW = {'router_aux_loss_coef': 0.01, 'router_z_loss_coef': 1e-3}
+NO_ROUTER = {'router_aux_loss_coef': 0.0, 'router_z_loss_coef': 0.0}
 
 
 def _load(name: str):
@@ -80,3 +84,11 @@ def test_a_constant_schedule_with_warmup_ramps_then_holds():
   assert [float(lr(s)) for s in (0, 2, 4, 9)] == pytest.approx([0.0, 0.5, 1.0, 1.0])
   with pytest.raises(ValueError, match="lr_schedule='linear'"):
     policy.make_schedule(1.0, 10, 0, 'linear')
+
+
+@pytest.mark.parametrize('stage', ('sft', 'grpo'))
+@pytest.mark.parametrize('size', SIZES)
+def test_moe_run_files_carry_the_router_losses_of_table_5(stage, size):
+  config = _load(f'{stage}_qwen3vl_{size}')
+  assert {k: config[stage][k] for k in MOE_ROW} == (MOE_ROW if size == '30b_a3b' else NO_ROUTER)
+  assert policy.router_loss_coefs(config[stage]) == tuple((MOE_ROW if size == '30b_a3b' else NO_ROUTER).values())
