@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from osvl_jax.models.qwen3_vl import moe, rope
+from osvl_jax.rl import losses
 from osvl_jax.train import grpo_update, policy, sft
 
 MOE = {'num_experts': 4, 'num_experts_per_tok': 2, 'moe_intermediate_size': 32}   # = Qwen3VLConfig.tiny_moe()
@@ -69,9 +70,9 @@ GRPO = dict(eps_low=0.2, eps_high=0.28, beta=0.0, aggregation='seq_mean_token_me
 
 @pytest.fixture(scope='module')
 def setup():
-  """(model, batch, reference aux, reference z, the losses): the router logits of the forward pass and the SFT /
-  GRPO losses (GRPO's micro-batch as half of its mini-batch: num_sequences = 2B) without and with the
-  coefficients, all from one jitted call (one compile)."""
+  """(model, batch, reference aux, reference z, the losses): the router logits of the forward pass, the task losses
+  and the SFT / GRPO losses with the coefficients (GRPO's micro-batch as half of its mini-batch: num_sequences =
+  2B), all from one jitted call (one compile)."""
   model, batch = _model(), policy.device_batch(_batch())
   n_seq, n_tok = jnp.float32(2 * B), jnp.float32(batch['loss_mask'].sum())
   captured = []
@@ -83,11 +84,13 @@ def setup():
 
   @nnx.jit
   def run(model, batch):
-    policy.loss_logprobs_and_router_stats(model, batch, router_stats=True)
-    logits = list(captured)   # this trace's router logits, as outputs
-    return logits, {'sft_base': sft.loss_fn(model, batch), 'sft': sft.loss_fn(model, batch, COEFS),
-                    'grpo_base': grpo_update.loss_fn(model, batch, n_seq, n_tok, **GRPO),
-                    'grpo': grpo_update.loss_fn(model, batch, n_seq, n_tok, **GRPO, router_coefs=COEFS)}
+    logprobs = policy.loss_logprobs(model, batch)   # the task losses without router terms
+    out = {'sft_base': losses.sft_loss(logprobs, batch['completion_mask']),
+           'grpo_base': losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
+                                         num_sequences=n_seq, num_tokens=n_tok),
+           'sft': sft.loss_fn(model, batch, COEFS),
+           'grpo': grpo_update.loss_fn(model, batch, n_seq, n_tok, **GRPO, router_coefs=COEFS)}
+    return list(captured[:2]), out   # the first forward's router logits (2 layers), as outputs of this trace
 
   moe.router_stats = capture
   try:
@@ -104,9 +107,9 @@ def setup():
 
 
 def test_sft_loss_adds_the_router_losses_over_the_real_tokens(setup):
-  _, _, aux, z, out = setup
+  model, batch, aux, z, out = setup
   (base, base_metrics), (loss, metrics) = out['sft_base'], out['sft']
-  assert 'router_aux_loss' not in base_metrics
+  assert 'router_aux_loss' not in jax.eval_shape(lambda b: sft.loss_fn(model, b), batch)[1]   # coefficients 0
   assert float(metrics['router_aux_loss']) == pytest.approx(aux, rel=1e-5)
   assert float(metrics['router_z_loss']) == pytest.approx(z, rel=1e-5)
   assert float(loss) == pytest.approx(float(base) + COEFS[0] * aux + COEFS[1] * z, rel=1e-6)
@@ -118,7 +121,6 @@ def test_grpo_loss_adds_the_micro_batchs_share_of_the_router_losses(setup):
   the two halves of a step sum to the row-weighted mean."""
   _, _, aux, z, out = setup
   (base, base_metrics), (loss, metrics) = out['grpo_base'], out['grpo']
-  assert 'router_aux_loss' not in base_metrics
   assert float(metrics['router_aux_loss']) == pytest.approx(aux / 2, rel=1e-5)
   assert float(metrics['router_z_loss']) == pytest.approx(z / 2, rel=1e-5)
   assert float(loss) == pytest.approx(float(base) + (COEFS[0] * aux + COEFS[1] * z) / 2, rel=1e-5)
