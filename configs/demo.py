@@ -100,6 +100,10 @@ def get_config() -> ml_collections.ConfigDict:
   # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = each batch's
   # fullest shard (a new program per new patch count).
   c.sft.patches_per_shard = 0
+  # MoE router losses (policy.router_loss: + coef x HF's load-balancing loss, + coef x ST-MoE z-loss); 0 = off, and
+  # ignored by a dense model (the demo's). The paper's 30B-A3B runs: 0.01 / 1e-3 (configs/qwen3vl_paper.py).
+  c.sft.router_aux_loss_coef = 0.0
+  c.sft.router_z_loss_coef = 0.0
   c.sft.log_every = 10
   c.sft.ckpt_every = 150
 
@@ -134,6 +138,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.loss_multiple = 256  # loss positions padded to a multiple
   c.grpo.patches_per_shard = 0  # image patches per batch shard of a micro-batch (as sft.patches_per_shard)
   c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
+  c.grpo.router_aux_loss_coef = 0.0  # MoE router losses, as sft.router_aux_loss_coef / router_z_loss_coef
+  c.grpo.router_z_loss_coef = 0.0
   # Update schedule (osvl_jax/train/grpo_update.py): prompts' groups per mini-batch = per optimizer step; 0 = the
   # whole rollout batch (the demo keeps one step per rollout batch; the official run: 64 of 256).
   c.grpo.mini_batch_prompts = 0

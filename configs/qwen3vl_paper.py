@@ -7,11 +7,14 @@ RL lr 1e-6 constant, G = 8 samples per prompt (16 for 30B-A3B), 256 prompts per 
 prompts (128 for 30B-A3B), one pass (ppo_epochs 1), clip (0.2, 0.28), no KL loss, sampling temperature 0.7 and
 top-p 1.0 (validation 0.7 / 0.95), the RLOO estimator and `seq-mean-token-sum` aggregation of the launch script
 (where Eq. 11 / 12 differ, the launch script produced the reported numbers; the equations' variants are one switch
-away), 4,096 new tokens per model call, up to 50 calls, a 70,000-token response budget.
+away), 4,096 new tokens per model call, up to 50 calls, a 70,000-token response budget. 30B-A3B (MoE only): the
+router in float32 (always, `models/qwen3_vl/moe.py`), the auxiliary load-balancing loss at 0.01 and the router
+z-loss at 1e-3 in both stages (`router_aux_loss_coef` / `router_z_loss_coef` of config.sft and config.grpo;
+transformers' load-balancing loss over the real tokens, pooled over the sparse layers, and the ST-MoE z-loss; the
+dense sizes set 0).
 
 Not yet as the tables (next steps, named so that nobody reads these files as the whole recipe): the SFT batch is
-the slice's rows, not the official 256 (SFT has no gradient accumulation yet); the 30B-A3B router's auxiliary
-loss (0.01) and z-loss (1e-3) are not implemented.
+the slice's rows, not the official 256 (SFT has no gradient accumulation yet).
 
 The judges are the paper's (PAPER.md, "The paper's judge and agent protocols"): judge.name 'llm', temperature 0,
 prompts accuracy_v2 (r_acc) and query_quality_v3 (r_query). The paper's judge was GPT-4o; set the endpoint on the
@@ -146,6 +149,10 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = each batch's
   # fullest shard (a new program per new patch count).
   c.sft.patches_per_shard = 0
+  # PAPER.md Official run settings, Table 5's "MoE only" row (30B-A3B; for both stages here): auxiliary
+  # (load-balancing) loss coefficient 0.01, router z-loss 1e-3. Dense sizes: 0 (no router).
+  c.sft.router_aux_loss_coef = 0.01 if size == '30b_a3b' else 0.0
+  c.sft.router_z_loss_coef = 1e-3 if size == '30b_a3b' else 0.0
   c.sft.log_every = 5  # Table 4: logging every 5 steps, checkpoint every 400
   c.sft.ckpt_every = 400
 
@@ -183,6 +190,10 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.std_ddof = 1
   c.grpo.aggregation = 'seq_mean_token_sum'
   c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
+  # PAPER.md Official run settings, Table 5's "MoE only" row (30B-A3B): auxiliary (load-balancing) loss
+  # coefficient 0.01, router z-loss 1e-3. Dense sizes: 0 (no router).
+  c.grpo.router_aux_loss_coef = 0.01 if size == '30b_a3b' else 0.0
+  c.grpo.router_z_loss_coef = 1e-3 if size == '30b_a3b' else 0.0
   c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)  # None = no truncated importance sampling
   c.grpo.max_staleness = 0  # strictly on-policy
   c.grpo.init_from = '/path/to/sft_workdir'  # set: the SFT run's workdir (its sft_ckpt)

@@ -38,6 +38,10 @@ TABLE_5 = {
     '30b_a3b': {'grpo.num_generations': 16, 'grpo.mini_batch_prompts': 128, 'grpo.ckpt_every': 1},
     '32b': {'grpo.num_generations': 8, 'grpo.mini_batch_prompts': 64, 'grpo.ckpt_every': 50},
 }
+# Table 5's "MoE only" row (auxiliary load-balancing loss 0.01, router z-loss 1e-3), set for both stages of the
+# 30B-A3B runs; the dense sizes have no router (0).
+MOE_ROW = {'router_aux_loss_coef': 0.01, 'router_z_loss_coef': 1e-3}
+NO_ROUTER = {'router_aux_loss_coef': 0.0, 'router_z_loss_coef': 0.0}
 
 # PAPER.md, "The paper's judge and agent protocols": the LLM accuracy and query-quality judges at temperature 0; the
 # endpoint is the user's (empty in the files, given on the command line).
@@ -169,3 +173,11 @@ def test_eval_paper_carries_the_papers_evaluation_and_the_cli_accepts_it(monkeyp
   assert planned == [runs.Run('agentic', 'agentic', 50)] and names == list(EVAL_PAPER['benchmarks'])
   assert config.tools.text_search.backend == 'remote'           # the web backends are one flag away
   assert judges_registry.get_judge(config.judge).prompt_names['accuracy'] == 'accuracy_v2'
+
+
+@pytest.mark.parametrize('stage', ('sft', 'grpo'))
+@pytest.mark.parametrize('size', SIZES)
+def test_moe_run_files_carry_the_router_losses_of_table_5(stage, size):
+  config = _load(f'{stage}_qwen3vl_{size}')
+  assert {k: config[stage][k] for k in MOE_ROW} == (MOE_ROW if size == '30b_a3b' else NO_ROUTER)
+  assert policy.router_loss_coefs(config[stage]) == tuple((MOE_ROW if size == '30b_a3b' else NO_ROUTER).values())

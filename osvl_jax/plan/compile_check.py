@@ -2,9 +2,10 @@
 analysis: the check of `estimate` (nothing is allocated; arguments are `jax.ShapeDtypeStruct`s with their
 `NamedSharding`s).
 
-The step is `sft.make_train_step`'s written as a pure function over the `nnx.split` state: `policy.loss_logprobs`
-+ `losses.sft_loss`, `jax.value_and_grad`, the optax transform of `policy.make_tx` (AdamW, global-norm clip),
-parameters and optimizer state donated (updated in place, as a trainer that keeps one copy would).
+The step is `sft.make_train_step`'s written as a pure function over the `nnx.split` state: `sft.loss_fn`
+(`policy.loss_logprobs` + `losses.sft_loss`, + the MoE router losses where config.sft sets them),
+`jax.value_and_grad`, the optax transform of `policy.make_tx` (AdamW, global-norm clip), parameters and optimizer
+state donated (updated in place, as a trainer that keeps one copy would).
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.plan import estimate
-from osvl_jax.rl import losses
-from osvl_jax.train import policy
+from osvl_jax.train import policy, sft
 
 
 def batch_shapes(mesh: Mesh, rows: int, seq_len: int, loss_tokens: int, rule_table) -> dict:
@@ -61,10 +61,11 @@ def compile_sft_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: int
   opt_in = jax.tree.map(with_sharding, opt_state, opt_sh)
   batch = batch_shapes(mesh, rows, seq_len, loss_tokens, rule_table)
 
+  router_coefs = policy.router_loss_coefs(cfg)
+
   def train_step(params, opt_state, batch):
-    def loss_fn(params):
-      logprobs = policy.loss_logprobs(nnx.merge(graphdef, params, rest), batch)
-      return losses.sft_loss(logprobs, batch['completion_mask'])
+    def loss_fn(params):   # `sft.loss_fn`: with the MoE router losses when config.sft sets them
+      return sft.loss_fn(nnx.merge(graphdef, params, rest), batch, router_coefs)
 
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = tx.update(grads, opt_state, params)

@@ -40,7 +40,8 @@ from osvl_jax.trajectory import tokens as tokens_lib
 # How the per-optimizer-step metrics reduce to one record per rollout step: the losses and grad norms of the steps
 # are averaged (each is normalised by its own mini-batch), token fractions weighted by tokens, counts summed.
 STEP_REDUCTIONS = {**losses.GRPO_METRIC_REDUCTIONS, 'loss': metrics.MEAN, 'pg_objective': metrics.MEAN,
-                   'grad_norm': metrics.MEAN, 'grad_norm_max': metrics.MAX}
+                   'grad_norm': metrics.MEAN, 'grad_norm_max': metrics.MAX, 'router_aux_loss': metrics.MEAN,
+                   'router_z_loss': metrics.MEAN}
 
 
 def check_update_config(config: ml_collections.ConfigDict) -> None:
@@ -48,11 +49,13 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
 
   Fields (all optional): mini_batch_prompts (int >= 0; 0 = the whole rollout batch, one step), ppo_epochs (int >= 1,
   default 1), tis_cap (None or 0 = off, else >= 1), max_staleness (int >= 0; 0 = strictly on-policy; read by the
-  async rollout), micro_batch_size (must divide the rows of a mini-batch, mini_batch_prompts × num_generations).
+  async rollout), micro_batch_size (must divide the rows of a mini-batch, mini_batch_prompts × num_generations),
+  router_aux_loss_coef / router_z_loss_coef (>= 0; MoE router losses, `make_grad_fn`).
 
   Raises:
     ValueError: naming the field: mini_batch_prompts < 0 or not dividing grpo.prompts_per_step, ppo_epochs < 1,
-      tis_cap in (0, 1) or < 0, max_staleness < 0, micro_batch_size not dividing the mini-batch rows (or a non-int count).
+      tis_cap in (0, 1) or < 0, max_staleness < 0, micro_batch_size not dividing the mini-batch rows (or a non-int count),
+      a router loss coefficient < 0.
   """
   prompts = checks.positive_int(config, 'grpo.prompts_per_step')
   mini = checks.number(config, 'grpo.mini_batch_prompts', integer=True, low=0, optional=True) or prompts
@@ -62,6 +65,8 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   if config.grpo.get('tis_cap'):  # None / 0 = off; a cap below 1 would scale every token down
     checks.number(config, 'grpo.tis_cap', low=1)
   checks.number(config, 'grpo.max_staleness', integer=True, low=0, optional=True)
+  for field in policy.ROUTER_LOSS_FIELDS:
+    checks.number(config, f'grpo.{field}', low=0, optional=True)
   rows = mini * checks.number(config, 'grpo.num_generations', integer=True, low=1)
   micro = checks.number(config, 'grpo.micro_batch_size', integer=True, low=0, optional=True) or rows
   if rows % micro:
@@ -256,14 +261,17 @@ def make_grad_fn(cfg: ml_collections.ConfigDict):
   scalars), so the micro-batch gradients sum to the mini-batch gradient. The batch needs old_logprobs, advantages,
   loss_mask (ref_logprobs when beta > 0; tis_weights [B, K] when TIS is on) beside `batching.collate`'s fields.
   Loss settings from `cfg` (= config.grpo): eps_low, eps_high, beta, aggregation, clip_ratio_c, temperature (π_θ
-  at the rollout temperature, `policy.loss_logprobs`; default 1); one function (and compile cache) per distinct
-  setting.
+  at the rollout temperature, `policy.loss_logprobs`; default 1), router_aux_loss_coef / router_z_loss_coef (MoE:
+  −J + the micro-batch's share rows / num_sequences of aux_coef · aux + z_coef · z over its real tokens,
+  `policy.router_loss`; metrics router_aux_loss / router_z_loss, which sum over the micro-batches to the
+  row-weighted mean; absent = 0: no router terms); one function (and compile cache) per distinct setting.
   """
   aggregation = cfg.get('aggregation', 'seq_mean_token_mean')
   losses.AGGREGATIONS.get(aggregation)
   clip_ratio_c = cfg.get('clip_ratio_c', None)
   return _grad_fn(float(cfg.eps_low), float(cfg.eps_high), float(cfg.beta), aggregation,
-                  None if clip_ratio_c is None else float(clip_ratio_c), temperature(cfg))
+                  None if clip_ratio_c is None else float(clip_ratio_c), temperature(cfg),
+                  policy.router_loss_coefs(cfg))
 
 
 def temperature(cfg: ml_collections.ConfigDict) -> float:
@@ -273,20 +281,39 @@ def temperature(cfg: ml_collections.ConfigDict) -> float:
   return 1.0 if value is None else float(value)
 
 
+def loss_fn(model, batch: dict, num_sequences, num_tokens, eps_low: float, eps_high: float, beta: float,
+            aggregation: str, clip_ratio_c: float | None, temperature: float = 1.0,
+            router_coefs: tuple[float, float] = (0.0, 0.0)) -> tuple[jax.Array, dict]:
+  """−J (Eq. 12, `losses.grpo_loss`) of one placed micro-batch at π_θ = `model` (log-probs at `temperature`), and
+  with a MoE model and non-zero `router_coefs` (aux, z) + its share rows / num_sequences of aux_coef · aux +
+  z_coef · z over its real tokens (`policy.router_loss`; metrics router_aux_loss / router_z_loss).
+
+  Returns:
+    (float32 [] loss, `losses.grpo_loss`'s metrics [+ the router metrics]); settings as `make_grad_fn`.
+  """
+  on = policy.router_losses_on(model, router_coefs)
+  logprobs, stats = policy.loss_logprobs_and_router_stats(model, batch, temperature, router_stats=on)
+  loss, aux = losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
+                               ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
+                               eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
+                               num_tokens=num_tokens, clip_ratio_c=clip_ratio_c, tis_weights=batch.get('tis_weights'))
+  if on:   # this micro-batch's share of the step's rows weighs its router terms
+    share = batch['input_ids'].shape[0] / jax.numpy.asarray(num_sequences, jax.numpy.float32)
+    penalty, router_metrics = policy.router_loss(stats, router_coefs, share)
+    loss = loss + penalty
+    aux = dict(aux, **router_metrics)
+  return loss, aux
+
+
 @functools.cache
 def _grad_fn(eps_low: float, eps_high: float, beta: float, aggregation: str, clip_ratio_c: float | None,
-             temperature: float = 1.0):
+             temperature: float = 1.0, router_coefs: tuple[float, float] = (0.0, 0.0)):
 
   @nnx.jit
   def grad_fn(model, batch, num_sequences, num_tokens):
-    def loss_fn(model):
-      logprobs = policy.loss_logprobs(model, batch, temperature)
-      return losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
-                              ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
-                              eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
-                              num_tokens=num_tokens, clip_ratio_c=clip_ratio_c, tis_weights=batch.get('tis_weights'))
-
-    (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    (loss, aux), grads = nnx.value_and_grad(
+        lambda m: loss_fn(m, batch, num_sequences, num_tokens, eps_low, eps_high, beta, aggregation, clip_ratio_c,
+                          temperature, router_coefs), has_aux=True)(model)
     return sharding.constrain_state(grads), dict(aux, loss=loss)  # placed like the parameters
 
   return grad_fn

@@ -21,6 +21,7 @@ from flax import nnx
 
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.models.qwen3_vl import moe
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import vision as vision_lib
 from osvl_jax.models.qwen3_vl import weights
@@ -184,7 +185,14 @@ def pin_placement(*modules: nnx.Module) -> None:
 
 
 def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0) -> jax.Array:
-  """Log-probs of the emitted tokens at the batch's loss positions, of the distribution at `temperature`.
+  """`loss_logprobs_and_router_stats` without the router statistics: [B, K] float32 log-probs."""
+  return loss_logprobs_and_router_stats(model, batch, temperature)[0]
+
+
+def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0,
+                                   router_stats: bool = False) -> tuple[jax.Array, dict | None]:
+  """Log-probs of the emitted tokens at the batch's loss positions, of the distribution at `temperature`, and
+  (with `router_stats`, MoE) the router-loss statistics of the same forward pass.
 
   Args:
     model: the policy.
@@ -193,17 +201,56 @@ def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0) -
     temperature: > 0, a Python float or a float32 scalar: log_softmax(logits / temperature), the distribution a
       rollout at that temperature samples from (verl divides the logits by the rollout temperature for π_old,
       π_θ and π_ref alike). 1.0 (SFT) leaves the logits as they are.
+    router_stats: also return the MoE router statistics over the batch's real tokens (`attention_mask`):
+      `moe.router_stats` summed over the sparse layers (None for a dense model). False: the forward as without.
   Returns:
-    [B, K] float32: log pi_T(token t+1 | tokens <= t) at `loss_positions`; garbage where `completion_mask` is 0.
+    ([B, K] float32 log pi_T(token t+1 | tokens <= t) at `loss_positions`, garbage where `completion_mask` is 0;
+    the router statistics or None).
   """
-  hidden, _ = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'],
-                    pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'),
-                    vision_inputs=vision_inputs(batch))
+  out = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'],
+              pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'),
+              vision_inputs=vision_inputs(batch), router_stats=router_stats)
+  hidden, stats = out[0], (out[2] if router_stats else None)
   gathered = jnp.take_along_axis(hidden, batch['loss_positions'][..., None], axis=1)  # [B, K, H]
   logits = model.logits(gathered)
   if not (isinstance(temperature, (int, float)) and temperature == 1):
     logits = logits / jnp.asarray(temperature, jnp.float32)
-  return losses.token_logprobs(logits, batch['loss_targets'])
+  return losses.token_logprobs(logits, batch['loss_targets']), stats
+
+
+ROUTER_LOSS_FIELDS = ('router_aux_loss_coef', 'router_z_loss_coef')
+
+
+def router_loss_coefs(cfg: ml_collections.ConfigDict | None) -> tuple[float, float]:
+  """(aux, z) coefficients of the MoE router losses from a stage's config (`config.sft` / `config.grpo`):
+  `router_aux_loss_coef` (HF `Qwen3VLMoeTextConfig`'s name) and `router_z_loss_coef` (HF `SwitchTransformers`'s),
+  0.0 where absent or None (off: the paper's 30B-A3B runs set 0.01 and 1e-3, configs/qwen3vl_paper.py)."""
+  return tuple(float((cfg or {}).get(name) or 0.0) for name in ROUTER_LOSS_FIELDS)
+
+
+def router_losses_on(model: model_lib.Qwen3VLModel, coefs: tuple[float, float]) -> bool:
+  """Whether the step adds router losses: a MoE model and a non-zero coefficient (a dense model has no router;
+  with both coefficients 0 the step traces exactly the program it traces without them)."""
+  return model.config.is_moe and any(coefs)
+
+
+def router_loss(stats: dict, coefs: tuple[float, float], weight=1.0) -> tuple[jax.Array, dict]:
+  """The router terms a step adds to its task loss: weight · (aux_coef · aux + z_coef · z), with aux HF's
+  load-balancing loss (`moe.load_balancing_loss`, transformers' `load_balancing_loss_func` with the attention
+  mask; HF adds router_aux_loss_coef · aux to the LM loss the same way) and z the ST-MoE z-loss (`moe.z_loss`).
+
+  Args:
+    stats: `loss_logprobs_and_router_stats`'s router statistics of this (micro-)batch.
+    coefs: (aux_coef, z_coef), `router_loss_coefs`.
+    weight: the share of this micro-batch in the optimizer step's batch (rows / rows of the step), float or
+      float32 scalar, so that the micro-batch terms add up to the row-weighted mean (HF's gradient accumulation).
+  Returns:
+    (float32 [] penalty, {'router_aux_loss': weight · aux, 'router_z_loss': weight · z}): metrics that sum over a
+    step's micro-batches to the step's (row-weighted mean) values.
+  """
+  aux = weight * moe.load_balancing_loss(stats)
+  z = weight * moe.z_loss(stats)
+  return coefs[0] * aux + coefs[1] * z, {'router_aux_loss': aux, 'router_z_loss': z}
 
 
 def vision_inputs(batch: dict) -> dict | None:

@@ -8,6 +8,7 @@ The dataset is `<config.data.dir or workdir/data>/sft` as written by `python -m 
 Rerunning with the same workdir resumes from the latest checkpoint in `<workdir>/sft_ckpt`.
 """
 
+import functools
 import pathlib
 import time
 
@@ -60,7 +61,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps) (`checks.warmup_steps`: the message says
       which value fits), sft.weight_decay < 0, sft.grad_clip <= 0,
       sft.batch_size not a multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int
-      >= 0.
+      >= 0, sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0.
   """
   check_model_config(config)
   steps = checks.positive_int(config, 'sft.steps')
@@ -71,6 +72,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   checks.number(config, 'sft.weight_decay', low=0)
   checks.number(config, 'sft.grad_clip', low=0, low_open=True)
   checks.number(config, 'sft.patches_per_shard', integer=True, low=0, optional=True)
+  for field in policy.ROUTER_LOSS_FIELDS:
+    checks.number(config, f'sft.{field}', low=0, optional=True)
   if config.sft.get('lr_schedule') is not None:
     checks.choice(config, 'sft.lr_schedule', policy.SCHEDULES)
   shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
@@ -92,14 +95,26 @@ def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> n
   return np.array([np.random.default_rng([seed, e]).permutation(num_examples)[o] for e, o in zip(epochs, offsets)])
 
 
-def loss_fn(model, batch: dict) -> tuple[jax.Array, dict]:
+def loss_fn(model, batch: dict, router_coefs: tuple[float, float] = (0.0, 0.0)) -> tuple[jax.Array, dict]:
   """The SFT loss of `batch` (`policy.loss_logprobs` + `losses.sft_loss`, Eq. 7-8): (loss, metrics); batch fields
-  as `make_train_step` reads them."""
-  return losses.sft_loss(policy.loss_logprobs(model, batch), batch['completion_mask'])
+  as `make_train_step` reads them.
+
+  With a MoE model and non-zero `router_coefs` (aux, z; `policy.router_loss_coefs`) the loss is
+  L_SFT + aux_coef · aux + z_coef · z (`policy.router_loss`, over the batch's real tokens) and the metrics add
+  router_aux_loss / router_z_loss; otherwise the program is the one without them."""
+  on = policy.router_losses_on(model, router_coefs)
+  logprobs, stats = policy.loss_logprobs_and_router_stats(model, batch, router_stats=on)
+  loss, metrics = losses.sft_loss(logprobs, batch['completion_mask'])
+  if on:
+    penalty, router_metrics = policy.router_loss(stats, router_coefs)
+    loss = loss + penalty
+    metrics = dict(metrics, **router_metrics, loss=loss)
+  return loss, metrics
 
 
-def make_train_step():
-  """A jitted SFT step (model, optimizer, batch) -> metrics.
+def make_train_step(cfg: ml_collections.ConfigDict | None = None):
+  """A jitted SFT step (model, optimizer, batch) -> metrics; `cfg` (config.sft, optional) gives the MoE router
+  losses' coefficients (`router_aux_loss_coef`, `router_z_loss_coef`; absent = 0, `loss_fn`).
 
   `batch` is laid out by `policy.shard_batch` / `distributed.host_batch` (images per batch shard with their geometry
   as arrays, no image_grid_thw): nothing of it is static, so every batch of the same budgets (T, K, rows, patches
@@ -107,10 +122,11 @@ def make_train_step():
   updates them in place (one copy of the parameters and Adam moments per device, not two), so arrays read from them
   before the step are deleted by it.
   """
+  step_loss = functools.partial(loss_fn, router_coefs=policy.router_loss_coefs(cfg))   # Python floats: static
 
   @nnx.jit(donate_argnums=(0, 1))
   def train_step(model, optimizer, batch):
-    (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
+    (loss, aux), grads = nnx.value_and_grad(step_loss, has_aux=True)(model, batch)
     optimizer.update(model, grads)
     policy.pin_placement(model, optimizer)  # the updated state keeps the rules' shardings
     return dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))
@@ -142,7 +158,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   if start:
     print(f'sft: resumed at step {start}', flush=True)
   writer = metrics.MetricWriter(workdir, 'sft')
-  train_step = make_train_step()
+  train_step = make_train_step(cfg)
 
   length, num_loss = batching.padded_sizes(trajectories)  # one shape for the run: one compiled step
   patches = int(cfg.get('patches_per_shard', 0) or 0)  # with T and K fixed, the images' budget (0: per batch)

@@ -1,4 +1,5 @@
-"""Qwen3-VL-MoE: top-k routing with HF's renormalisation, both expert-weight layouts, export back to transformers."""
+"""Qwen3-VL-MoE: top-k routing with HF's renormalisation, both expert-weight layouts, export back to transformers,
+the router losses (HF's load-balancing loss, the ST-MoE z-loss) over a padded batch."""
 
 import dataclasses
 
@@ -12,6 +13,7 @@ transformers = pytest.importorskip('transformers')
 
 from osvl_jax.models.qwen3_vl import parity  # noqa: E402
 from osvl_jax.models.qwen3_vl import moe  # noqa: E402
+from osvl_jax.models.qwen3_vl import rope  # noqa: E402
 from osvl_jax.models.qwen3_vl import weights  # noqa: E402
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # noqa: E402
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel  # noqa: E402
@@ -93,3 +95,58 @@ def test_moe_save_hf_folder_loads_in_transformers_with_same_logits(tmp_path):
   again, _ = weights.load_hf_folder(tmp_path)
   np.testing.assert_array_equal(np.asarray(again.language_model.layers[1].mlp.experts.gate_up_proj[...]),
                                 np.asarray(model.language_model.layers[1].mlp.experts.gate_up_proj[...]))
+
+
+def test_router_losses_match_transformers_on_a_padded_batch(moe_hf):
+  """HF's aux loss (`load_balancing_loss_func` with the attention mask, `output_router_logits=True`) within 1e-5 of
+  `moe.load_balancing_loss`, and the z-loss within 1e-5 (relative) of a float64 computation from HF's router
+  logits, on a batch with right and left padding; the stacked (scan_layers) model gives the same. The routers are
+  sharpened (x50) so that routing is far from uniform (aux loss > k = 2)."""
+  with torch.no_grad():
+    for name, p in moe_hf.named_parameters():
+      if name.endswith('mlp.gate.weight'):
+        p.copy_(50.0 * torch.nn.init.normal_(torch.empty_like(p), std=0.02, generator=torch.Generator().manual_seed(1)))
+  config = Qwen3VLConfig.tiny_moe()
+  state = {k: v.numpy() for k, v in moe_hf.state_dict().items()}
+  rng = np.random.RandomState(0)
+  ids, mask = parity._pad([list(rng.randint(0, 151000, n)) for n in (7, 4, 5)], ['right', 'left', 'right'])
+  with torch.no_grad():
+    kw = dict(input_ids=torch.tensor(ids), output_router_logits=True)
+    out = moe_hf(**kw, attention_mask=torch.tensor(mask.astype(np.int64)))
+    unmasked = float(moe_hf(**kw).aux_loss)
+  ref_aux = float(out.aux_loss)
+  logits = np.stack([g.numpy().astype(np.float64) for g in out.router_logits])              # [L, B*T, E]
+  lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  on = mask.reshape(-1)
+  ref_z = float(np.mean(lse[:, on] ** 2))
+  pos, _ = rope.get_rope_index(ids, None, mask)
+  forward = nnx.jit(lambda m, ids, pos, mask: m(ids, pos, mask, router_stats=True)[2])   # one compile, not op by op
+  for scan_layers in (False, True):
+    model = weights.load_hf_state_dict(config, state, expert_layout='transformers', scan_layers=scan_layers)
+    stats = forward(model, ids, pos, mask)
+    aux, z = float(moe.load_balancing_loss(stats)), float(moe.z_loss(stats))
+    assert float(stats['rows']) == 2 * mask.sum() == 32                 # 2 sparse layers x 16 real tokens
+    assert float(stats['tokens'].sum()) == 2 * 2 * mask.sum()           # k = 2 assignments per counted token
+    assert abs(aux - ref_aux) <= 1e-5, (scan_layers, aux, ref_aux)
+    assert abs(z - ref_z) <= 1e-5 * ref_z, (scan_layers, z, ref_z)
+  assert ref_aux > 2.05 and abs(unmasked - ref_aux) > 1e-2             # unbalanced; the padding counts in HF
+  assert ref_z > 1.0
+
+
+def test_router_runs_in_float32_under_bfloat16_compute():
+  """bfloat16 compute over float32 parameters (the paper configs): the router's logits are the float32 product of
+  the bf16 activations and the float32 kernel (the paper's "router in float32"), so the layer's router sums match
+  a float64 computation to float32 rounding (1e-5; a bf16 router is off by ~5e-4 in the z sum)."""
+  config = Qwen3VLConfig.tiny_moe()
+  block = moe.SparseMoeBlock(config.text, rngs=nnx.Rngs(0), dtype=jnp.bfloat16, param_dtype=jnp.float32)
+  block.gate.kernel[...] = block.gate.kernel[...] * 50.0
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 5, 64)), jnp.bfloat16)
+  mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.float32)
+  out, stats = block(x, jnp.asarray(mask))
+  assert out.dtype == jnp.bfloat16
+  logits = np.asarray(x, np.float64) @ np.asarray(block.gate.kernel[...], np.float64)           # [B, T, E]
+  lse = np.log(np.exp(logits).sum(-1))
+  probs = np.exp(logits - lse[..., None])
+  np.testing.assert_allclose(float(stats['z']), (lse ** 2 * mask).sum(), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(stats['probs']), (probs * mask[..., None]).sum((0, 1)), rtol=1e-5)
+  assert float(stats['rows']) == 8 and float(stats['tokens'].sum()) == 16

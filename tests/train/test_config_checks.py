@@ -38,6 +38,8 @@ def _set(config, path, value):
     ('image.max_pixels', 1024, 'image.min_pixels=4096 > image.max_pixels=1024'),
     ('model.name', 'huge', 'model.name'), ('mesh.fsdp', 0, 'mesh.fsdp=0'), ('mesh.tensor', -2, 'mesh.tensor=-2'),
     ('mesh.expert', 4096, 'mesh.expert'), ('mesh.pipeline', 2, 'mesh.pipeline: unknown mesh axis'),
+    ('sft.router_aux_loss_coef', -0.01, 'sft.router_aux_loss_coef=-0.01'),
+    ('sft.router_z_loss_coef', -1.0, 'sft.router_z_loss_coef=-1.0'),
 ])
 def test_sft_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
@@ -67,6 +69,8 @@ def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():
     ('grpo.fatal_mode', 'bogus', 'bogus'), ('rollout.max_turns', 0, 'rollout.max_turns'),
     ('rollout.max_new_tokens', 0, 'rollout.max_new_tokens'), ('rollout.fatal_k', 0, 'rollout.fatal_k'),
     ('rollout.max_total_tokens', 64, 'rollout.max_total_tokens=64 < rollout.max_new_tokens=128'),
+    ('grpo.router_aux_loss_coef', -1.0, 'grpo.router_aux_loss_coef=-1.0'),
+    ('grpo.router_z_loss_coef', -1e-3, 'grpo.router_z_loss_coef=-0.001'),
 ])
 def test_grpo_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()

@@ -4,7 +4,8 @@ The tiny Qwen3-VL, dense and MoE, is created directly sharded by `policy.create`
 devices (dense: fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4; MoE: fsdp=2 x expert=4), the batch placed by
 `policy.shard_batch` (rows over ('data', 'fsdp'), the image's patches on its row's shard); the same model is created on the
 trivial one-device mesh as the reference. Then one GRPO update (`grpo_update.make_grad_fn` + `grpo_update.apply_fn`) and
-3 SFT steps (`sft.make_train_step`) run in both: the losses and gradients agree to a relative difference <= 1e-5,
+3 SFT steps (`sft.make_train_step`) run in both (MoE: with the router losses): the losses and gradients agree to
+a relative difference <= 1e-5,
 the parameters after the 4 updates too, and every device holds exactly 1/shards of each sharded parameter
 and Adam moment (read from `addressable_shards` against the PartitionSpec) -- after the updates as well.
 An orbax checkpoint of the fsdp=8 policy and optimizer restores onto fsdp=2 x tensor=4. The SFT step donates the
@@ -39,10 +40,12 @@ MOE = {'num_experts': 4, 'num_experts_per_tok': 2, 'moe_intermediate_size': 32} 
 
 def _config(kind: str) -> ml_collections.ConfigDict:
   text = {'num_hidden_layers': 1, **(MOE if kind == 'moe' else {})}
+  # MoE: with the paper's router losses (aux 0.01, z 1e-3), whose sums over the tokens cross the batch shards.
+  router = {'router_aux_loss_coef': 0.01, 'router_z_loss_coef': 1e-3} if kind == 'moe' else {}
   return ml_collections.ConfigDict({
       'seed': 0, 'model': {'name': 'tiny', 'hf_path': '', 'text': text},
-      'sft': {'lr': 1e-3, 'steps': 10, 'warmup_steps': 0, 'weight_decay': 0.0, 'grad_clip': 1.0},
-      'grpo': {'lr': 1e-3, 'steps': 10, 'eps_low': 0.2, 'eps_high': 0.28, 'beta': 0.0}})
+      'sft': {'lr': 1e-3, 'steps': 10, 'warmup_steps': 0, 'weight_decay': 0.0, 'grad_clip': 1.0, **router},
+      'grpo': {'lr': 1e-3, 'steps': 10, 'eps_low': 0.2, 'eps_high': 0.28, 'beta': 0.0, **router}})
 
 
 def _batch() -> tuple[dict, tuple]:
@@ -93,9 +96,10 @@ def _train(kind: str, mesh: jax.sharding.Mesh) -> dict:
     grads, metrics = grpo_update.make_grad_fn(config.grpo)(model, placed, np.float32(B),
                                                     np.float32(batch['loss_mask'].sum()))
     out['grpo_loss'], out['grpo_clipped'] = float(metrics['loss']), float(metrics['clipped_tokens'])
+    out['router_aux_loss'] = float(metrics.get('router_aux_loss', 0.0))
     out['grpo_grads'] = _leaves(grads)
     grpo_update.apply_fn(model, optimizer, grads)
-    step = sft.make_train_step()
+    step = sft.make_train_step(config.sft)
     for _ in range(STEPS):
       out['sft_losses'].append(float(step(model, optimizer, placed)['loss']))
   out['params'] = _leaves(nnx.state(model, nnx.Param))
@@ -140,6 +144,8 @@ def test_sharded_sft_and_grpo_steps_equal_the_one_device_steps(kind, mesh_kw):
   assert _relative(ref['params_0'], got['params_0']) == 0.0   # created sharded: the same initial values
   assert got['grpo_loss'] == pytest.approx(ref['grpo_loss'], rel=1e-5)
   assert got['grpo_clipped'] == ref['grpo_clipped'] > 0
+  assert got['router_aux_loss'] == pytest.approx(ref['router_aux_loss'], rel=1e-5)
+  assert (ref['router_aux_loss'] > 1.0) == (kind == 'moe')     # uniform routing: k = 2
   assert _relative(ref['grpo_grads'], got['grpo_grads']) <= 1e-5
   np.testing.assert_allclose(got['sft_losses'], ref['sft_losses'], rtol=1e-5)
   assert ref['sft_losses'][-1] < ref['sft_losses'][0]         # the steps learn
@@ -170,7 +176,7 @@ def test_compiled_moe_step_routes_only_each_devices_tokens(monkeypatch):
 
   def shapes() -> set[str]:
     with sharding.use_mesh(mesh):
-      hlo = sft.make_train_step().lower(model, optimizer, placed).compile().as_text()
+      hlo = sft.make_train_step(_config('moe').sft).lower(model, optimizer, placed).compile().as_text()
     return set(re.findall(r'[a-z]+\d*\[[\d,]*\]', hlo))
 
   def routed(rows: int) -> set[str]:

@@ -47,7 +47,7 @@ class Qwen3VLModel(nnx.Module):
       self.lm_head = nnx.Linear(config.text.hidden_size, config.text.vocab_size, use_bias=False, **kw)
 
   def __call__(self, input_ids, position_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
-               cache=None, cache_index=None, vision_inputs=None):
+               cache=None, cache_index=None, vision_inputs=None, router_stats: bool = False):
     """Forward pass up to the final norm.
 
     Args:
@@ -64,9 +64,11 @@ class Qwen3VLModel(nnx.Module):
         arrays of `batching.shard_vision_inputs` (`vision.GEOMETRY_FIELDS`: interp_indices int32 [S, P, 4],
         interp_weights float32 [S, P, 4], hw_positions int32 [S, P, 2], segment_ids int32 [S, P], -1 on padding;
         S divides B; shard s = rows [s*B/S, (s+1)*B/S)).
+      router_stats: also return the MoE router-loss statistics (`text.Qwen3VLText`; None for a dense model), for
+        `moe.load_balancing_loss` / `moe.z_loss`.
 
     Returns:
-      hidden: [B, T, hidden] (`dtype`), new cache (None without a cache).
+      hidden: [B, T, hidden] (`dtype`), new cache (None without a cache)[, router stats with router_stats].
     Raises:
       ValueError: pixel_values without image_grid_thw or vision_inputs; image tokens and image features differ in number (flat,
         concrete input_ids); S does not divide B; a cache without cache_index.
@@ -90,7 +92,8 @@ class Qwen3VLModel(nnx.Module):
         x = text_lib.scatter_rows(x, visual_pos_mask, image_embeds)
     if cache is not None and cache_index is None:
       raise ValueError('cache needs cache_index')
-    return self.language_model(x, position_ids, attention_mask, visual_pos_mask, deepstack, cache, cache_index)
+    return self.language_model(x, position_ids, attention_mask, visual_pos_mask, deepstack, cache, cache_index,
+                               router_stats)
 
   def logits(self, hidden):
     """hidden [B, T, hidden] -> float32 logits [B, T, vocab] (lm_head, or the embedding when tied).

@@ -170,23 +170,79 @@ class Experts(nnx.Module):
 
 
 class SparseMoeBlock(nnx.Module):
-  """Top-k mixture of experts (HF `Qwen3VLMoeTextSparseMoeBlock` + `Qwen3VLMoeTextTopKRouter`): router logits in
-  the compute dtype, softmax in float32, top-k, renormalised over the k chosen (`norm_topk_prob`), then cast back.
-  `gate.kernel` is [hidden, E]."""
+  """Top-k mixture of experts (HF `Qwen3VLMoeTextSparseMoeBlock` + `Qwen3VLMoeTextTopKRouter`): router logits and
+  softmax in float32 (the paper's "router in float32", Megatron's `moe_router_dtype`; HF computes the logits in the
+  compute dtype, which is the same in a float32 model), top-k, renormalised over the k chosen (`norm_topk_prob`),
+  the weights then cast to the compute dtype. `gate.kernel` is [hidden, E] (stored in the parameter dtype)."""
 
   def __init__(self, config: TextConfig, *, rngs, dtype, param_dtype):
     self.top_k = config.num_experts_per_tok
     self.norm_topk_prob = config.norm_topk_prob
-    self.gate = nnx.Linear(config.hidden_size, config.num_experts, use_bias=False, dtype=dtype,
+    self.gate = nnx.Linear(config.hidden_size, config.num_experts, use_bias=False, dtype=jnp.float32,
                            param_dtype=param_dtype, rngs=rngs)
     self.experts = Experts(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
-  def __call__(self, x):
-    """x [B, T, hidden] -> [B, T, hidden] (x's dtype)."""
+  def __call__(self, x, router_mask=None):
+    """x [B, T, hidden] -> [B, T, hidden] (x's dtype); with `router_mask` (float32 [B, T], 1 on the tokens the
+    router losses count) also this layer's `router_stats` (out, stats)."""
     b, t, h = x.shape
-    logits = self.gate(x.reshape(-1, h)).reshape(b, t, -1)                 # [B, T, E]
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    logits = self.gate(x.reshape(-1, h)).reshape(b, t, -1)                 # float32 [B, T, E]
+    probs = jax.nn.softmax(logits, axis=-1)
     top_weight, top_index = jax.lax.top_k(probs, self.top_k)
     if self.norm_topk_prob:
       top_weight = top_weight / top_weight.sum(-1, keepdims=True)
-    return self.experts(x, top_index, top_weight.astype(logits.dtype)).astype(x.dtype)
+    out = self.experts(x, top_index, top_weight.astype(x.dtype)).astype(x.dtype)
+    if router_mask is None:
+      return out
+    return out, router_stats(logits, probs, top_index, router_mask)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Router losses: auxiliary load balancing (HF `load_balancing_loss_func`, Switch Transformer) and z-loss (ST-MoE)
+# ----------------------------------------------------------------------------------------------------------------
+
+def router_stats(logits, probs, top_index, mask) -> dict:
+  """One MoE layer's sums for the router losses, over the tokens of `mask` (HF `load_balancing_loss_func`'s
+  per-layer reductions with its attention mask).
+
+  Args:
+    logits: float32 [B, T, E] router logits; probs: float32 [B, T, E] their softmax; top_index: int32 [B, T, k]
+      the chosen experts; mask: float32 [B, T], 1 on counted tokens (0 on padding).
+  Returns:
+    {'tokens': float32 [E] Σ mask · (times expert e is among a token's top k) (no gradient),
+     'probs': float32 [E] Σ mask · probs[..., e], 'z': float32 [] Σ mask · logsumexp(logits)^2,
+     'rows': float32 [] Σ mask}. Layers add up (`text.Qwen3VLText` sums them over the sparse layers).
+  """
+  e = logits.shape[-1]
+  mask = mask.astype(jnp.float32)
+  chosen = jax.nn.one_hot(top_index, e, dtype=jnp.float32).sum(-2)          # [B, T, E], fused into the sum
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  return {'tokens': jax.lax.stop_gradient(jnp.sum(chosen * mask[..., None], axis=(0, 1))),
+          'probs': jnp.sum(probs * mask[..., None], axis=(0, 1)),
+          'z': jnp.sum(jnp.square(lse) * mask), 'rows': jnp.sum(mask)}
+
+
+def zero_router_stats(num_experts: int) -> dict:
+  """`router_stats` of no token: zeros ('tokens', 'probs': float32 [E]; 'z', 'rows': float32 [])."""
+  zeros = jnp.zeros((num_experts,), jnp.float32)
+  return {'tokens': zeros, 'probs': zeros, 'z': jnp.zeros((), jnp.float32), 'rows': jnp.zeros((), jnp.float32)}
+
+
+def load_balancing_loss(stats: dict) -> jax.Array:
+  """HF `load_balancing_loss_func` (transformers 5, qwen3_vl_moe; Switch Transformer eq. 4-6) from `router_stats`
+  summed over the L sparse layers: with R = stats['rows'] = L · Σ mask,
+    E · Σ_e (tokens_e / R) · (probs_e / R),
+  the fraction of top-k assignments and the mean router probability of each expert pooled over layers and tokens
+  (not a mean of per-layer losses), as HF computes it. HF does not divide by k: uniform routing gives k.
+
+  Returns float32 []: 0 when no token is counted (HF would divide by zero).
+  """
+  rows = jnp.maximum(stats['rows'], 1.0)
+  return stats['tokens'].shape[-1] * jnp.sum((stats['tokens'] / rows) * (stats['probs'] / rows))
+
+
+def z_loss(stats: dict) -> jax.Array:
+  """Router z-loss (ST-MoE, Zoph et al. 2022, eq. 5; HF `SwitchTransformers` `router_z_loss_func`) from
+  `router_stats` summed over the sparse layers: the mean over counted tokens and layers of
+  logsumexp(router logits)^2. Returns float32 [] (0 when no token is counted)."""
+  return stats['z'] / jnp.maximum(stats['rows'], 1.0)

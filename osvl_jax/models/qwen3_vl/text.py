@@ -187,10 +187,16 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype,
                                             param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128):
+  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128, router_mask=None):
+    """-> (x [B, T, hidden], new cache or None, router stats or None): the stats (`moe.router_stats`) of a sparse
+    layer given `router_mask` (float32 [B, T]), else None."""
     h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, cache_index, block)
     x = x + h
-    return x + self.mlp(self.post_attention_layernorm(x)), new_cache
+    h = self.post_attention_layernorm(x)
+    if router_mask is not None and isinstance(self.mlp, moe.SparseMoeBlock):
+      h, stats = self.mlp(h, router_mask)
+      return x + h, new_cache, stats
+    return x + self.mlp(h), new_cache, None
 
 
 def init_cache(config: TextConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -260,7 +266,7 @@ class Qwen3VLText(nnx.Module):
     self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
 
   def __call__(self, inputs_embeds, position_ids, attention_mask=None, visual_pos_mask=None, deepstack=(),
-               cache=None, cache_index=None):
+               cache=None, cache_index=None, router_stats: bool = False):
     """
     Args:
       inputs_embeds: [B, T, hidden] (image features already scattered in).
@@ -270,9 +276,12 @@ class Qwen3VLText(nnx.Module):
       deepstack: sequence of [N_img_tokens, hidden] added at `visual_pos_mask` after layers 0, 1, ...
         (HF `Qwen3VLTextModel._deepstack_process`).
       cache, cache_index: see module docstring.
+      router_stats: also return the router-loss statistics of the sparse layers (`moe.router_stats` summed over
+        them, over the tokens of `attention_mask`, as HF `load_balancing_loss_func` counts them); None for a model
+        without sparse layers. False: the forward and its return as without it.
 
     Returns:
-      hidden [B, T, hidden] after the final norm, updated cache (or None).
+      hidden [B, T, hidden] after the final norm, updated cache (or None)[, router stats (dict) or None].
     """
     c = self.config
     x = sharding.constrain(inputs_embeds, RESIDUAL_AXES)
@@ -289,47 +298,63 @@ class Qwen3VLText(nnx.Module):
     if cache is not None:
       cache_index = jnp.asarray(cache_index, jnp.int32)
     kv_all = None if cache is None else (cache['k'], cache['v'])
+    router_mask = None
+    if router_stats and any(c.is_sparse_layer(i) for i in range(c.num_hidden_layers)):
+      router_mask = (jnp.ones((b, t), jnp.float32) if attention_mask is None
+                     else jnp.asarray(attention_mask).astype(jnp.float32))
     if self.scan_layers:
-      x, kv_all = self._scan(x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack)
+      x, kv_all, stats = self._scan(x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask)
     else:
-      x, kv_all = self._unrolled(x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack)
+      x, kv_all, stats = self._unrolled(x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack,
+                                        router_mask)
     new_cache = None if cache is None else {'k': kv_all[0], 'v': kv_all[1], 'mask': slot_mask}
+    if router_stats:
+      return self.norm(x), new_cache, stats
     return self.norm(x), new_cache
 
-  def _unrolled(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack):
-    """Python loop over the layer list; kv_all: ([L, B, Hkv, S, D],) * 2, updated layer by layer, or None."""
+  def _unrolled(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask=None):
+    """Python loop over the layer list; kv_all: ([L, B, Hkv, S, D],) * 2, updated layer by layer, or None.
+    Returns (x, kv_all, router stats summed over the sparse layers, or None without router_mask)."""
     block = self.attention_block
-    run = nnx.remat(lambda lyr, *a: lyr(*a, block)) if self.remat else (lambda lyr, *a: lyr(*a, block))
+    call = lambda lyr, x, cos, sin, mask, kv, index, rmask: lyr(x, cos, sin, mask, kv, index, block, rmask)
+    run = nnx.remat(call) if self.remat else call
+    total = None
     for i, layer in enumerate(self.layers):
       kv = None if kv_all is None else (kv_all[0], kv_all[1], i)
-      x, kv = run(layer, x, cos, sin, mask, kv, cache_index)
+      x, kv, stats = run(layer, x, cos, sin, mask, kv, cache_index, router_mask)
       kv_all = kv
+      if stats is not None:
+        total = stats if total is None else jax.tree.map(jnp.add, total, stats)
       if i < len(deepstack):
         x = scatter_add_rows(x, visual_pos_mask, deepstack[i])
       x = sharding.constrain(x, RESIDUAL_AXES)
-    return x, kv_all
+    return x, kv_all, total
 
-  def _scan(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack):
-    """`jax.lax.scan` over the stacked layer; DeepStack features are added after layer i < len(deepstack)."""
+  def _scan(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask=None):
+    """`jax.lax.scan` over the stacked layer; DeepStack features are added after layer i < len(deepstack).
+    Returns (x, kv_all, router stats summed over the layers (carried), or None without router_mask)."""
     block = self.attention_block
     graphdef, stacked = nnx.split(self.layers)
     ds = jnp.stack([d.astype(x.dtype) for d in deepstack]) if deepstack else None   # [n_ds, N, hidden]
 
     def body(carry, xs):   # the cache (whole, [L, ...]) is carried: each layer writes its slots in place
-      h, kv = carry
+      h, kv, total = carry
       layer_state, i = xs
-      h, kv = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, None if kv is None else (*kv, i), cache_index,
-                                               block)
+      h, kv, stats = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, None if kv is None else (*kv, i),
+                                                      cache_index, block, router_mask)
       if ds is not None:   # only layers i < len(deepstack) pay for the scatter
         h = jax.lax.cond(i < ds.shape[0],
                          lambda h: scatter_add_rows(h, visual_pos_mask, ds[jnp.minimum(i, ds.shape[0] - 1)]),
                          lambda h: h, h)
-      return (sharding.constrain(h, RESIDUAL_AXES), kv), None
+      total = None if total is None else jax.tree.map(jnp.add, total, stats)
+      return (sharding.constrain(h, RESIDUAL_AXES), kv, total), None
 
     if self.remat:
       body = jax.checkpoint(body)
-    (x, kv_all), _ = jax.lax.scan(body, (x, kv_all), (stacked, jnp.arange(self.config.num_hidden_layers)))
-    return x, kv_all
+    total = None if router_mask is None else moe.zero_router_stats(self.config.num_experts)
+    (x, kv_all, total), _ = jax.lax.scan(body, (x, kv_all, total),
+                                         (stacked, jnp.arange(self.config.num_hidden_layers)))
+    return x, kv_all, total
 
 
 def _gather_index(pos_mask, n: int):
