@@ -9,7 +9,8 @@ a relative difference <= 1e-5,
 the parameters after the 4 updates too, and every device holds exactly 1/shards of each sharded parameter
 and Adam moment (read from `addressable_shards` against the PartitionSpec) -- after the updates as well.
 An orbax checkpoint of the fsdp=8 policy and optimizer restores onto fsdp=2 x tensor=4. The SFT step donates the
-parameters and Adam state (updated in place); GRPO's optimizer step donates the Adam state and the gradients.
+parameters and Adam state (updated in place); GRPO's optimizer step donates the Adam state and the gradients
+(checked in both runs of the step comparison).
 The compiled MoE step routes per device: no buffer of the global batch's expert assignments.
 
 Every mesh here uses all 8 devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (`make test`).
@@ -100,9 +101,21 @@ def _train(kind: str, mesh: jax.sharding.Mesh) -> dict:
     out['grpo_grads'] = _leaves(grads)
     grpo_update.apply_fn(model, optimizer, grads)
     step = sft.make_train_step(config.sft)
-    for _ in range(STEPS):
+    for k in range(STEPS):
+      params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
       out['sft_losses'].append(float(step(model, optimizer, placed)['loss']))
-  out['params'] = _leaves(nnx.state(model, nnx.Param))
+      if k == 0:  # the SFT step donates the parameters and the Adam state: one copy per device, updated in place
+        live = jax.tree.leaves(nnx.state(model)) + jax.tree.leaves(nnx.state(optimizer))
+        out['sft_donated'] = (all(x.is_deleted() for x in params + opt_state), not any(x.is_deleted() for x in live))
+    out['params'] = _leaves(nnx.state(model, nnx.Param))
+    # GRPO's optimizer step donates the Adam state and the gradients, keeps the parameters (the embedded
+    # sampler's snapshot shares them, `JaxSampler.set_model`).
+    params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
+    grads = jax.tree.map(lambda x: x * 0 + 0.01, nnx.state(model, nnx.Param))   # placed like the parameters
+    grad_leaves = jax.tree.leaves(grads)
+    grpo_update.apply_fn(model, optimizer, grads)
+    out['apply_donated'] = (all(x.is_deleted() for x in opt_state + grad_leaves),
+                            not any(x.is_deleted() for x in params))
   out['model'], out['optimizer'] = model, optimizer
   return out
 
@@ -150,6 +163,8 @@ def test_sharded_sft_and_grpo_steps_equal_the_one_device_steps(kind, mesh_kw):
   np.testing.assert_allclose(got['sft_losses'], ref['sft_losses'], rtol=1e-5)
   assert ref['sft_losses'][-1] < ref['sft_losses'][0]         # the steps learn
   assert _relative(ref['params'], got['params']) <= 1e-5     # after 1 GRPO + 3 SFT updates
+  assert got['apply_donated'] == got['sft_donated'] == ref['apply_donated'] == ref['sft_donated'] == (True, True)
+  assert int(got['optimizer'].step[...]) == 2 + STEPS
   # Placement after the updates: parameters and Adam moments still in the rules' shardings, 1/shards per device.
   params = nnx.state(got['model'], nnx.Param)
   n_params = len(jax.tree.leaves(params))
@@ -211,31 +226,3 @@ def test_checkpoint_of_a_sharded_policy_restores_onto_another_mesh(tmp_path):
   assert q.sharding.spec == jax.sharding.PartitionSpec('fsdp', 'tensor') and q.sharding.mesh.shape['tensor'] == 4
   _check_every_device_holds_its_shard(nnx.state(target, nnx.Param), target_mesh)
   _check_every_device_holds_its_shard(nnx.state(target_opt), target_mesh)
-
-
-def test_sft_step_donates_the_policy_and_grpo_step_the_optimizer_state():
-  """The SFT step's input parameters and optimizer state are deleted after it (one copy per device, updated in
-  place); GRPO's `apply_fn` deletes the Adam state and the gradients it was given but keeps the parameters, which
-  the embedded sampler's snapshot shares (`JaxSampler.set_model`)."""
-  mesh = sharding.mesh_from_config({'fsdp': 8})
-  model, optimizer = policy.create(_config('dense'), mesh, 'sft')
-  batch, grid = _batch()
-  placed = _place(batch, grid, mesh, model)
-  params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
-  q_before = np.asarray(model.language_model.layers[0].self_attn.q_proj.kernel[...])
-  with sharding.use_mesh(mesh):
-    sft.make_train_step()(model, optimizer, placed)
-  assert all(x.is_deleted() for x in params + opt_state)
-  live = jax.tree.leaves(nnx.state(model)) + jax.tree.leaves(nnx.state(optimizer))
-  assert not any(x.is_deleted() for x in live)
-  assert int(optimizer.step[...]) == 1
-  assert np.abs(np.asarray(model.language_model.layers[0].self_attn.q_proj.kernel[...]) - q_before).max() > 0
-
-  params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
-  grads = jax.tree.map(lambda x: x * 0 + 0.01, nnx.state(model, nnx.Param))   # placed like the parameters
-  grad_leaves = jax.tree.leaves(grads)
-  with sharding.use_mesh(mesh):
-    grpo_update.apply_fn(model, optimizer, grads)
-  assert all(x.is_deleted() for x in opt_state + grad_leaves)
-  assert not any(x.is_deleted() for x in params)
-  assert int(optimizer.step[...]) == 2
