@@ -47,22 +47,39 @@ def _generate(url, ids, max_new):
   return time.perf_counter() - t0, out['output_ids'], [e[0] for e in out['meta_info']['output_token_logprobs']]
 
 
-def test_a_short_request_does_not_wait_for_a_long_one(url):
-  short = _prompt(1, 9)
-  _generate(url, short, SHORT)                                  # compiles the solo programs
+def _short_beside_long(url, short) -> tuple[float, float, list, list]:
+  """(median solo latency, median latency beside a running long request, the solo and the beside results)."""
   solo = [_generate(url, short, SHORT) for _ in range(3)]
-  solo_s = statistics.median(t for t, _, _ in solo)
-  assert all((ids, lps) == (solo[0][1], solo[0][2]) for _, ids, lps in solo)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     long_run = pool.submit(_generate, url, _prompt(2, 20), LONG)
     time.sleep(1.0)                                             # the long row is decoding
-    _generate(url, short, SHORT)                                # compiles the two-row programs
     beside = [_generate(url, short, SHORT) for _ in range(3)]
     assert not long_run.done(), 'the long request must still be generating while the short ones are answered'
     long_s, long_ids, _ = long_run.result()
-  beside_s = statistics.median(t for t, _, _ in beside)
+  solo_s, beside_s = (statistics.median(t for t, _, _ in runs) for runs in (solo, beside))
   assert len(long_ids) == LONG and long_s > 10 * solo_s
-  assert beside_s < 2 * solo_s + 0.2, (beside_s, solo_s)       # before: the whole long request (seconds)
+  return solo_s, beside_s, solo, beside
+
+
+def test_a_short_request_does_not_wait_for_a_long_one(url):
+  short = _prompt(1, 9)
+  _generate(url, short, SHORT)                                  # compiles the solo programs
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:        # compiles the two-row programs
+    long_run = pool.submit(_generate, url, _prompt(2, 20), LONG)
+    time.sleep(1.0)
+    _generate(url, short, SHORT)
+    long_run.result()
+  # Latency on 2 shared cores moves with whatever else runs (the other test worker compiling): the bound must hold
+  # in one of 3 paired measurements (solo, then beside the long request). Waiting for the whole long request
+  # (seconds, > 10x solo) fails all three.
+  tries = []
+  for _ in range(3):
+    solo_s, beside_s, solo, beside = _short_beside_long(url, short)
+    tries.append((beside_s, solo_s))
+    if beside_s < 2 * solo_s + 0.2:
+      break
+  assert beside_s < 2 * solo_s + 0.2, tries                     # before: the whole long request (seconds)
+  assert all((ids, lps) == (solo[0][1], solo[0][2]) for _, ids, lps in solo)
   for _, ids, lps in beside:                                    # exact: the same ids and log-probs as alone
     assert ids == solo[0][1] and len(ids) == SHORT
     np.testing.assert_allclose(lps, solo[0][2], rtol=1e-6, atol=1e-6)   # float32 rounding
