@@ -114,7 +114,7 @@ def _pixel_values(pixels: np.ndarray, height: int, width: int, patch_size: int, 
 
 
 class ImageProcessor:
-  """Qwen3-VL image preprocessing (transformers `Qwen2VLImageProcessorPil` with Qwen3-VL settings).
+  """Qwen3-VL image preprocessing: what transformers' `Qwen2VLImageProcessorPil` computes with Qwen3-VL settings.
 
   The image is resized so that both sides are multiples of patch_size * merge_size (32) and its area lies in
   [min_pixels, max_pixels] (HF `smart_resize`), then cut into patches. Defaults are the Qwen3-VL
