@@ -37,6 +37,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.min_pixels = c.image.get_ref('min_pixels')
   c.data.max_pixels = c.image.get_ref('max_pixels')
   c.data.dir = ''
+  # One agent system prompt for the whole run (trajectory.system_prompt_text): the expert trajectories' (tied to
+  # data.system_prompt), the GRPO rollouts', the checkpoints' meta (evaluation's default). The demo keeps the
+  # builder's short instructions (CPU-sized contexts); the paper configs use 'agent_system_v2'.
+  c.system_prompt = 'builder_default'
+  c.data.system_prompt = c.get_ref('system_prompt')
 
   # Model: the tiny random Qwen3-VL (real vocabulary and special-token ids).
   c.model = ml_collections.ConfigDict()
@@ -89,6 +94,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 450
   c.sft.batch_size = 2
+  c.sft.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the batch (one fused step)
   c.sft.lr = 3e-3
   # 20 of the 450 steps; a fraction of sft.steps (as MaxText's warmup_steps_fraction), so --config.sft.steps=5
   # runs (warmup 0). An explicit --config.sft.warmup_steps is kept as given (sft.check_config says what fits).

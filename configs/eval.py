@@ -72,9 +72,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.top_p = 1.0
   c.batch_size = 4  # items rolled out together; results are appended after each item is judged
 
-  # Agent prompts (osvl_jax/judges/prompts): a versioned file name, or 'builder_default' for the instructions
-  # the trainer's trajectories use (trajectory.builder.DEFAULT_INSTRUCTIONS; what the demo checkpoints saw).
-  c.system_prompt = 'agent_system_v1'
+  # Agent prompts (osvl_jax/judges/prompts): a versioned file name, or 'builder_default' for the trainer's
+  # short instructions (trajectory.builder.DEFAULT_INSTRUCTIONS). system_prompt 'checkpoint': the one the
+  # checkpoint was trained with (its meta; one system prompt per run), 'agent_system_v2' for an HF folder.
+  c.system_prompt = 'checkpoint'
   c.direct_prompt = 'agent_direct_v1'
   c.rag_prompt = 'agent_rag_v1'
 

@@ -13,8 +13,9 @@ z-loss at 1e-3 in both stages (`router_aux_loss_coef` / `router_z_loss_coef` of 
 transformers' load-balancing loss over the real tokens, pooled over the sparse layers, and the ST-MoE z-loss; the
 dense sizes set 0).
 
-Not yet as the tables (next steps, named so that nobody reads these files as the whole recipe): the SFT batch is
-the slice's rows, not the official 256 (SFT has no gradient accumulation yet).
+SFT takes Table 4's batch of 256 trajectories per optimizer step on a slice with fewer rows by gradient
+accumulation: sft.micro_batch_size rows per micro-batch (one 32k row per batch shard), their gradients summed, each
+normalised by the whole step's supervised tokens (the step taken at once, `sft.make_step`).
 
 The judges are the paper's (PAPER.md, "The paper's judge and agent protocols"): judge.name 'llm', temperature 0,
 prompts accuracy_v2 (r_acc) and query_quality_v3 (r_query). The paper's judge was GPT-4o; set the endpoint on the
@@ -22,7 +23,7 @@ command line, `--config.judge.base_url=http://HOST:PORT/v1 --config.judge.model=
 server; the key from $OPENAI_API_KEY, `judge.api_key_env`): GRPO refuses to start without them, naming the fields.
 
 What the tables do not fix, chosen here (override on the command line, e.g. `--config.sft.batch_size=64`):
-  * sft.batch_size: one 32k row per data-parallel shard of the slice; sft.steps = ceil(sft.epochs *
+  * sft.micro_batch_size: one 32k row per data-parallel shard of the slice; sft.steps = ceil(sft.epochs *
     sft.num_examples / sft.batch_size) with num_examples = 36,592 (the paper's SFT set), kept in step by
     ml_collections references: overriding epochs, num_examples or batch_size recomputes steps and warmup
     (10% of steps); overriding sft.steps itself fixes it.
@@ -96,6 +97,11 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.data.min_pixels = c.image.get_ref('min_pixels')
   c.data.max_pixels = c.image.get_ref('max_pixels')
   c.data.max_length = 32_000  # Table 4: cutoff 32,000 tokens per SFT trajectory
+  c.data.rl_fraction = 0.18  # PAPER.md: ~8K RL prompts apart from the 36,592 SFT trajectories (8/44.6)
+  # One agent system prompt per run (pipeline synthesis via data.system_prompt, SFT data check, GRPO rollouts,
+  # checkpoint meta -> evaluation): the paper's agent protocol (PAPER.md, "judge and agent protocols"), written here.
+  c.system_prompt = 'agent_system_v2'
+  c.data.system_prompt = c.get_ref('system_prompt')
 
   c.model = ml_collections.ConfigDict()
   c.model.name = hf_name
@@ -138,7 +144,8 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.sft.epochs = 8
   c.sft.num_examples = SFT_EXAMPLES
   batch_shards = _chips(tpu) // (c.mesh.tensor * (1 if size == '30b_a3b' else c.mesh.expert))
-  c.sft.batch_size = batch_shards
+  c.sft.batch_size = 256  # Table 4: batch size 256 (trajectories per optimizer step)
+  c.sft.micro_batch_size = batch_shards  # rows per gradient-accumulation micro-batch (one per batch shard)
   epochs, examples, batch = c.sft.get_ref('epochs'), c.sft.get_ref('num_examples'), c.sft.get_ref('batch_size')
   c.sft.steps = (epochs * examples + batch - 1) // batch
   c.sft.warmup_steps = c.sft.get_ref('steps') // 10  # Table 4: warmup ratio 0.1

@@ -36,7 +36,10 @@ folder to redo it and everything after it is recomputed only if missing too):
            after the two-stage rejection (answer judge, process-quality judge; reasons counted), rows of
            `Trajectory.to_record()` (XML source: skipped with a counted reason, the oracle's text_search corpus is
            Wikispeedia's); also written as `<dataset>/sft_sharegpt.jsonl` (+ `sft_sharegpt_images/`),
-           the official release's ShareGPT SFT format (`osvl_jax.data.official.write_sft`)
+           the official release's ShareGPT SFT format (`osvl_jax.data.official.write_sft`); the accepted items
+           held out for RL (`data.rl_fraction`) are not synthesised
+  rl       the GRPO prompts: the accepted items with no SFT trajectory (held out, or no kept trajectory), by
+           prompt_id with the reason (`splits.py`); recomputed from the `sft` split on every build, so disjoint
 
 `<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
 `synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields
@@ -56,14 +59,14 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
-from data_pipeline import clip_ground, experts, llm_questions
+from data_pipeline import clip_ground, experts, llm_questions, splits
 from data_pipeline import filter as filter_lib
 from data_pipeline import merge as merge_lib
 from osvl_jax import config_checks as checks
 from osvl_jax.data import pipeline as pipeline_data
 
 ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
-STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'merge', 'filter', 'degrade', 'items', 'sft')
+STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'merge', 'filter', 'degrade', 'items', 'sft', 'rl')
 DEGRADED_DIR = pipeline_data.DEGRADED_DIR  # the degraded anchor images, `<dataset>/degraded/<prompt_id>.png`
 BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
 SHAREGPT_FILE = 'sft_sharegpt.jsonl'  # the `sft` split in the official release's ShareGPT SFT format
@@ -71,6 +74,8 @@ SHAREGPT_FILE = 'sft_sharegpt.jsonl'  # the `sft` split in the official release'
 # later build with it enabled only adds the `sft` split; the split's counts name its expert, and another expert
 # needs the `sft` folder and sft_sharegpt.jsonl deleted to be redone).
 _NOT_RECORDED = ('dir', 'data_dir', 'synthesize')
+# A field added since, whose default is not what a build from before it was made with: that value instead.
+_BEFORE_RECORDED = {'min_image_side': 0, 'rl_fraction': 0.0}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -108,6 +113,13 @@ def default_config() -> ml_collections.ConfigDict:
       infobox image is kept).
     filter: the policy endpoint and limits of Filters A/B (`data_pipeline.filter.default_config()`;
       `filter.enabled=False` = the Table 3a "no filtering" ablation; `filter.base_url=''` = offline, skipped).
+    min_image_side: Appendix D.1's seed rule, the anchor image at least N x N pixels (512); smaller ones are
+      rejected at `ground`, counted by reason (`wikispeedia_walks` lowers it to Wikispeedia's ~264-pixel photos).
+    rl_fraction: share of the accepted items held out of synthesis as RL prompts (`splits.rl_held_out`; the
+      paper's ~8K RL prompts beside 36,592 SFT trajectories: ~0.18), in [0, 1).
+    system_prompt: the agent's instructions in the expert trajectories' system turn
+      (`trajectory.system_prompt_text`: 'builder_default' or an agent prompt such as 'agent_system_v2'); the
+      trainer configs tie it to their own `system_prompt` (one per run).
     dir: the dataset folder; '' = `<workdir>/data` (read by `main` and the trainers, not by `build_dataset`).
   """
   c = ml_collections.ConfigDict()
@@ -137,6 +149,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.llm_questions = llm_questions.default_config()
   c.clip_ground = clip_ground.default_config()
   c.filter = filter_lib.default_config()
+  c.min_image_side = 512
+  c.rl_fraction = 0.2
+  c.system_prompt = 'builder_default'
   c.dir = ''
   return c
 
@@ -145,9 +160,11 @@ def wikispeedia_walks(config: ml_collections.ConfigDict) -> ml_collections.Confi
   """Sets the walk settings of the 4,598-article Wikispeedia graph on a `data` section (and returns it):
   tau = 300 (in-degree p99 = 294, so the top ~1% are hubs: United_States 1,551, France, Europe, ...) and a seed
   window [2, 300] that admits all 12 landmark articles with a photo (in-degree 2: Giza_pyramid_complex,
-  Leaning_Tower_of_Pisa ... 76: Toronto; the paper's lower end 50 would admit Toronto alone)."""
+  Leaning_Tower_of_Pisa ... 76: Toronto; the paper's lower end 50 would admit Toronto alone), and anchor images of
+  at least 256 pixels a side (the photos are 259-271; D.1's 512 would reject them all)."""
   config.hub_in_degree = 300
   config.min_seed_in_degree = 2
+  config.min_image_side = 256   # the landmark photos are 259-271 pixels a side (D.1's 512 would admit none)
   return config
 
 
@@ -162,7 +179,8 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
       < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
       limits not ints >= 1 with min <= max, min_seed_in_degree not an int >= 1 or above hub_in_degree, image_dir not a string, anchor
       not 'source' / 'answer', rewrite not a bool, source neither 'wikispeedia' nor an existing .bz2 file,
-      degrade_fraction outside [0, 1], a bad `filter`, `llm_questions`, `clip_ground` or `synthesize` section
+      degrade_fraction outside [0, 1], rl_fraction outside [0, 1), min_image_side not an int >= 0,
+      an unknown system_prompt, a bad `filter`, `llm_questions`, `clip_ground` or `synthesize` section
       (their `check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
   """
   from data_pipeline import wiki
@@ -194,6 +212,13 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   fraction = config.get('degrade_fraction', 0.1)
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
     raise ValueError(f'{prefix}.degrade_fraction={fraction!r}: expected a fraction in [0, 1]')
+  checks.number(root, f'{prefix}.rl_fraction', low=0, high=1, high_open=True, optional=True)
+  checks.number(root, f'{prefix}.min_image_side', integer=True, low=0, optional=True)
+  from osvl_jax import trajectory as traj_lib
+  try:
+    traj_lib.system_prompt_text(config.get('system_prompt'))
+  except ValueError as e:
+    raise ValueError(f'{prefix}.{e}') from None
   filter_lib.check_config(config.get('filter', filter_lib.default_config()), f'{prefix}.filter')
   llm_questions.check_config(config.get('llm_questions', llm_questions.default_config()), f'{prefix}.llm_questions')
   clip_ground.check_config(config.get('clip_ground', clip_ground.default_config()), f'{prefix}.clip_ground')
@@ -212,7 +237,8 @@ def _check_resume(out: pathlib.Path, settings: dict) -> None:
   """Records `settings` in a new dataset folder; refuses a folder built with other settings.
 
   A field missing from an older build_config.json (added to `default_config()` since) counts as built with its
-  default value.
+  default value, or with the value the build had before the field existed (`_BEFORE_RECORDED`: no anchor size
+  rule, nothing held out for RL).
 
   Raises:
     ValueError: the folder's build_config.json differs (naming each field, recorded vs asked), or the folder holds
@@ -220,7 +246,7 @@ def _check_resume(out: pathlib.Path, settings: dict) -> None:
   """
   path = out / BUILD_CONFIG_FILE
   if path.is_file():
-    defaults = build_settings(default_config())
+    defaults = {**build_settings(default_config()), **_BEFORE_RECORDED}
     recorded = json.loads(path.read_text())
     recorded = {**{k: v for k, v in defaults.items() if k not in recorded}, **recorded}
     diff = {k: (recorded.get(k), settings.get(k)) for k in sorted(set(recorded) | set(settings))
@@ -262,57 +288,6 @@ def _reasons(reasons) -> dict[str, int]:
   return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def _sharegpt(records: list[dict], path: pathlib.Path, tool_config: dict) -> dict:
-  """The `sft` records also as the official release's ShareGPT SFT file (`official.write_sft`), written when
-  `path` is missing (a resumed build keeps the file it has).
-
-  Returns:
-    counts {'written', 'skipped', 'images', 'resumed'} ('written' = the file's lines when resumed).
-  """
-  if path.is_file():
-    return {'written': sum(1 for line in path.read_text().splitlines() if line.strip()), 'resumed': True}
-  from osvl_jax import trajectory as traj_lib
-  from osvl_jax.data import official
-  from tools import env as env_lib
-  trajectories = [traj_lib.Trajectory.from_record(r) for r in records]
-  return dict(official.write_sft(trajectories, path, env_lib.ToolEnv(tool_config).schemas()), resumed=False)
-
-
-def _wiki_stage(config: ml_collections.ConfigDict, folder: pathlib.Path, data_dir: pathlib.Path) -> dict:
-  """Stage `wiki`: reads `config.source`, resolves the links, builds the CSR graph, writes both under `folder`
-  (a temp folder renamed into place, `counts.json` last); skipped when `folder` already holds it.
-
-  Returns:
-    counts: {'read', 'links', 'graph' (build_csr counts), 'hubs' (in-degree > hub_in_degree), 'excluded',
-    'domains' (articles per domain, 'none' = no domain), 'seconds', 'resumed'}.
-  """
-  import shutil
-  import numpy as np
-  from data_pipeline import graph as graph_lib
-  from data_pipeline import wiki
-  if pipeline_data.has_split(folder):
-    return dict(json.loads((folder / pipeline_data.COUNTS_FILE).read_text()), resumed=True)
-  t0 = time.perf_counter()
-  data = wiki.read_source(config.source, data_dir)
-  src, dst, _, link_counts = wiki.resolve_links(data)
-  csr, csr_counts = graph_lib.build_csr(src, dst, len(data.articles))
-  domains = wiki.node_domains(data)
-  counts = {'read': data.counts, 'links': link_counts, 'graph': csr_counts,
-            'hubs': int((np.asarray(csr.in_degree) > config.hub_in_degree).sum()),
-            'excluded': int(wiki.exclusion_mask(data).sum()),
-            'domains': {name: int((domains == k).sum()) for k, name in enumerate(wiki.DOMAINS)}
-            | {'none': int((domains < 0).sum())}}
-  tmp = folder.with_name(folder.name + '.tmp')
-  shutil.rmtree(tmp, ignore_errors=True)
-  wiki.save(data, tmp)
-  graph_lib.save_csr(csr, tmp / 'graph')
-  counts = dict(counts, seconds=round(time.perf_counter() - t0, 2), resumed=False)
-  (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1))
-  shutil.rmtree(folder, ignore_errors=True)
-  os.replace(tmp, folder)
-  return counts
-
-
 def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike) -> dict:
   """Runs (or resumes) every stage and returns the stats (also written to `out_dir/stats.json`).
 
@@ -328,8 +303,9 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
     ValueError: from `check_config` (before anything is written), or a folder built with other settings.
   """
   check_config(config)
-  from data_pipeline import degrade, ground, paths, qa, rewrite, wiki_graph
+  from data_pipeline import degrade, ground, paths, qa, rewrite, wiki, wiki_graph
   from osvl_jax import paths as osvl_paths
+  from osvl_jax import trajectory as traj_lib
 
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -352,7 +328,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
     return records
 
   stages = tqdm.tqdm(total=len(STAGES), desc='data_pipeline', unit='stage')
-  stats['wiki'] = _wiki_stage(config, out / 'wiki', data_dir)
+  stats['wiki'] = wiki.build_stage(config.source, config.hub_in_degree, out / 'wiki', data_dir)
   print(f'[data_pipeline] wiki: {json.dumps(stats["wiki"])}', file=sys.stderr)
   graph = wiki_graph.WikiGraph.open(out / 'wiki')
   stages.update()
@@ -373,7 +349,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
       lambda r: llm_questions.obfuscate_answers(r, llm_cfg.obfuscate_fraction, config.seed)))
   stages.update()
   recs = stage('ground', lambda: then(ground.ground(recs, graph, data_dir, config.image_dir, config.anchor,
-                                                    config.rewrite), 'clip',
+                                                    config.rewrite, config.get('min_image_side', 0)), 'clip',
                                       lambda r: clip_ground.ground_by_clip(r, config.clip_ground, data_dir)))
   stages.update()
   recs = stage('merge', lambda: merge_lib.merge(recs, data_dir, tuple(config.merge_sources), config.merge_holdout,
@@ -400,9 +376,10 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
 
   items = stage('items', make_items, pipeline_data.items_features())
   stages.update()
+  rl_fraction = float(config.get('rl_fraction', 0.0))
+  system = traj_lib.system_prompt_text(config.get('system_prompt'))
   if config.synthesize.enabled:
     from data_pipeline import synthesize
-    from osvl_jax import trajectory as traj_lib
 
     def make_sft():
       if config.source != 'wikispeedia':  # the oracle's text_search reads the Wikispeedia corpus (tools.corpus)
@@ -410,15 +387,22 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
         return [], {'expert': config.synthesize.expert, 'in': n, 'kept': 0, 'rejected': n,
                     'reasons': {'skipped: xml source (text_search corpus is Wikispeedia)': n} if n else {}}
       processor = traj_lib.ImageProcessor(min_pixels=config.min_pixels, max_pixels=config.max_pixels)
-      return synthesize.synthesize(items, graph, data_dir, config.tools.to_dict(), config.top_k, processor,
+      return synthesize.synthesize(splits.synthesis_items(items, rl_fraction, config.seed), graph, data_dir,
+                                   config.tools.to_dict(), config.top_k, processor,
                                    progress=lambda it: tqdm.tqdm(it, desc='expert', leave=False),
-                                   config=config.synthesize, dataset_dir=out)
+                                   config=config.synthesize, dataset_dir=out, system_prompt=system)
     sft = stage('sft', make_sft, traj_lib.record_features())
-    stats['sft_sharegpt'] = _sharegpt(sft, out / SHAREGPT_FILE, config.tools.to_dict())
+    stats['sft_sharegpt'] = splits.sharegpt(sft, out / SHAREGPT_FILE, config.tools.to_dict(), system)
+  stages.update()
+  rl_rows, rl_counts = splits.rl_split(items, sft if config.synthesize.enabled else [], rl_fraction, config.seed)
+  resumed = pipeline_data.has_split(out / 'rl') and pipeline_data.read_split(out / 'rl')[0] == rl_rows
+  if not resumed:   # recomputed from the sft split each build (a later build may have added it)
+    _save(rl_rows, out / 'rl', rl_counts, pipeline_data.rl_features())
+  stats['rl'] = dict(rl_counts, resumed=resumed)
   stages.update()
   stages.close()
   stats['summary'] = {'accepted_items': stats['items']['accepted'], 'landmarks': stats['items']['landmarks'],
-                      'sft_trajectories': stats.get('sft', {}).get('kept', 0)}
+                      'sft_trajectories': stats.get('sft', {}).get('kept', 0), 'rl_prompts': rl_counts['prompts']}
   (out / 'stats.json').write_text(json.dumps(stats, indent=1, default=str))
   return stats
 

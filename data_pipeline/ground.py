@@ -75,8 +75,17 @@ def image_candidates(image_path: str, images: list[str], data_dir, image_dir: st
   return out if len(out) > 1 else []
 
 
+def _image_size(path: pathlib.Path) -> tuple[int, int]:
+  """(width, height) in pixels from the file's header (`image_io.read_size`); (0, 0) when it is not an image."""
+  from tools import image_io  # pylint: disable=g-import-not-at-top
+  try:
+    return image_io.read_size(path.read_bytes(), str(path))
+  except image_io.ImageDecodeError:
+    return 0, 0
+
+
 def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = 'source',
-           rewritten: bool = True) -> tuple[list[dict], dict]:
+           rewritten: bool = True, min_image_side: int = 0) -> tuple[list[dict], dict]:
   """Sets the anchor image and the final question; re-checks leakage over the whole path.
 
   Args:
@@ -86,6 +95,8 @@ def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = '
     image_dir: folder of the article images (relative to `data_dir`, or absolute), for `anchor='answer'`.
     anchor: 'source' (v0's image) | 'answer' (vh's image, the ablation).
     rewritten: whether the `rewrite` stage rewrote (False: canonical questions, v1..vh named by design).
+    min_image_side: the smallest width and height (pixels) of an anchor image (`data.min_image_side`, Appendix
+      D.1: 512); a smaller one is rejected ('ground: anchor image below NxN (WxH)').
   Returns:
     (records with the final `question`, `anchor_expression`, `image_path`, `anchor_title` (the anchor node:
     v0, or vh for 'answer'; '' when rejected), `image_candidates` (`image_candidates`; [] when rejected); counts
@@ -135,6 +146,8 @@ def ground(records: list[dict], graph, data_dir, image_dir: str, anchor: str = '
       reject(rec, 'leak: ' + '; '.join(leaks))
     elif not (pathlib.Path(data_dir) / rec['image_path']).is_file():
       reject(rec, f"image file missing ({rec['image_path']})")
+    elif min_image_side and min(size := _image_size(pathlib.Path(data_dir) / rec['image_path'])) < min_image_side:
+      reject(rec, f"anchor image below {min_image_side}x{min_image_side} ({size[0]}x{size[1]}: {rec['image_path']})")
     else:
       counts['grounded'] += 1
     out.append(rec)

@@ -351,7 +351,8 @@ def oracle_trajectory(item: Mapping, image: np.ndarray, env, make_builder, graph
 
 
 def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int = 5, processor=None,
-               progress=None, config: ml_collections.ConfigDict | None = None, engine=None, dataset_dir=None):
+               progress=None, config: ml_collections.ConfigDict | None = None, engine=None, dataset_dir=None,
+               system_prompt: str | None = None):
   """Expert trajectories for the accepted items, judged and selected (`experts.py`).
 
   The oracle runs one `run_episodes` call per item, in order; the model expert K episodes per item, items in
@@ -371,6 +372,8 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
     config: the `data.synthesize` section (`experts.default_config()`, the default).
     engine: the model expert's engine (default: `experts.model_engine(config)`, SGLang's /generate at
       `config.base_url`); tests pass a `ScriptedEngine`.
+    system_prompt: the agent's instructions of the trajectories' system turn (`trajectory.system_prompt_text`;
+      None = the builder's default).
   Returns:
     (records: list of `Trajectory.to_record()` dicts, counts {'expert', 'model', 'in', 'episodes', 'kept',
     'items_kept', 'rejected' (episodes), 'reasons' (rejection reason -> episodes), 'surplus', 'passed',
@@ -386,7 +389,7 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
   tokenizer = traj_lib.load_tokenizer(data_dir)
   processor = processor or traj_lib.ImageProcessor()
   schemas = env.schemas()
-  make_builder = lambda: traj_lib.TrajectoryBuilder(tokenizer, processor, schemas)
+  make_builder = lambda: traj_lib.TrajectoryBuilder(tokenizer, processor, schemas, system_prompt=system_prompt)
   todo = [it for it in items if not it.get('rejected')]
   trajs, reasons = [], {}
   t0 = time.perf_counter()

@@ -299,3 +299,39 @@ def read_source(source: str, data_dir: str | pathlib.Path | None = None) -> Wiki
     return wiki_tsv.read_wikispeedia(data_dir)
   from data_pipeline import wiki_xml
   return wiki_xml.read_pages_articles(source)
+
+
+def build_stage(source: str, hub_in_degree: int, folder: pathlib.Path, data_dir: pathlib.Path) -> dict:
+  """The pipeline's stage `wiki`: reads `source` (`read_source`), resolves the links, builds the CSR graph, writes
+  both under `folder` (a temp folder renamed into place, `counts.json` last); skipped when `folder` holds it.
+
+  Returns:
+    counts: {'read', 'links', 'graph' (build_csr counts), 'hubs' (in-degree > hub_in_degree), 'excluded',
+    'domains' (articles per domain, 'none' = no domain), 'seconds', 'resumed'}.
+  """
+  import os
+  import shutil
+  import time
+  from data_pipeline import graph as graph_lib
+  from osvl_jax.data import pipeline as pipeline_data
+  if pipeline_data.has_split(folder):
+    return dict(json.loads((folder / pipeline_data.COUNTS_FILE).read_text()), resumed=True)
+  t0 = time.perf_counter()
+  data = read_source(source, data_dir)
+  src, dst, _, link_counts = resolve_links(data)
+  csr, csr_counts = graph_lib.build_csr(src, dst, len(data.articles))
+  domains = node_domains(data)
+  counts = {'read': data.counts, 'links': link_counts, 'graph': csr_counts,
+            'hubs': int((np.asarray(csr.in_degree) > hub_in_degree).sum()),
+            'excluded': int(exclusion_mask(data).sum()),
+            'domains': {name: int((domains == k).sum()) for k, name in enumerate(DOMAINS)}
+            | {'none': int((domains < 0).sum())}}
+  tmp = folder.with_name(folder.name + '.tmp')
+  shutil.rmtree(tmp, ignore_errors=True)
+  save(data, tmp)
+  graph_lib.save_csr(csr, tmp / 'graph')
+  counts = dict(counts, seconds=round(time.perf_counter() - t0, 2), resumed=False)
+  (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1))
+  shutil.rmtree(folder, ignore_errors=True)
+  os.replace(tmp, folder)
+  return counts

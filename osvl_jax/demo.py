@@ -5,7 +5,7 @@
 Stages (each resumes from the workdir when rerun):
   1. data   build the multi-hop visual QA set + oracle expert trajectories -> <workdir>/data
   2. sft    masked next-token SFT on the expert trajectories          -> <workdir>/sft_ckpt
-  3. eval   sample the SFT'd policy on the training prompts           -> <workdir>/eval_sft.json
+  3. eval   sample the SFT'd policy on the RL prompts (split rl)      -> <workdir>/eval_sft.json
   4. grpo   fatal-aware GRPO (fatal_mode from config)                  -> <workdir>/grpo_ckpt
 Metrics of every stage go to <workdir>/metrics.jsonl (and TensorBoard under <workdir>/tb).
 The last line printed is
@@ -48,7 +48,8 @@ def check_config(config) -> None:
 
 
 def evaluate_format(config, workdir: pathlib.Path, model) -> dict:
-  """Samples the policy once on `eval.num_prompts` training prompts; fraction of steps with r_fmt^(l) = 1."""
+  """Samples the policy once on `eval.num_prompts` RL prompts (the `rl` split, disjoint from the SFT items); fraction
+  of steps with r_fmt^(l) = 1."""
   path = workdir / 'eval_sft.json'
   if path.exists():
     return json.loads(path.read_text())
@@ -87,7 +88,7 @@ def run(config, workdir: str | pathlib.Path) -> str:
   print(f"demo: data {json.dumps(stats['summary'])}", flush=True)
   _stage('sft', 2)
   model = sft.train(config, workdir)
-  _stage('eval: sampling the SFT policy on the training prompts', 3)
+  _stage('eval: sampling the SFT policy on the RL prompts', 3)
   evaluation = evaluate_format(config, workdir, model)
   print(f"demo: sft_format_ok={evaluation['sft_format_ok']:.3f} over {evaluation['num_steps']} steps", flush=True)
   _stage(f'grpo (fatal_mode={config.grpo.fatal_mode})', 4)

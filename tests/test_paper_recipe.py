@@ -7,6 +7,7 @@ their endpoint given on the command line; configs/eval_paper.py evaluates at the
 import importlib.util
 import math
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -21,7 +22,7 @@ SIZES = ('8b', '30b_a3b', '32b')
 TABLE_4 = {
     'model.dtype': 'bfloat16', 'data.max_length': 32_000, 'image.max_pixels': 262_144,
     'sft.num_examples': 36_592, 'sft.lr': 2e-5, 'sft.lr_schedule': 'cosine', 'sft.epochs': 8,
-    'model.remat': True, 'sft.log_every': 5, 'sft.ckpt_every': 400,
+    'model.remat': True, 'sft.log_every': 5, 'sft.ckpt_every': 400, 'sft.batch_size': 256,
 }
 WARMUP_RATIO = 0.1   # Table 4
 
@@ -65,14 +66,24 @@ def _get(config, path: str):
   return config
 
 
+def _one_agent_prompt_and_the_pipelines_rules(config):
+  # One system prompt per run (the paper's agent protocol), the pipeline's tied to it; D.1's 512 x 512 anchor
+  # images; RL prompts held out of SFT synthesis (~8K of ~44.6K).
+  assert config.system_prompt == config.data.system_prompt == 'agent_system_v2'
+  config.system_prompt = 'builder_default'
+  assert config.data.system_prompt == 'builder_default'   # a reference, not a copy
+  assert config.data.min_image_side == 512 and config.data.rl_fraction == 0.18
+
+
 @pytest.mark.parametrize('size', SIZES)
 def test_sft_run_files_carry_table_4(size):
   config = _load(f'sft_qwen3vl_{size}')
   got = {k: _get(config, k) for k in TABLE_4}
   assert got == TABLE_4
   assert config.rollout.max_total_tokens == 32_000   # the cutoff bounds a trajectory
+  _one_agent_prompt_and_the_pipelines_rules(config)
   assert config.sft.warmup_steps == math.floor(WARMUP_RATIO * config.sft.steps)
-  config.sft.batch_size = 256                          # the official effective batch: steps follow
+  assert config.sft.batch_size % config.sft.micro_batch_size == 0   # 256 by gradient accumulation on the slice
   assert config.sft.steps == math.ceil(8 * 36_592 / 256) == 1144 and config.sft.warmup_steps == 114
   lr = policy.make_schedule(config.sft.lr, config.sft.steps, config.sft.warmup_steps, config.sft.lr_schedule)
   assert float(lr(0)) == 0.0 and float(lr(114)) == pytest.approx(2e-5, rel=1e-6)   # linear warmup, then cosine
@@ -87,6 +98,7 @@ def test_grpo_run_files_carry_table_5(size):
   assert got == want
   assert (config.rollout.max_new_tokens, config.rollout.max_turns) == (4096, 50)
   assert config.rollout.max_total_tokens >= 70_000     # the 70,000-token response budget fits a trajectory
+  _one_agent_prompt_and_the_pipelines_rules(config)
   lr = policy.make_schedule(config.grpo.lr, 800, config.grpo.warmup_steps, config.grpo.lr_schedule)
   assert [float(lr(s)) for s in (0, 400, 799)] == [pytest.approx(1e-6, rel=1e-7)] * 3   # constant
 
@@ -181,3 +193,10 @@ def test_moe_run_files_carry_the_router_losses_of_table_5(stage, size):
   config = _load(f'{stage}_qwen3vl_{size}')
   assert {k: config[stage][k] for k in MOE_ROW} == (MOE_ROW if size == '30b_a3b' else NO_ROUTER)
   assert policy.router_loss_coefs(config[stage]) == tuple((MOE_ROW if size == '30b_a3b' else NO_ROUTER).values())
+
+
+def test_show_config_prints_a_run_files_settings_with_overrides():
+  out = subprocess.run([sys.executable, '-m', 'osvl_jax.show_config', '--config=configs/grpo_qwen3vl_8b.py',
+                        '--config.grpo.lr=2e-6'], capture_output=True, text=True, check=True, timeout=300,
+                       cwd=CONFIGS.parent).stdout
+  assert 'estimator: rloo' in out and 'lr: 2.0e-06' in out and 'system_prompt: agent_system_v2' in out

@@ -12,6 +12,8 @@ stage (`Dataset.save_to_disk`) with its `counts.json` beside the data files:
              `image_path` is then relative to D: 'degraded/<prompt_id>.png'), original_image_path
   D/degraded the degraded anchor PNGs
   D/sft      oracle expert trajectories, rows of `Trajectory.to_record()` (`trajectory.record_features()`)
+  D/rl       the GRPO prompts, `RL_FEATURES`: prompt_id (of an accepted item with no SFT trajectory: the two
+             splits are disjoint) and reason ('held_out' | 'no_trajectory', `data_pipeline.splits`)
   D/stats.json   every stage's counts and seconds
 
 A split exists once its `counts.json` does (the pipeline writes it last, atomically with the data).
@@ -33,6 +35,7 @@ from tools import image_io
 
 ITEMS = 'items'
 SFT = 'sft'
+RL = 'rl'
 DEGRADED_DIR = 'degraded'  # `D/degraded/<prompt_id>.png`, the degraded anchor images
 COUNTS_FILE = 'counts.json'
 BUILD_COMMAND = 'python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=W'
@@ -55,6 +58,12 @@ def items_features():
       'degradation': {'kind': v('string'), 'params': v('string'), 'repair_tool': v('string')},
       'original_image_path': v('string'), 'relations': seq('string'),
   })
+
+
+def rl_features():
+  """`datasets.Features` of the `rl` split: prompt_id, reason."""
+  import datasets
+  return datasets.Features({'prompt_id': datasets.Value('string'), 'reason': datasets.Value('string')})
 
 
 def dataset_dir(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> pathlib.Path:
@@ -135,7 +144,7 @@ def load_sft(out_dir: str | os.PathLike) -> list:
 
 
 def load_prompts(out_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[dict]:
-  """The accepted items of `out_dir/items` as RL prompts.
+  """The RL prompts: the accepted items of `out_dir/items` named by the `rl` split (none has an SFT trajectory).
 
   Args:
     out_dir: the dataset folder.
@@ -143,13 +152,16 @@ def load_prompts(out_dir: str | os.PathLike, data_dir: str | os.PathLike | None 
       a degraded item's is relative to `out_dir` (`image_file`).
   Returns:
     dicts with prompt_id (str), question (str), image (uint8 [H, W, 3] RGB), answers (list[str]), image_path (as
-    stored).
+    stored), in the items' order.
   Raises:
-    FileNotFoundError: naming the folder when the `items` split has not been built.
+    FileNotFoundError: naming the folder when the `items` or the `rl` split has not been built (a build from
+      before the `rl` split: rerun the build command on the folder, which adds it).
   """
   from osvl_jax import paths as osvl_paths
   records, _ = read_split(_require(out_dir, ITEMS, 'items'))
+  rl, _ = read_split(_require(out_dir, RL, 'RL prompts (the `rl` split)'))
+  wanted = {r['prompt_id'] for r in rl}
   data_dir = pathlib.Path(data_dir) if data_dir else osvl_paths.data_dir()
   return [{'prompt_id': r['prompt_id'], 'question': r['question'], 'answers': list(r['answers']),
            'image_path': r['image_path'], 'image': item_image(r, data_dir, out_dir)}
-          for r in records if not r['rejected']]
+          for r in records if not r['rejected'] and r['prompt_id'] in wanted]

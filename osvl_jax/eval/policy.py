@@ -31,6 +31,10 @@ def train_settings(train_data: str | os.PathLike) -> dict:
   return json.loads(path.read_text())
 
 
+CHECKPOINT = 'checkpoint'   # config.system_prompt: the checkpoint's own (its meta), the default
+HF_SYSTEM_PROMPT = 'agent_system_v2'   # ... for a policy with no checkpoint meta (an HF folder)
+
+
 def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, str]:
   """(workdir, checkpoint folder name) of `path`: a `*_ckpt` folder, or a workdir holding grpo_ckpt / sft_ckpt.
 
@@ -56,6 +60,27 @@ def _open(config: ml_collections.ConfigDict, step: int | None = None):
   if step is None:
     raise FileNotFoundError(f'no checkpoint step in {workdir / name}')
   return (workdir / name).resolve(), mngr, int(step), checkpoint.read_meta(mngr, step)
+
+
+def system_prompt(config: ml_collections.ConfigDict) -> tuple[str, str]:
+  """(name, text) of the agent's system prompt for the tool modes: `config.system_prompt` resolved by
+  `trajectory.system_prompt_text`, or for 'checkpoint' (the default) the one the checkpoint was trained with (its
+  meta's `system_prompt`; a checkpoint from before it was recorded: 'builder_default', what those were trained on)
+  and, for an HF folder (`model.hf_path`), `HF_SYSTEM_PROMPT` (the paper's agent prompt).
+
+  Raises:
+    ValueError: an unknown prompt name (`trajectory.system_prompt_text`).
+  """
+  from osvl_jax import trajectory as traj_lib  # pylint: disable=g-import-not-at-top
+  spec = config.get('system_prompt') or CHECKPOINT
+  if spec != CHECKPOINT:
+    return spec, traj_lib.system_prompt_text(spec)
+  if not config.get('checkpoint'):
+    return HF_SYSTEM_PROMPT, traj_lib.system_prompt_text(HF_SYSTEM_PROMPT)
+  meta = _open(config)[3]
+  recorded = (meta or {}).get('system_prompt') or {}
+  name = recorded.get('name') or traj_lib.BUILDER_DEFAULT
+  return f'{CHECKPOINT}:{name}', recorded.get('text') or traj_lib.system_prompt_text(name)
 
 
 def policy_identity(config: ml_collections.ConfigDict) -> dict:

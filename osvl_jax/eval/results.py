@@ -62,7 +62,7 @@ def judge_identity(judge: Any, judge_config: ml_collections.ConfigDict | dict | 
 
 
 def run_settings(config: ml_collections.ConfigDict, policy: dict, engine: dict, judge: dict,
-                 prompts: dict[str, str]) -> dict:
+                 prompts: dict[str, tuple[str, str]]) -> dict:
   """The settings that decide an eval result, as JSON values (module docstring).
 
   Args:
@@ -70,7 +70,8 @@ def run_settings(config: ml_collections.ConfigDict, policy: dict, engine: dict, 
     policy: `eval.policy.policy_identity(config)` (or what describes a given engine's policy).
     engine: `engine_identity(engine)`.
     judge: `judge_identity(...)`.
-    prompts: {config field: prompt text} of the agent prompts (system_prompt, direct_prompt, rag_prompt).
+    prompts: {config field: (prompt name, prompt text)} of the agent prompts (system_prompt as resolved:
+      'checkpoint:<name>' for a checkpoint's own, direct_prompt, rag_prompt).
   """
   settings = {
       'policy': policy, 'engine': engine, 'judge': judge, 'seed': int(config.seed),
@@ -78,8 +79,8 @@ def run_settings(config: ml_collections.ConfigDict, policy: dict, engine: dict, 
       'tools': config.get('tools').to_dict() if config.get('tools') is not None else {},
       'max_tool_calls': int(config.max_tool_calls), 'rag_top_k': int(config.rag_top_k),
       'degrade_kinds': list(config.degrade_kinds),
-      'prompts': {k: {'name': config.get(k), 'sha256': hashlib.sha256(v.encode('utf-8')).hexdigest()[:16]}
-                  for k, v in sorted(prompts.items())},
+      'prompts': {k: {'name': name, 'sha256': hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]}
+                  for k, (name, text) in sorted(prompts.items())},
   }
   return json.loads(json.dumps(settings, sort_keys=True, default=str))
 

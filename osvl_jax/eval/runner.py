@@ -105,7 +105,9 @@ class Evaluator:
       engine_id = {'class': 'osvl_jax.rollout.jax_sampler.JaxSampler'}
     else:
       policy, engine_id = {'given_engine': True}, results_lib.engine_identity(engine)
-    prompts = {k: _prompt_text(config[k]) for k in ('system_prompt', 'direct_prompt', 'rag_prompt')}
+    self.system_prompt, self.system_text = policy_lib.system_prompt(config)   # (name, text)
+    prompts = {'system_prompt': (self.system_prompt, self.system_text),
+               **{k: (config[k], _prompt_text(config[k])) for k in ('direct_prompt', 'rag_prompt')}}
     self.settings = results_lib.run_settings(
         config, policy, engine_id, results_lib.judge_identity(self.judge, config.get('judge'), judge is not None),
         prompts)
@@ -181,9 +183,8 @@ class Evaluator:
   def _rollout(self, run: runs_lib.Run, prepared: Sequence[dict]) -> list:
     r = self.config.rollout
     tools = run.mode in ('agentic', 'degrade')
-    spec = self.config.system_prompt if tools else (
+    system = self.system_text if tools else _system_prompt(
         self.config.direct_prompt if run.mode == 'direct' else self.config.rag_prompt)
-    system = _system_prompt(spec)
     schemas = self.env.schemas() if tools else []
     make_builder = lambda: traj_lib.TrajectoryBuilder(self.tokenizer, self.processor, schemas, system_prompt=system)
     return agent_loop.run_episodes(
@@ -308,7 +309,7 @@ class Evaluator:
     rep = {
         'meta': {'policy': self.policy_name, 'judge': self.judge.name,
                  'judge_prompt': getattr(self.judge, 'prompt_names', {}).get('accuracy', 'rule (no prompt)'),
-                 'system_prompt': self.config.system_prompt, 'results': str(self.store.path),
+                 'system_prompt': self.system_prompt, 'results': str(self.store.path),
                  'fingerprint': self.fingerprint, 'settings': str(self.workdir / results_lib.SETTINGS_FILE),
                  'torn_result_lines': self.store.torn_lines, 'judge_errors_rejudged': self.rejudged,
                  'time': time.strftime('%Y-%m-%d %H:%M:%S')},

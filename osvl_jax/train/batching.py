@@ -21,10 +21,16 @@ def _round_up(n: int, multiple: int) -> int:
   return max(multiple, -(-n // multiple) * multiple)
 
 
+def num_loss_tokens(trajectory) -> int:
+  """The loss positions of a `Trajectory`: its policy-emitted tokens after the first (Σ M_gen of its row in
+  `collate`'s completion_mask)."""
+  return int(np.count_nonzero(np.asarray(trajectory.gen_mask, bool)[1:]))
+
+
 def padded_sizes(trajectories, length_multiple: int = 256, loss_multiple: int = 64) -> tuple[int, int]:
   """(T, K) that `collate` pads `trajectories` to: the longest sequence and the most emitted tokens, rounded up."""
   length = _round_up(max(len(t.token_ids) for t in trajectories), length_multiple)
-  k = _round_up(max(int(np.sum(np.asarray(t.gen_mask)[1:])) for t in trajectories), loss_multiple)
+  k = _round_up(max(num_loss_tokens(t) for t in trajectories), loss_multiple)
   return length, k
 
 

@@ -1,5 +1,6 @@
 """The built dataset as the trainers read it: SFT trajectories and RL prompts (through `osvl_jax.data`)."""
 
+import json
 import pathlib
 
 import ml_collections
@@ -32,6 +33,18 @@ def load_sft_trajectories(config: ml_collections.ConfigDict, workdir: str | path
   return pipeline_data.load_sft(_check(dataset_dir(config, workdir)))
 
 
+def build_system_prompt(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str | None:
+  """The instructions the dataset's trajectories were rendered with: its build_config.json's `system_prompt`
+  (`trajectory.system_prompt_text`; a build from before the field: 'builder_default'), None for a dataset without
+  build_config.json (a converted release carries its own system turns)."""
+  from osvl_jax import trajectory as traj_lib  # pylint: disable=g-import-not-at-top
+  path = dataset_dir(config, workdir) / 'build_config.json'
+  if not path.is_file():
+    return None
+  return traj_lib.system_prompt_text(json.loads(path.read_text()).get('system_prompt') or traj_lib.BUILDER_DEFAULT)
+
+
 def load_prompts(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> list[dict]:
-  """RL prompts: dicts with prompt_id, question, image (uint8 [H, W, 3]), answers."""
+  """RL prompts (the `rl` split: items with no SFT trajectory): dicts with prompt_id, question, image (uint8
+  [H, W, 3]), answers."""
   return pipeline_data.load_prompts(_check(dataset_dir(config, workdir)))

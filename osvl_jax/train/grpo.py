@@ -229,6 +229,8 @@ def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: 
     raise FileNotFoundError(f'grpo: no SFT checkpoint in {init_dir / "sft_ckpt"}; run osvl_jax.train.sft first '
                             'or set config.grpo.init_from (leave it empty to start from model.hf_path)')
   source = init_dir / 'sft_ckpt' if sft_meta is not None else config.model.hf_path
+  if (sft_meta or {}).get('system_prompt'):
+    sft.check_system_prompt(config, sft_meta['system_prompt']['text'], f'the SFT checkpoint {source}')
   print(f'grpo: policy initialised from {source}', flush=True)
   return model, optimizer, mngr, 0
 

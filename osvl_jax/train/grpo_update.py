@@ -240,19 +240,6 @@ def logprob_fn(model, batch: dict, temperature=1.0) -> jax.Array:
   return policy.loss_logprobs(model, batch, jax.numpy.asarray(temperature, jax.numpy.float32))
 
 
-@functools.partial(nnx.jit, donate_argnums=(1, 2))
-def apply_fn(model, optimizer, grads) -> jax.Array:
-  """Jitted: one optimizer step with `grads` (in place); returns their global norm, before clipping. The updated
-  parameters and optimizer state keep the mesh rules' shardings (`policy.pin_placement`).
-
-  The optimizer state and `grads` are donated (updated in place / consumed). The parameters are not: the embedded
-  sampler's snapshot (`JaxSampler.set_model`, `nnx.clone`) shares the model's arrays and may still be rolling out
-  with them (`grpo.max_staleness` >= 1)."""
-  optimizer.update(model, grads)
-  policy.pin_placement(model, optimizer)
-  return optax.tree.norm(grads)
-
-
 def make_grad_fn(cfg: ml_collections.ConfigDict):
   """Jitted (model, batch, num_sequences, num_tokens) -> (grads, metrics) of −J (Eq. 12) on one placed micro-batch
   (images laid out per shard, `place`; nothing static, so one program per budget).
@@ -334,7 +321,7 @@ def accumulate_grads(model, parts: list[dict], grad_fn, num_sequences: float,
   f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
   for batch in parts:
     g, m = grad_fn(model, batch, f32(num_sequences), f32(num_tokens))
-    grads = g if grads is None else jax.tree.map(jax.numpy.add, grads, g)
+    grads = g if grads is None else policy.add_grads(grads, g)
     metrics_list.append(distributed.to_host(m))
   return grads, metrics.reduce_metrics(metrics_list, losses.GRPO_METRIC_REDUCTIONS)
 
@@ -400,7 +387,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
         parts = [put(with_grid(b, g)) for b, g in split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
         micro_batches = max(micro_batches, len(parts))
         grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(part['loss_mask'])))
-        step['grad_norm'] = float(distributed.to_host(apply_fn(model, optimizer, grads)))
+        step['grad_norm'] = float(distributed.to_host(policy.apply_grads(model, optimizer, grads)))
         steps.append(step)
     out.update(metrics.reduce_metrics([dict(s, grad_norm_max=s['grad_norm']) for s in steps], STEP_REDUCTIONS))
     out.update(optimizer_steps=len(steps), mini_batches=len(minis), micro_batches=micro_batches)

@@ -11,6 +11,7 @@ Parameters and the optimizer state (Adam mu / nu like their parameter) are place
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -182,6 +183,27 @@ def pin_placement(*modules: nnx.Module) -> None:
   `create` put them. A no-op without a mesh."""
   for module in modules:
     nnx.update(module, sharding.constrain_state(nnx.state(module)))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def add_grads(total, grads):
+  """Jitted: `total` + `grads` leaf by leaf (gradient accumulation over micro-batches; pytrees of the same
+  structure, e.g. the nnx.State of the parameters' gradients), one program for the whole tree; `total` is donated
+  (the sum is written in place: one accumulator's memory, not two)."""
+  return jax.tree.map(jnp.add, total, grads)
+
+
+@functools.partial(nnx.jit, donate_argnums=(1, 2))
+def apply_grads(model, optimizer, grads) -> jax.Array:
+  """Jitted: one optimizer step with `grads` (in place); returns their global norm, before clipping. The updated
+  parameters and optimizer state keep the mesh rules' shardings (`pin_placement`).
+
+  The optimizer state and `grads` are donated (updated in place / consumed). The parameters are not: the embedded
+  sampler's snapshot (`JaxSampler.set_model`, `nnx.clone`) shares the model's arrays and may still be rolling out
+  with them (`grpo.max_staleness` >= 1)."""
+  optimizer.update(model, grads)
+  pin_placement(model, optimizer)
+  return optax.tree.norm(grads)
 
 
 def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0) -> jax.Array:

@@ -105,6 +105,7 @@ class RolloutRunner:
     self.tokenizer = trajectory_lib.load_tokenizer()
     self.image_processor = image_processor(config)
     self.env = tool_env(config)
+    self.system_prompt = trajectory_lib.system_prompt_text(config.get('system_prompt'))   # one per run
     r, grpo = config.rollout, config.get('grpo') or {}
     remote = (r.get('engine') or 'embedded') == 'sglang'
     if remote:
@@ -130,7 +131,8 @@ class RolloutRunner:
     return self.sync.publish(model, version)
 
   def make_builder(self) -> trajectory_lib.TrajectoryBuilder:
-    return trajectory_lib.TrajectoryBuilder(self.tokenizer, self.image_processor, self.env.schemas())
+    return trajectory_lib.TrajectoryBuilder(self.tokenizer, self.image_processor, self.env.schemas(),
+                                            system_prompt=self.system_prompt)
 
   def run(self, items: list[dict], num_generations: int, temperature: float, top_p: float,
           seed: int) -> list[trajectory_lib.Trajectory]:

@@ -11,6 +11,7 @@ Rerunning with the same workdir resumes from the latest checkpoint in `<workdir>
 import functools
 import pathlib
 import time
+from typing import Callable
 
 import jax
 import ml_collections
@@ -24,6 +25,7 @@ from ml_collections import config_flags
 from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
+from osvl_jax import trajectory as traj_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
 from osvl_jax.train import batching, checkpoint, data, metrics, policy, storage
@@ -35,11 +37,12 @@ def check_model_config(config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: naming the field: a non-int seed, an unknown model.name without model.hf_path, a `mesh.<axis>`
       that does not fit the devices (`sharding.mesh_from_config`), a malformed `sharding_rules` entry, a
-      model.dtype / param_dtype outside `policy.DTYPES`, image pixel
+      model.dtype / param_dtype outside `policy.DTYPES`, an unknown system_prompt, image pixel
       limits that are not ints >= 1 with min <= max, or data.min_pixels / max_pixels (the budget the dataset's
       trajectories were rendered with) differing from image.min_pixels / max_pixels.
   """
   checks.number(config, 'seed', integer=True)
+  traj_lib.system_prompt_text(config.get('system_prompt'))   # ValueError naming it
   sharding.mesh_from_config(config.get('mesh'))
   sharding.rules_from_config(config)
   policy.model_dtypes(config)
@@ -60,8 +63,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     ValueError: naming the field: `check_model_config`'s, sft.steps / batch_size / log_every / ckpt_every not
       ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps) (`checks.warmup_steps`: the message says
       which value fits), sft.weight_decay < 0, sft.grad_clip <= 0,
-      sft.batch_size not a multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int
-      >= 0, sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0.
+      sft.micro_batch_size (optional; 0 = the batch) not an int >= 0 dividing sft.batch_size, the micro-batch not a
+      multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int >= 0,
+      sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0.
   """
   check_model_config(config)
   steps = checks.positive_int(config, 'sft.steps')
@@ -76,16 +80,36 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     checks.number(config, f'sft.{field}', low=0, optional=True)
   if config.sft.get('lr_schedule') is not None:
     checks.choice(config, 'sft.lr_schedule', policy.SCHEDULES)
+  micro = checks.number(config, 'sft.micro_batch_size', integer=True, low=0, optional=True) or config.sft.batch_size
+  if config.sft.batch_size % micro:
+    raise ValueError(f'sft.micro_batch_size={micro} does not divide sft.batch_size={config.sft.batch_size}')
   shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
-  if config.sft.batch_size % shards:
-    raise ValueError(f'sft.batch_size={config.sft.batch_size} does not split over the {shards} data x fsdp devices '
-                     'of config.mesh')
-
+  if micro % shards:
+    field = 'micro_batch_size' if config.sft.get('micro_batch_size') else 'batch_size'
+    raise ValueError(f'sft.{field}={micro} (rows per step or micro-batch) does not split over the {shards} '
+                     'data x fsdp devices of config.mesh')
 
 
 def checkpoint_meta(config: ml_collections.ConfigDict) -> dict:
-  """What a checkpoint records of the config beside the architecture: the policy's image processor budget."""
-  return {'image_processor': {'min_pixels': int(config.image.min_pixels), 'max_pixels': int(config.image.max_pixels)}}
+  """What a checkpoint records of the config beside the architecture: the policy's image processor budget and the
+  agent's system prompt (`system_prompt`: {name, text}; evaluation uses it by default)."""
+  spec = config.get('system_prompt') or traj_lib.BUILDER_DEFAULT
+  return {'image_processor': {'min_pixels': int(config.image.min_pixels), 'max_pixels': int(config.image.max_pixels)},
+          'system_prompt': {'name': spec, 'text': traj_lib.system_prompt_text(spec)}}
+
+
+def check_system_prompt(config: ml_collections.ConfigDict, text: str, source: str) -> None:
+  """One system prompt per run: `text` (what `source` was made with: the dataset's trajectories, the SFT
+  checkpoint) must be the instructions of `config.system_prompt` (`trajectory.system_prompt_text`).
+
+  Raises:
+    ValueError: naming config.system_prompt, the source and the start of both texts.
+  """
+  spec = config.get('system_prompt') or traj_lib.BUILDER_DEFAULT
+  want = traj_lib.system_prompt_text(spec)
+  if text != want:
+    raise ValueError(f'config.system_prompt={spec!r} ({want[:60]!r}...) is not the system prompt {source} was made '
+                     f'with ({text[:60]!r}...): one system prompt per run; set --config.system_prompt to that one')
 
 
 def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> np.ndarray:
@@ -95,18 +119,21 @@ def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> n
   return np.array([np.random.default_rng([seed, e]).permutation(num_examples)[o] for e, o in zip(epochs, offsets)])
 
 
-def loss_fn(model, batch: dict, router_coefs: tuple[float, float] = (0.0, 0.0)) -> tuple[jax.Array, dict]:
+def loss_fn(model, batch: dict, router_coefs: tuple[float, float] = (0.0, 0.0), num_tokens=None,
+            share=1.0) -> tuple[jax.Array, dict]:
   """The SFT loss of `batch` (`policy.loss_logprobs` + `losses.sft_loss`, Eq. 7-8): (loss, metrics); batch fields
   as `make_train_step` reads them.
 
   With a MoE model and non-zero `router_coefs` (aux, z; `policy.router_loss_coefs`) the loss is
-  L_SFT + aux_coef · aux + z_coef · z (`policy.router_loss`, over the batch's real tokens) and the metrics add
-  router_aux_loss / router_z_loss; otherwise the program is the one without them."""
+  L_SFT + share · (aux_coef · aux + z_coef · z) (`policy.router_loss`, over the batch's real tokens) and the metrics
+  add router_aux_loss / router_z_loss; otherwise the program is the one without them. For one micro-batch of a step
+  (`make_grad_step`): `num_tokens` is Σ M of the whole step's batch (float32 scalar; default this batch's) and
+  `share` its rows / the step's rows, so that the micro-batch losses and metrics sum to the step's."""
   on = policy.router_losses_on(model, router_coefs)
   logprobs, stats = policy.loss_logprobs_and_router_stats(model, batch, router_stats=on)
-  loss, metrics = losses.sft_loss(logprobs, batch['completion_mask'])
+  loss, metrics = losses.sft_loss(logprobs, batch['completion_mask'], num_tokens)
   if on:
-    penalty, router_metrics = policy.router_loss(stats, router_coefs)
+    penalty, router_metrics = policy.router_loss(stats, router_coefs, share)
     loss = loss + penalty
     metrics = dict(metrics, **router_metrics, loss=loss)
   return loss, metrics
@@ -134,6 +161,60 @@ def make_train_step(cfg: ml_collections.ConfigDict | None = None):
   return train_step
 
 
+def make_grad_step(cfg: ml_collections.ConfigDict | None = None):
+  """A jitted (model, batch, num_tokens, share) -> (grads, metrics) of one micro-batch of an SFT step (gradient
+  accumulation, `sft.micro_batch_size`): `loss_fn`'s gradient with Σ M of the whole step (`num_tokens`, float32
+  scalar) and the micro-batch's share of its rows (`share`, float32 scalar), so that the micro-batch gradients and
+  metrics sum to those of the step taken at once (the router terms: the row-weighted mean, HF's accumulation).
+  Grads are placed like the parameters; batch as `make_train_step`'s. One function (and compile cache) per
+  setting of the router coefficients."""
+  return _grad_step(policy.router_loss_coefs(cfg))
+
+
+@functools.cache
+def _grad_step(coefs: tuple[float, float]):
+
+  @nnx.jit
+  def grad_step(model, batch, num_tokens, share):
+    (loss, aux), grads = nnx.value_and_grad(
+        lambda m: loss_fn(m, batch, coefs, num_tokens, share), has_aux=True)(model)
+    return sharding.constrain_state(grads), dict(aux, loss=loss)
+
+  return grad_step
+
+
+def make_step(cfg: ml_collections.ConfigDict, place: Callable[[list], dict]):
+  """One optimizer step over a list of trajectories: step(model, optimizer, rows) -> metrics.
+
+  Args:
+    cfg: config.sft: batch_size, micro_batch_size (0 / absent = the batch: one fused, donated `make_train_step`),
+      and the router coefficients.
+    place: trajectories -> placed batch at the run's fixed budgets (`distributed.host_batch`).
+  Returns:
+    step: with micro-batches, their gradients (`make_grad_step`) summed, then one optimizer step
+    (`policy.apply_grads`); metrics loss, nll_sum, num_tokens (summed over the micro-batches: the step's), the
+    router metrics (MoE), grad_norm (before clipping).
+  """
+  micro = int(cfg.get('micro_batch_size', 0) or 0) or int(cfg.batch_size)
+  if micro >= cfg.batch_size:
+    fused = make_train_step(cfg)
+    return lambda model, optimizer, rows: fused(model, optimizer, place(rows))
+  grad_step = make_grad_step(cfg)
+  f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
+
+  def step(model, optimizer, rows):
+    num_tokens = f32(sum(batching.num_loss_tokens(t) for t in rows))
+    grads, parts = None, []
+    for start in range(0, len(rows), micro):
+      g, m = grad_step(model, place(rows[start:start + micro]), num_tokens, f32(micro / len(rows)))
+      grads = g if grads is None else policy.add_grads(grads, g)
+      parts.append(distributed.to_host(m))
+    grad_norm = policy.apply_grads(model, optimizer, grads)
+    return dict(metrics.reduce_metrics(parts), grad_norm=grad_norm)
+
+  return step
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
   """Runs (or resumes) SFT; returns the trained model. Checkpoints in `<workdir>/sft_ckpt`.
 
@@ -147,6 +228,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   workdir = storage.path(workdir)  # gs://... stays a URL
   cfg = config.sft
   trajectories = data.load_sft_trajectories(config, workdir)
+  recorded = data.build_system_prompt(config, workdir)
+  if recorded is not None:
+    check_system_prompt(config, recorded, f'the dataset {data.dataset_dir(config, workdir)}')
   print(f'sft: {len(trajectories)} expert trajectories', flush=True)
 
   # The mesh of config.mesh (every host's devices); model and optimizer state created sharded on it by the rules.
@@ -158,18 +242,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   if start:
     print(f'sft: resumed at step {start}', flush=True)
   writer = metrics.MetricWriter(workdir, 'sft')
-  train_step = make_train_step(cfg)
-
   length, num_loss = batching.padded_sizes(trajectories)  # one shape for the run: one compiled step
   patches = int(cfg.get('patches_per_shard', 0) or 0)  # with T and K fixed, the images' budget (0: per batch)
+  train_step = make_step(cfg, lambda rows: distributed.host_batch(rows, mesh, length, num_loss, rules,
+                                                                  model.config.vision, patches))
   t0, tokens = time.time(), 0
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
                           disable=not distributed.is_main()):
     idx = batch_indices(step, cfg.batch_size, len(trajectories), config.seed)
-    batch = distributed.host_batch([trajectories[i] for i in idx], mesh, length, num_loss, rules,
-                                   model.config.vision, patches)
     with sharding.use_mesh(mesh, rules):  # activation constraints on
-      out = train_step(model, optimizer, batch)
+      out = train_step(model, optimizer, [trajectories[i] for i in idx])
     tokens += out['num_tokens']
     if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
       out = jax.device_get(out)

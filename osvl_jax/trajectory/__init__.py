@@ -10,7 +10,8 @@ One module per concern; every public name is re-exported here (`from osvl_jax im
   actions   `ParsedAction`, `parse_action`, `loads_lenient`, `render_assistant_text`, the alias tables
   record    `Step`, `Trajectory`, errors and stop reasons, record IO (`to_record`/`from_record`,
             `record_features`, `write_jsonl`/`read_jsonl`)
-  builder   `TrajectoryBuilder`, `render_system_text`, `DEFAULT_INSTRUCTIONS`
+  builder   `TrajectoryBuilder`, `render_system_text`, `DEFAULT_INSTRUCTIONS`, `system_prompt_text` (a config's
+            `system_prompt`: one per run)
   check     `check_trajectory`, `validate_trajectory`, `check_jsonl`, `check_file`, `main`
   __main__  `python -m osvl_jax.trajectory --check PATH [...]` (JSON lines, datasets folder or .arrow)
 
@@ -61,7 +62,8 @@ of `to_json`, or a datasets folder / .arrow file of `to_record` rows).
 from osvl_jax.trajectory.actions import (
     ARGUMENT_ALIASES, OFFICIAL_ONLY_ARGUMENTS, PROFILES, TOOL_NAME_ALIASES, ParsedAction, loads_lenient, parse_action,
     render_assistant_text)
-from osvl_jax.trajectory.builder import DEFAULT_INSTRUCTIONS, TrajectoryBuilder, render_system_text
+from osvl_jax.trajectory.builder import (BUILDER_DEFAULT, DEFAULT_INSTRUCTIONS, TrajectoryBuilder, render_system_text,
+                                        system_prompt_text)
 from osvl_jax.trajectory.check import check_file, check_jsonl, check_trajectory, main, validate_trajectory
 from osvl_jax.trajectory.images import (
     QWEN3_VL_IMAGE_MEAN, QWEN3_VL_IMAGE_STD, QWEN3_VL_MAX_PIXELS, QWEN3_VL_MIN_PIXELS, ImageProcessor, ImageRef)

@@ -64,6 +64,20 @@ def _json_value_end(text: str, start: int) -> int:
   return end
 
 
+def unbox(response: str) -> str:
+  """The answer of a response that is one `\\boxed{...}` (braces balanced inside; spaces around it allowed):
+  'Agra' from '\\boxed{Agra}', '{1, 2}' from '\\boxed{{1, 2}}'; any other text as it is (an unclosed box, text
+  beside the box)."""
+  if not response.startswith('\\boxed{') or not response.endswith('}'):
+    return response
+  depth = 0
+  for i, ch in enumerate(response[len('\\boxed'):], len('\\boxed')):
+    depth += (ch == '{') - (ch == '}')
+    if depth == 0:
+      return response[len('\\boxed{'):i].strip() if i == len(response) - 1 else response
+  return response
+
+
 def parse_action(text: str, profile: str = 'osvl') -> ParsedAction:
   """Parses one assistant turn; never raises on model output.
 
@@ -78,6 +92,8 @@ def parse_action(text: str, profile: str = 'osvl') -> ParsedAction:
   - Two or more actions in one turn: format_ok False; the FIRST one (in text order) is the action executed.
   - Missing think block, missing closing tag, text outside the blocks, empty response: format_ok False, the
     action still counts.
+  - A response written as `\\boxed{answer}` (the official agent prompt's form, `agent_system_v2`) is the answer
+    inside the box (`unbox`).
   - A tool call's body is found by parsing its JSON value (`json.JSONDecoder.raw_decode` from the `{`/`[` that
     opens it), so `</tool_call>` or `<tool_call>` inside a JSON string (a query about them) is text; only a body
     that is not strict JSON ends at the first literal `</tool_call>` (then repaired by `loads_lenient`).
@@ -154,7 +170,7 @@ def _parse_action(text: str, profile: str) -> ParsedAction:
     problems.append(f'{len(blocks)} actions in one turn (the first is executed)')
   tag, body = blocks[0]
   if tag == 'response':
-    response = body.strip()
+    response = unbox(body.strip())
     if not response:
       problems.append('empty <response>')
     return ParsedAction(think=think, kind='response', response=response, format_ok=not problems,

@@ -33,6 +33,27 @@ DEFAULT_INSTRUCTIONS = (
     'Each turn, reason in <think></think>, then give exactly one <tool_call></tool_call>, or '
     '<response>final answer</response> when sure.')
 
+BUILDER_DEFAULT = 'builder_default'  # a config's `system_prompt` naming DEFAULT_INSTRUCTIONS
+
+
+def system_prompt_text(spec: str | None) -> str:
+  """The agent's instructions named by a config's `system_prompt` (one per run: pipeline synthesis, the SFT data,
+  GRPO rollouts and evaluation render the same system turn): a versioned prompt of `osvl_jax/judges/prompts`
+  ('agent_system_v2', the paper's agent protocol; 'agent_system' = the latest), or 'builder_default' / None for
+  `DEFAULT_INSTRUCTIONS` (the demo's: short, for a CPU run).
+
+  Raises:
+    ValueError: naming the spec and the prompts present, for an unknown prompt.
+  """
+  if spec is None or spec == BUILDER_DEFAULT:
+    return DEFAULT_INSTRUCTIONS
+  from osvl_jax.judges import prompts  # pylint: disable=g-import-not-at-top
+  try:
+    return prompts.load(str(spec))
+  except ValueError as e:
+    raise ValueError(f"system_prompt={spec!r}: expected {BUILDER_DEFAULT!r} or an agent prompt ({e})") from e
+
+
 _TOOLS_HEADER = ('\n\n# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n'
                  '<tools>\n')
 _TOOLS_FOOTER = ('\n</tools>\n\nFor each function call, return a json object with function name and arguments '

@@ -25,8 +25,12 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   assert json.loads((tmp_path / 'stats.json').read_text())['summary'] == stats['summary']
   trajectories = pipeline_data.load_sft(tmp_path)  # the readers the trainers use
   assert len(trajectories) == len(sft) and trajectories[0].prompt_id == sft[0]['prompt_id']
-  prompts = pipeline_data.load_prompts(tmp_path)
-  assert len(prompts) == stats['items']['accepted'] and prompts[0]['image'].ndim == 3
+  prompts = pipeline_data.load_prompts(tmp_path)   # the RL prompts: the accepted items without a trajectory
+  rl_ids, sft_ids = {p['prompt_id'] for p in prompts}, {t.prompt_id for t in trajectories}
+  assert rl_ids and sft_ids and not rl_ids & sft_ids and prompts[0]['image'].ndim == 3
+  assert len(rl_ids | sft_ids) == stats['items']['accepted'] == 3
+  assert stats['rl']['prompts'] == len(rl_ids) == stats['summary']['rl_prompts']
+  assert stats['rl']['held_out'] + stats['rl']['no_trajectory'] == len(rl_ids)
   # Every stage's counts, with the reasons items were dropped.
   assert stats['paths']['attempted'] == 3 and stats['paths']['seed_candidates'] == 12
   assert stats['paths']['walked'] + stats['paths']['given_up'] == 3
@@ -178,7 +182,7 @@ def test_an_xml_dump_builds_end_to_end(tmp_path):
                                  '<namespaces><namespace key="0" /></namespaces></siteinfo>' + ''.join(pages) +
                                  '</mediawiki>').encode()))
   (tmp_path / 'img').mkdir()
-  Image.new('RGB', (64, 64), (120, 90, 60)).save(tmp_path / 'img' / 'Eiffel tower.jpg')
+  Image.new('RGB', (512, 600), (120, 90, 60)).save(tmp_path / 'img' / 'Eiffel tower.jpg')   # D.1: >= 512 a side
   config = build.default_config()
   config.update(dict(source=str(dump), num_items=4, hop_choices=(2,), hop_probs=(1.0,), min_seed_in_degree=1,
                      image_dir=str(tmp_path / 'img')))
@@ -205,6 +209,12 @@ def test_an_xml_dump_builds_end_to_end(tmp_path):
   stats = build.build_dataset(config, tmp_path / 'out2')
   assert stats['ground']['rejected'] == {'image file missing': 1} and stats['items']['accepted'] == 0
   assert stats['summary']['sft_trajectories'] == 0
+  # An anchor image below the seed rule's size (D.1: 512 x 512; here 513): rejected, the reason counted.
+  config.image_dir, config.min_image_side = str(tmp_path / 'img'), 513
+  stats = build.build_dataset(config, tmp_path / 'out3')
+  assert stats['ground']['rejected'] == {'anchor image below 513x513': 1} and stats['items']['accepted'] == 0
+  (item,) = datasets.load_from_disk(str(tmp_path / 'out3' / 'items')).to_list()
+  assert item['rejected'].startswith('ground: anchor image below 513x513 (512x600: ')
 
 
 def test_an_xml_dump_with_no_seed_gives_zero_items_with_reasons(tmp_path):
@@ -214,7 +224,7 @@ def test_an_xml_dump_with_no_seed_gives_zero_items_with_reasons(tmp_path):
   config.num_items = 5
   stats = build.build_dataset(config, tmp_path)
   assert stats['paths']['rejected'] == {'no seed candidate': 5} and stats['items']['items'] == 0
-  assert stats['summary'] == {'accepted_items': 0, 'landmarks': 0, 'sft_trajectories': 0}
+  assert stats['summary'] == {'accepted_items': 0, 'landmarks': 0, 'sft_trajectories': 0, 'rl_prompts': 0}
   assert set(build.STAGES) <= set(json.loads((tmp_path / 'stats.json').read_text()))
 
 

@@ -6,9 +6,10 @@ import pathlib
 
 import pytest
 
-from data_pipeline import build, merge
+from data_pipeline import build, merge, splits
 from osvl_jax import paths as osvl_paths
 from osvl_jax.data import benchmarks
+from osvl_jax.data import pipeline as pipeline_data
 
 
 def test_holdout_key_is_the_sha256_fraction():
@@ -66,6 +67,12 @@ def test_build_with_merge_adds_the_external_items_to_the_pool(tmp_path):
   assert added == stats['merge']['sources']['fvqa']['added'] > 20
   assert stats['items']['items'] == stats['merge']['in'] + added
   assert stats['items']['attributes'][merge.EXTERNAL_ATTRIBUTE] == added
-  # The oracle has no walk to follow on an external item: each is counted, none is an error.
-  assert stats['sft']['reasons']['no path (external item)'] == added
+  # The oracle has no walk to follow on an external item: each it is given is counted, none is an error; the ones
+  # held out for RL (data.rl_fraction) are not given to it, and are RL prompts like the rest.
+  items, _ = pipeline_data.read_split(tmp_path / pipeline_data.ITEMS)
+  external = [r['prompt_id'] for r in items if r['answer_attribute'] == merge.EXTERNAL_ATTRIBUTE]
+  held = sum(splits.rl_held_out(i, config.rl_fraction, config.seed) for i in external)
+  assert 0 < held < added and stats['sft']['reasons']['no path (external item)'] == added - held
+  rl = {p['prompt_id'] for p in pipeline_data.load_prompts(tmp_path)}
+  assert set(external) <= rl
   assert json.loads((tmp_path / build.BUILD_CONFIG_FILE).read_text())['merge_external'] is True

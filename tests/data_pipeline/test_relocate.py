@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_pipeline import build
+from osvl_jax import paths
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.data import official
 from osvl_jax.data import pipeline as pipeline_data
@@ -16,19 +17,21 @@ from osvl_jax.data import pipeline as pipeline_data
 
 @pytest.fixture(scope='module')
 def moved(tmp_path_factory):
-  """(prompts read in place, sft read in place, the moved folder, config) of a 6-item build with half its images
-  degraded."""
+  """(prompts read in place, sft read in place, the moved folder, config, every item's image read in place) of a
+  6-item build with half its images degraded."""
   root = tmp_path_factory.mktemp('relocate')
   config = build.wikispeedia_walks(build.default_config())
-  config.num_items, config.degrade_fraction = 6, 0.5
+  config.num_items, config.degrade_fraction, config.rl_fraction = 6, 0.5, 0.5
   build.build_dataset(config, root / 'built')
   prompts, sft = pipeline_data.load_prompts(root / 'built'), pipeline_data.load_sft(root / 'built')
+  items, _ = pipeline_data.read_split(root / 'built' / pipeline_data.ITEMS)
+  images = {r['prompt_id']: pipeline_data.item_image(r, paths.data_dir(), root / 'built') for r in items}
   shutil.move(root / 'built', root / 'elsewhere' / 'moved')
-  return prompts, sft, root / 'elsewhere' / 'moved', config
+  return prompts, sft, root / 'elsewhere' / 'moved', config, images
 
 
 def test_every_path_the_build_writes_is_relative(moved):
-  _, _, folder, _ = moved
+  _, _, folder, _, _ = moved
   items, _ = pipeline_data.read_split(folder / pipeline_data.ITEMS)
   assert sum(bool(r['degradation']) for r in items) >= 2
   for r in items:
@@ -39,11 +42,15 @@ def test_every_path_the_build_writes_is_relative(moved):
 
 
 def test_a_moved_dataset_loads_every_image(moved):
-  prompts, sft, folder, config = moved
+  prompts, sft, folder, config, images = moved
   again = pipeline_data.load_prompts(folder)
-  assert [p['prompt_id'] for p in again] == [p['prompt_id'] for p in prompts] and len(again) >= 4
+  assert [p['prompt_id'] for p in again] == [p['prompt_id'] for p in prompts] and len(again) >= 1
   for a, b in zip(again, prompts):
     np.testing.assert_array_equal(a['image'], b['image'])
+  items, _ = pipeline_data.read_split(folder / pipeline_data.ITEMS)   # every item's, degraded or not
+  assert len(items) == len(images) >= 4 and sum(bool(r['degradation']) for r in items) >= 2
+  for r in items:
+    np.testing.assert_array_equal(pipeline_data.item_image(r, paths.data_dir(), folder), images[r['prompt_id']])
   trajectories = pipeline_data.load_sft(folder)
   assert len(trajectories) == len(sft) >= 1
   for a, b in zip(trajectories, sft):
@@ -55,7 +62,7 @@ def test_a_moved_dataset_loads_every_image(moved):
 
 
 def test_an_older_build_with_absolute_degraded_paths_still_reads_in_place_and_moved(moved, tmp_path):
-  prompts, _, folder, _ = moved
+  prompts, _, folder, _, images = moved
   old = tmp_path / 'old'
   shutil.copytree(folder, old)
   items = datasets.load_from_disk(str(folder / pipeline_data.ITEMS)).map(   # what the build wrote before
@@ -71,6 +78,8 @@ def test_an_older_build_with_absolute_degraded_paths_still_reads_in_place_and_mo
     assert len(again) == len(prompts)
     for a, b in zip(again, prompts):
       np.testing.assert_array_equal(a['image'], b['image'])
+    for r in pipeline_data.read_split(where / 'items')[0]:   # the degraded ones among them
+      np.testing.assert_array_equal(pipeline_data.item_image(r, paths.data_dir(), where), images[r['prompt_id']])
 
 
 def test_a_relative_degraded_path_without_the_dataset_folder_names_the_item():

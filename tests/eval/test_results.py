@@ -119,7 +119,8 @@ def test_a_rerun_with_other_settings_is_refused_naming_them(tmp_path, tokenizer,
   kw = dict(engine=_direct(tokenizer), env=env, tokenizer=tokenizer)
   runner.evaluate(config, tmp_path, judge=CountingJudge(), **kw)
   settings = json.loads((tmp_path / 'eval_settings.json').read_text())
-  assert settings['rollout']['temperature'] == 0.0 and settings['prompts']['system_prompt']['name'] == 'agent_system_v1'
+  # No checkpoint (a given engine): config.system_prompt 'checkpoint' falls back to the paper's agent prompt.
+  assert settings['rollout']['temperature'] == 0.0 and settings['prompts']['system_prompt']['name'] == 'agent_system_v2'
   for field, change, named in [
       ('rollout', lambda c: setattr(c.rollout, 'temperature', 0.7), 'rollout.temperature'),
       ('system prompt', lambda c: setattr(c, 'system_prompt', 'builder_default'), 'prompts.system_prompt.name'),
@@ -168,3 +169,32 @@ def test_policy_identity_names_the_checkpoint_step_and_content(tmp_path):
   assert described.endswith('step 1')
   assert policy.load_policy(config)[1].endswith('step 2')
   assert policy.policy_identity(small_config()) == {'model': small_config().model.to_dict(), 'seed': 0}
+
+
+def test_the_agent_prompt_is_the_checkpoints_unless_the_config_names_one(tmp_path):
+  """One system prompt per run: evaluation defaults to the one the checkpoint's meta records (sft.checkpoint_meta),
+  'builder_default' for a checkpoint from before it was recorded, the paper's agent prompt for an HF folder."""
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.train import checkpoint
+  from osvl_jax.train import policy as train_policy
+  from osvl_jax.train import sft
+  config = small_config()
+  config.model.text.num_hidden_layers = 1
+  model = train_policy.build_model(config)
+  trained = small_config()
+  trained.system_prompt = 'agent_system_v2'
+  checkpoint.save(checkpoint.manager(tmp_path / 'new', 'sft_ckpt'), 1, model, None, sft.checkpoint_meta(trained))
+  checkpoint.save(checkpoint.manager(tmp_path / 'old', 'sft_ckpt'), 1, model, None, {'note': 'before'})
+  assert config.system_prompt == 'checkpoint'
+  config.checkpoint = str(tmp_path / 'new' / 'sft_ckpt')
+  v2 = traj_lib.system_prompt_text('agent_system_v2')
+  assert policy.system_prompt(config) == ('checkpoint:agent_system_v2', v2) and r'\boxed{' in v2
+  config.checkpoint = str(tmp_path / 'old' / 'sft_ckpt')
+  assert policy.system_prompt(config) == ('checkpoint:builder_default', traj_lib.DEFAULT_INSTRUCTIONS)
+  config.system_prompt = 'agent_system_v1'   # told otherwise
+  assert policy.system_prompt(config) == ('agent_system_v1', traj_lib.system_prompt_text('agent_system_v1'))
+  config.system_prompt, config.checkpoint = 'checkpoint', ''
+  assert policy.system_prompt(config) == ('agent_system_v2', v2)
+  config.system_prompt = 'agent_sytem_v2'
+  with pytest.raises(ValueError, match="system_prompt='agent_sytem_v2'"):
+    policy.system_prompt(config)

@@ -182,6 +182,30 @@ def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
   assert start == 0
   before = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
   grads = jax.tree.map(jax.numpy.ones_like, nnx.state(model, nnx.Param))
-  grpo_update.apply_fn(model, optimizer, grads)
+  policy.apply_grads(model, optimizer, grads)
   after = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
   assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_grpo_refuses_an_sft_checkpoint_of_another_system_prompt_and_rolls_out_with_its_own(tmp_path, monkeypatch):
+  """One system prompt per run: the SFT checkpoint's meta names the instructions it was trained with; GRPO under
+  another config.system_prompt stops at initialisation, naming the field; its rollouts render config's prompt."""
+  cfg = config_lib.Qwen3VLConfig.tiny()
+  small = lambda config, seed=0: model_lib.Qwen3VLModel(
+      type(cfg)(**{**cfg.__dict__, 'text': type(cfg.text)(**{**cfg.text.__dict__, 'vocab_size': 512})}),
+      rngs=nnx.Rngs(seed))
+  monkeypatch.setattr(policy, 'build_model', small)
+  c = demo_config.get_config()
+  c.model.hf_path = ''
+  trained = demo_config.get_config()
+  trained.system_prompt = 'agent_system_v2'
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.train import checkpoint, rollouts
+  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, sft.checkpoint_meta(trained))
+  with pytest.raises(ValueError, match=r"config.system_prompt='builder_default' .* the SFT checkpoint"):
+    grpo.init_policy(c, tmp_path)
+  c.system_prompt = 'agent_system_v2'
+  model, _, _, start = grpo.init_policy(c, tmp_path)
+  assert start == 0
+  builder = rollouts.RolloutRunner(c, model).make_builder()
+  assert builder.system_prompt == traj_lib.system_prompt_text('agent_system_v2')

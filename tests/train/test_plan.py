@@ -123,7 +123,7 @@ def test_last_line_and_fits():
   match = LAST_LINE.fullmatch(out[-1])
   assert match and match.group(4) == 'false'
   seq_len, rows = plan.step_shapes(config)
-  assert (seq_len, rows) == (32_000, config.sft.batch_size)
+  assert (seq_len, rows) == (32_000, config.sft.micro_batch_size)   # one micro-batch of the 256-row step
   p, _ = plan.estimate(config, dict(ONE_DEVICE, fsdp=8), seq_len=seq_len, global_rows=rows)
   assert float(match.group(1)) == round(p.params / 1e9, 3) and float(match.group(2)) == round(p.optimizer / 1e9, 3)
   assert float(match.group(3)) == round(p.activations / 1e9, 3)

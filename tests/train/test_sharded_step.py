@@ -3,7 +3,7 @@
 The tiny Qwen3-VL, dense and MoE, is created directly sharded by `policy.create` on a mesh of 8 simulated CPU
 devices (dense: fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4; MoE: fsdp=2 x expert=4), the batch placed by
 `policy.shard_batch` (rows over ('data', 'fsdp'), the image's patches on its row's shard); the same model is created on the
-trivial one-device mesh as the reference. Then one GRPO update (`grpo_update.make_grad_fn` + `grpo_update.apply_fn`) and
+trivial one-device mesh as the reference. Then one GRPO update (`grpo_update.make_grad_fn` + `policy.apply_grads`) and
 3 SFT steps (`sft.make_train_step`) run in both (MoE: with the router losses): the losses and gradients agree to
 a relative difference <= 1e-5,
 the parameters after the 4 updates too, and every device holds exactly 1/shards of each sharded parameter
@@ -99,7 +99,7 @@ def _train(kind: str, mesh: jax.sharding.Mesh) -> dict:
     out['grpo_loss'], out['grpo_clipped'] = float(metrics['loss']), float(metrics['clipped_tokens'])
     out['router_aux_loss'] = float(metrics.get('router_aux_loss', 0.0))
     out['grpo_grads'] = _leaves(grads)
-    grpo_update.apply_fn(model, optimizer, grads)
+    policy.apply_grads(model, optimizer, grads)
     step = sft.make_train_step(config.sft)
     for k in range(STEPS):
       params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
@@ -113,7 +113,7 @@ def _train(kind: str, mesh: jax.sharding.Mesh) -> dict:
     params, opt_state = jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(optimizer))
     grads = jax.tree.map(lambda x: x * 0 + 0.01, nnx.state(model, nnx.Param))   # placed like the parameters
     grad_leaves = jax.tree.leaves(grads)
-    grpo_update.apply_fn(model, optimizer, grads)
+    policy.apply_grads(model, optimizer, grads)
     out['apply_donated'] = (all(x.is_deleted() for x in opt_state + grad_leaves),
                             not any(x.is_deleted() for x in params))
   out['model'], out['optimizer'] = model, optimizer
@@ -212,7 +212,7 @@ def test_checkpoint_of_a_sharded_policy_restores_onto_another_mesh(tmp_path):
                                                                                                'tensor': 4})
   model, optimizer = policy.create(config, saved_mesh, 'sft')
   grads = jax.tree.map(lambda x: 0.01 * np.sign(np.asarray(x) + 0.5), nnx.state(model, nnx.Param))
-  grpo_update.apply_fn(model, optimizer, grads)   # non-zero Adam moments and a step count of 1
+  policy.apply_grads(model, optimizer, grads)   # non-zero Adam moments and a step count of 1
   checkpoint.save(checkpoint.manager(tmp_path, 'ckpt'), 1, model, optimizer, {'stage': 'test'})
   config.seed = 1
   target, target_opt = policy.create(config, target_mesh, 'sft')

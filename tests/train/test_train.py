@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import distributed
 from osvl_jax import trajectory as tj
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.train import batching, grpo, metrics, sft
+from osvl_jax.train import batching, grpo, metrics, policy, sft
 from tools import env as tools_env
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -112,6 +114,64 @@ def test_sft_with_scan_layers_and_remat_follows_the_same_losses(trajectories, tm
   plain = [r['loss'] for r in metrics.read_metrics(tmp_path / 'plain', 'sft')]
   scan = [r['loss'] for r in metrics.read_metrics(tmp_path / 'scan', 'sft')]
   np.testing.assert_allclose(scan, plain, rtol=1e-5)
+
+
+def test_sft_gradient_accumulation_is_the_step_taken_at_once(trajectories):
+  """sft.micro_batch_size (the paper's batch of 256 on fewer rows): one-row micro-batches of rows with different
+  numbers of supervised tokens sum to the loss, token count, gradient and its norm of the 4-row step taken at once
+  (each micro-batch normalised by the step's tokens; a mean of per-micro-batch means would differ)."""
+  tokenizer = tj.load_tokenizer()
+  env = tools_env.ToolEnv({'enabled': ('text_search',)})
+  processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
+  short = agent_loop.run_episodes(
+      engine_lib.ScriptedEngine([ANSWER], tokenizer), env,
+      lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas()),
+      [{'prompt_id': f's{i}', 'question': 'Name the city.', 'answers': ['Agra']} for i in range(2)],
+      num_generations=1, max_turns=2)
+  rows = [trajectories[0], short[0], trajectories[1], short[1]]
+  counts = [batching.num_loss_tokens(t) for t in rows]
+  assert counts[0] > 2 * counts[1]
+  config = _config('unused', 2)
+  config.sft.update(batch_size=4, micro_batch_size=1)
+  config.model.text.num_hidden_layers = 1   # three programs to compile: one layer is enough for a sum
+  sft.check_config(config)
+  mesh = sharding.make_mesh()
+  length, num_loss = batching.padded_sizes(rows)
+  model, optimizer = policy.create(config, mesh, 'sft')
+  place = lambda part: distributed.host_batch(part, mesh, length, num_loss, vision_config=model.config.vision)
+  with sharding.use_mesh(mesh):
+    at_once = nnx.jit(lambda m, b: nnx.value_and_grad(sft.loss_fn, has_aux=True)(m, b))
+    (loss, whole), grads = jax.device_get(at_once(model, place(rows)))
+    grad_step = sft.make_grad_step(config.sft)   # the one make_step uses (one per router setting)
+    parts = [jax.device_get(grad_step(model, place([r]), np.float32(sum(counts)), np.float32(0.25))[0])
+             for r in rows]
+    parts = jax.tree.map(lambda *g: np.sum(g, axis=0), *parts)   # on the host (float32)
+    out = jax.device_get(sft.make_step(config.sft, place)(model, optimizer, rows))   # the trainer's step
+  assert out['num_tokens'] == whole['num_tokens'] == sum(counts)
+  # A sum of 4 float32 parts vs one: relative to the terms' size (the loss ~ log V ~ 12; the gradient's norm).
+  np.testing.assert_allclose([out['loss'], out['nll_sum']], [loss, whole['nll_sum']], rtol=1e-5)
+  whole_g, parts_g = jax.tree.leaves(grads), jax.tree.leaves(parts)
+  np.testing.assert_allclose(out['grad_norm'], np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in whole_g)),
+                             rtol=1e-5)
+  scale = max(np.abs(g).max() for g in whole_g)
+  assert max(np.abs(a - b).max() for a, b in zip(whole_g, parts_g)) <= 1e-5 * scale
+
+
+def test_sft_refuses_a_dataset_made_with_another_system_prompt(trajectories, tmp_path):
+  """One system prompt per run: the dataset's build_config.json names the instructions its trajectories were
+  rendered with; SFT under another config.system_prompt stops before building anything, naming the field."""
+  _write_sft_dataset(trajectories, tmp_path / 'data')
+  (tmp_path / 'data' / 'build_config.json').write_text(json.dumps({'system_prompt': 'agent_system_v2'}))
+  config = _config(tmp_path / 'data', 2)
+  assert config.system_prompt == config.data.system_prompt == 'builder_default'
+  with pytest.raises(ValueError, match=r"config.system_prompt='builder_default' .* is not the system prompt the "
+                                       r'dataset .* was made with'):
+    sft.train(config, tmp_path / 'w')
+  assert not (tmp_path / 'w' / 'sft_ckpt').exists()
+  assert sft.checkpoint_meta(config)['system_prompt'] == {'name': 'builder_default', 'text': tj.DEFAULT_INSTRUCTIONS}
+  config.system_prompt = 'agent_system_v2'   # the dataset's: accepted (data.system_prompt follows the reference)
+  assert config.data.system_prompt == 'agent_system_v2'
+  sft.check_system_prompt(config, tj.system_prompt_text('agent_system_v2'), 'the dataset')
 
 
 def test_batch_indices_are_seeded_epochs():

@@ -196,3 +196,15 @@ def test_render_assistant_text_parses_back():
   assert (r.kind, r.response, r.format_ok) == ('response', 'Agra', True)
   with pytest.raises(ValueError):
     tj.render_assistant_text('x')
+
+
+@pytest.mark.parametrize('body, answer', [
+    (r'\boxed{Agra}', 'Agra'), (r' \boxed{ New Delhi } ', 'New Delhi'), (r'\boxed{{1, 2}}', '{1, 2}'),
+    (r'\boxed{f(x) = x^{2}}', 'f(x) = x^{2}'),
+    ('Agra', 'Agra'),                                             # unboxed: as it is
+    (r'\boxed{a} or \boxed{b}', r'\boxed{a} or \boxed{b}'),       # text beside the box: as it is
+    (r'\boxed{Agra', r'\boxed{Agra'), (r'\boxed{a}}', r'\boxed{a}}')])   # unbalanced: as it is
+def test_a_boxed_response_is_the_answer_inside_the_box(body, answer):
+  """agent_system_v2 (the official agent prompt's form) asks for <response>\\boxed{answer}</response>."""
+  action = actions.parse_action(f"<think>\nDone.\n</think>\n<response>{body}</response>")
+  assert action.kind == 'response' and action.response == answer and action.format_ok
