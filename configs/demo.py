@@ -103,8 +103,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
   # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
-  # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = each batch's
-  # fullest shard (a new program per new patch count).
+  # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = derived from
+  # the dataset, its fullest row's patches x the rows per shard (`batching.patch_budget`): also one program.
   c.sft.patches_per_shard = 0
   # MoE router losses (policy.router_loss: + coef x HF's load-balancing loss, + coef x ST-MoE z-loss); 0 = off, and
   # ignored by a dense model (the demo's). The paper's 30B-A3B runs: 0.01 / 1e-3 (configs/qwen3vl_paper.py).

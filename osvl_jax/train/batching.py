@@ -113,6 +113,15 @@ def row_patches(input_ids, merge_size: int = 2, image_token_id: int = traj_lib.I
   return merge_size ** 2 * np.sum(np.asarray(input_ids) == image_token_id, axis=1).astype(np.int64)
 
 
+def patch_budget(trajectories, rows_per_shard: int, multiple: int = 4) -> int:
+  """The image patches per batch shard that fit any `rows_per_shard` rows of `trajectories`: the fullest row's
+  patches (Σ t·h·w of its images' grids) × rows_per_shard, rounded up to `multiple` (spatial_merge_size**2); 0 when
+  no trajectory has an image. The SFT trainer's default for `sft.patches_per_shard`, so that, as T and K
+  (`padded_sizes`), the run's images take one shape: one compiled step whatever a batch's images."""
+  fullest = max((sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories), default=0)
+  return _round_up(fullest * int(rows_per_shard), multiple) if fullest else 0
+
+
 def _shard_patch_index(per_row: np.ndarray, num_patches: int, shards: int, patches_per_shard: int = 0,
                        multiple: int = 1) -> np.ndarray:
   """int32 [S, P]: the flat index of each shard's patches (shard s = rows [s*B/S, (s+1)*B/S), whose images are one

@@ -242,8 +242,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   if start:
     print(f'sft: resumed at step {start}', flush=True)
   writer = metrics.MetricWriter(workdir, 'sft')
-  length, num_loss = batching.padded_sizes(trajectories)  # one shape for the run: one compiled step
-  patches = int(cfg.get('patches_per_shard', 0) or 0)  # with T and K fixed, the images' budget (0: per batch)
+  # One shape for the run, so one compiled step: T and K of the longest trajectory, and (sft.patches_per_shard = 0)
+  # the images' budget of the fullest row times the rows of a batch shard.
+  length, num_loss = batching.padded_sizes(trajectories)
+  rows_per_shard = (int(cfg.get('micro_batch_size', 0) or 0) or cfg.batch_size) // sharding.batch_shards(mesh, rules)
+  patches = (int(cfg.get('patches_per_shard', 0) or 0) or
+             batching.patch_budget(trajectories, rows_per_shard, model.config.vision.spatial_merge_size ** 2))
   train_step = make_step(cfg, lambda rows: distributed.host_batch(rows, mesh, length, num_loss, rules,
                                                                   model.config.vision, patches))
   t0, tokens = time.time(), 0

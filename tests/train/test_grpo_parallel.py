@@ -103,8 +103,11 @@ def test_gradient_is_the_same_in_one_step_in_micro_batches_and_sharded(setup):
   assert n == 1 and _relative_error(full, [np.zeros_like(x) for x in full]) == 1.0  # a non-zero gradient
   micro, micro_metrics, n = _grads(model, batch, grid, cfg, 4, one)
   assert n == 4
-  assert _relative_error(full, micro) < 1e-6
-  assert micro_metrics['loss'] == pytest.approx(full_metrics['loss'], rel=1e-6, abs=1e-7)
+  # Sums in another order (micro-batches, devices): the gradient within 1e-5 of its norm, the loss (a mean of
+  # ρÂ terms that nearly cancel) within 1e-5 of the terms' size, mean |Â|.
+  scale = float(np.mean(np.abs(batch['advantages'])))
+  assert _relative_error(full, micro) < 1e-5
+  assert micro_metrics['loss'] == pytest.approx(full_metrics['loss'], abs=1e-5 * scale)
   assert micro_metrics['num_tokens'] == full_metrics['num_tokens']
   assert micro_metrics['clipped_tokens'] == full_metrics['clipped_tokens'] > 0
 
@@ -113,8 +116,8 @@ def test_gradient_is_the_same_in_one_step_in_micro_batches_and_sharded(setup):
   kernel = model.language_model.layers[0].mlp.up_proj.kernel[...]  # [64, 128]: embed over fsdp=4
   assert kernel.sharding.spec[0] == 'fsdp' and kernel.addressable_shards[0].data.shape == (16, 128)
   parallel, parallel_metrics, _ = _grads(model, batch, grid, cfg, 0, mesh)
-  assert _relative_error(full, parallel) < 1e-6
-  assert parallel_metrics['loss'] == pytest.approx(full_metrics['loss'], rel=1e-6, abs=1e-7)
+  assert _relative_error(full, parallel) < 1e-5
+  assert parallel_metrics['loss'] == pytest.approx(full_metrics['loss'], abs=1e-5 * scale)
 
 
 def test_shard_batch_splits_rows_over_the_data_and_fsdp_axes(setup):

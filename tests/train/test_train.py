@@ -1,5 +1,6 @@
 """Trainer plumbing: token-exact batches, SFT learning, resume-from-workdir identity, one GRPO step."""
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -12,6 +13,7 @@ from flax import nnx
 
 from osvl_jax import distributed
 from osvl_jax import trajectory as tj
+from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
@@ -172,6 +174,20 @@ def test_sft_refuses_a_dataset_made_with_another_system_prompt(trajectories, tmp
   config.system_prompt = 'agent_system_v2'   # the dataset's: accepted (data.system_prompt follows the reference)
   assert config.data.system_prompt == 'agent_system_v2'
   sft.check_system_prompt(config, tj.system_prompt_text('agent_system_v2'), 'the dataset')
+
+
+def test_the_sft_patch_budget_fits_any_rows_of_the_dataset(trajectories):
+  """sft.patches_per_shard = 0: the budget is the fullest row's patches x the rows per shard (one program for the
+  run), so any batch of the dataset fits it; no images, no budget."""
+  per_row = [sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories]
+  assert per_row == [16, 16]   # one 64x64 image each: a 4x4 patch grid
+  assert batching.patch_budget(trajectories, 2) == 32 and batching.patch_budget(trajectories, 3, multiple=12) == 48
+  placed = batching.shard_vision_inputs(
+      np.concatenate([t.images[0].pixel_values for t in trajectories]),
+      np.stack([t.images[0].grid_thw for t in trajectories]), np.array(per_row), 1,
+      config_lib.Qwen3VLConfig.tiny().vision, batching.patch_budget(trajectories, 2))
+  assert placed['pixel_values'].shape[:2] == (1, 32) and (placed['vision_segment_ids'] >= 0).all()
+  assert batching.patch_budget([dataclasses.replace(t, images=[]) for t in trajectories], 2) == 0
 
 
 def test_batch_indices_are_seeded_epochs():

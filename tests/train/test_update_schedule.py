@@ -172,10 +172,16 @@ def test_whole_batch_one_epoch_is_the_one_step_update(setup):
     return loss, optax.tree.norm(grads)
 
   loss, norm = step(ref, ref_opt)
-  assert steps[0]['loss'] == pytest.approx(float(loss), abs=1e-6)  # ρ = 1: −mean Â ≈ 0 (groups centred)
-  assert steps[0]['grad_norm'] == pytest.approx(float(norm), rel=1e-6)
-  for a, b in zip(_params(model), _params(ref)):
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+  # ρ = 1: −mean Â ≈ 0 (groups centred), a difference of near-equal terms: compared against their size (mean |Â|).
+  scale = float(np.mean(np.abs(batch['advantages'])))
+  assert steps[0]['loss'] == pytest.approx(float(loss), abs=1e-5 * scale)
+  assert steps[0]['grad_norm'] == pytest.approx(float(norm), rel=1e-5)
+  # The two programs sum the gradient in another order (another fusion, another machine): each parameter's SGD step
+  # −g is compared against the size of that leaf's step (float32 sums: ~1e-6 relative), plus the rounding of the
+  # parameter itself (a few ulps of its largest value).
+  for a, b, p0 in zip(_params(model), _params(ref), _params(model0)):
+    size = np.abs(b - p0).max()
+    np.testing.assert_allclose(a - p0, b - p0, rtol=0, atol=1e-5 * size + 4 * np.spacing(np.abs(p0).max()))
 
 
 def test_two_epochs_give_twice_the_steps_and_micro_batches_the_same_update(setup):
