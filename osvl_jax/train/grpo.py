@@ -282,6 +282,28 @@ def dump_rollout_batch(workdir, step: int, rollout_batch: dict) -> None:
   (folder / f'{int(step):08d}.pkl').write_bytes(pickle.dumps(rollout_batch, protocol=pickle.HIGHEST_PROTOCOL))
 
 
+def _load_prompts(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> list[dict]:
+  """The RL prompts on process 0 (`data.load_prompts`), [] elsewhere. A dataset fault on process 0 (no `rl` split,
+  no such folder) stops every process at this point with its message (broadcast), instead of leaving the others
+  blocked in the first collective until the distributed shutdown times out.
+
+  Raises:
+    FileNotFoundError, ValueError: on every process, process 0's.
+  """
+  prompts, fault, error = [], None, None
+  if distributed.is_main():
+    try:
+      prompts = data.load_prompts(config, workdir)
+    except (FileNotFoundError, ValueError) as e:
+      fault, error = (type(e).__name__, str(e)), e
+  fault = distributed.broadcast_object(fault)
+  if error is not None:
+    raise error
+  if fault is not None:
+    raise (FileNotFoundError if fault[0] == 'FileNotFoundError' else ValueError)(f'process 0: {fault[1]}')
+  return prompts
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
   """Runs (or resumes) GRPO; returns the policy. Checkpoints in `<workdir>/grpo_ckpt`.
 
@@ -313,7 +335,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   cfg = config.grpo
   check_config(config, workdir)
   preflight.check(config, workdir)  # the init checkpoint exists, the servers answer: before anything is written
-  prompts = data.load_prompts(config, workdir) if distributed.is_main() else []  # only process 0 rolls out
+  prompts = _load_prompts(config, workdir)  # only process 0 rolls out (and reads them)
   mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
   model, optimizer, mngr, start = init_policy(config, workdir, mesh)
   ref_model = init_reference(config, workdir, mesh)

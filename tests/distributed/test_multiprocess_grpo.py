@@ -12,6 +12,7 @@ import json
 import pickle
 import shutil
 import sys
+import time
 
 import datasets
 import jax
@@ -61,7 +62,8 @@ def get_config():
 
 
 def _prompts_dataset(root) -> None:
-  """An `items` split of two prompts with 64x64 images (absolute image paths), as the data pipeline writes it."""
+  """An `items` split of two prompts with 64x64 images (absolute image paths) and the `rl` split naming both (no
+  SFT trajectory of them), as the data pipeline writes them."""
   rng = np.random.default_rng(0)
   records = []
   for i in range(2):
@@ -72,6 +74,10 @@ def _prompts_dataset(root) -> None:
   folder = root / 'data' / 'items'
   datasets.Dataset.from_list(records).save_to_disk(str(folder))
   (folder / 'counts.json').write_text(json.dumps({'kept': len(records)}))
+  folder = root / 'data' / 'rl'
+  datasets.Dataset.from_list([{'prompt_id': r['prompt_id'], 'reason': 'held_out'} for r in records]).save_to_disk(
+      str(folder))
+  (folder / 'counts.json').write_text(json.dumps({'prompts': len(records)}))
 
 
 def _load_config(path):
@@ -168,3 +174,24 @@ def test_check_config_refuses_the_embedded_engine_in_a_multi_process_job(monkeyp
   c.rollout.update(engine='sglang', urls='http://127.0.0.1:9')
   c.mesh.fsdp, c.grpo.num_generations = -1, 8  # a multi-host mesh holds every device (8 in this test run)
   grpo.check_config(c, '/tmp/w')  # servers: accepted
+
+
+@pytest.mark.timeout(400)
+def test_a_dataset_fault_on_process_0_stops_every_process_at_once(server, tmp_path):
+  """Only process 0 reads the prompts; a dataset without the `rl` split (a build from before it) stops both
+  processes with the reason, instead of leaving process 1 in the first collective until the shutdown times out."""
+  _prompts_dataset(tmp_path)
+  shutil.rmtree(tmp_path / 'data' / 'rl')
+  config_file = tmp_path / 'grpo_config.py'
+  config_file.write_text(CONFIG_PY.format(configs=str(conftest.REPO / 'configs'), data=str(tmp_path / 'data'),
+                                          url=server, steps=STEPS, init=str(tmp_path / 'init')))
+  c = _load_config(config_file)
+  model, optimizer = policy.create(c, sharding.mesh_from_config(None), 'grpo')
+  checkpoint.save(checkpoint.manager(tmp_path / 'pod', 'grpo_ckpt'), 1, model, optimizer, {'stage': 'grpo'})
+  t0 = time.monotonic()
+  procs = conftest.start_processes(['-m', 'osvl_jax.train.grpo', f'--config={config_file}',
+                                    f'--workdir={tmp_path / "pod"}'], 2, 4)
+  with pytest.raises(AssertionError, match='failed') as failed:
+    conftest.wait_processes(procs, timeout=300)
+  assert all(p.returncode not in (0, None) for p in procs) and time.monotonic() - t0 < 240
+  assert 'RL prompts' in str(failed.value) and "the `rl` split" in str(failed.value)
