@@ -165,14 +165,20 @@ def test_schedule_refuses_step_counts_optax_cannot_decay(steps, warmup):
     policy.make_schedule(1e-3, steps, warmup)
 
 
-def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
-  """`--config.grpo.steps=1` crashed in optax's cosine schedule (decay_steps=0); now its one update moves the
-  parameters (and without warmup the first update is not at lr = 0)."""
+def _small_vocab_policy(monkeypatch):
+  """`policy.build_model` replaced by the tiny model with a 512-token vocabulary (cheap); returns the builder."""
   cfg = config_lib.Qwen3VLConfig.tiny()
   small = lambda config, seed=0: model_lib.Qwen3VLModel(
       type(cfg)(**{**cfg.__dict__, 'text': type(cfg.text)(**{**cfg.text.__dict__, 'vocab_size': 512})}),
       rngs=nnx.Rngs(seed))
   monkeypatch.setattr(policy, 'build_model', small)
+  return small
+
+
+def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
+  """`--config.grpo.steps=1` crashed in optax's cosine schedule (decay_steps=0); now its one update moves the
+  parameters (and without warmup the first update is not at lr = 0)."""
+  small = _small_vocab_policy(monkeypatch)
   c = demo_config.get_config()
   c.grpo.steps = 1
   c.model.hf_path = ''
@@ -190,11 +196,7 @@ def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
 def test_grpo_refuses_an_sft_checkpoint_of_another_system_prompt_and_rolls_out_with_its_own(tmp_path, monkeypatch):
   """One system prompt per run: the SFT checkpoint's meta names the instructions it was trained with; GRPO under
   another config.system_prompt stops at initialisation, naming the field; its rollouts render config's prompt."""
-  cfg = config_lib.Qwen3VLConfig.tiny()
-  small = lambda config, seed=0: model_lib.Qwen3VLModel(
-      type(cfg)(**{**cfg.__dict__, 'text': type(cfg.text)(**{**cfg.text.__dict__, 'vocab_size': 512})}),
-      rngs=nnx.Rngs(seed))
-  monkeypatch.setattr(policy, 'build_model', small)
+  small = _small_vocab_policy(monkeypatch)
   c = demo_config.get_config()
   c.model.hf_path = ''
   trained = demo_config.get_config()
