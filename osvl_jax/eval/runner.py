@@ -36,7 +36,6 @@ from osvl_jax.eval import degrade as degrade_lib
 from osvl_jax.eval import plots, policy as policy_lib, report as report_lib, results as results_lib
 from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
-from osvl_jax.judges import prompts as prompts_lib
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.judges import rule as rule_judge
 from osvl_jax.rollout import agent_loop
@@ -70,14 +69,6 @@ class _NoTools:
                             'Answer with <response>...</response>.')
 
 
-def _system_prompt(spec: str) -> str | None:
-  return None if spec == 'builder_default' else prompts_lib.load(spec)
-
-
-def _prompt_text(spec: str) -> str:
-  return _system_prompt(spec) or traj_lib.DEFAULT_INSTRUCTIONS
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The evaluator
 # ----------------------------------------------------------------------------------------------------------------
@@ -107,7 +98,7 @@ class Evaluator:
       policy, engine_id = {'given_engine': True}, results_lib.engine_identity(engine)
     self.system_prompt, self.system_text = policy_lib.system_prompt(config)   # (name, text)
     prompts = {'system_prompt': (self.system_prompt, self.system_text),
-               **{k: (config[k], _prompt_text(config[k])) for k in ('direct_prompt', 'rag_prompt')}}
+               **{k: (config[k], traj_lib.system_prompt_text(config[k])) for k in ('direct_prompt', 'rag_prompt')}}
     self.settings = results_lib.run_settings(
         config, policy, engine_id, results_lib.judge_identity(self.judge, config.get('judge'), judge is not None),
         prompts)
@@ -183,7 +174,7 @@ class Evaluator:
   def _rollout(self, run: runs_lib.Run, prepared: Sequence[dict]) -> list:
     r = self.config.rollout
     tools = run.mode in ('agentic', 'degrade')
-    system = self.system_text if tools else _system_prompt(
+    system = self.system_text if tools else traj_lib.system_prompt_text(
         self.config.direct_prompt if run.mode == 'direct' else self.config.rag_prompt)
     schemas = self.env.schemas() if tools else []
     make_builder = lambda: traj_lib.TrajectoryBuilder(self.tokenizer, self.processor, schemas, system_prompt=system)
