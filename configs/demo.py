@@ -152,6 +152,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.ppo_epochs = 1  # passes over the mini-batches of a rollout batch
   # Truncated importance sampling: each token's loss × min(π_old / π_rollout, C); None = off (DESIGN.md §6).
   c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)
+  # The mismatch alarm: a step whose logprob_mismatch_abs_mean (mean |log π_rollout − log π_old| over the loss
+  # tokens) exceeds this stops the run, naming the figure (an image-blind or stale engine); None / 0 = off.
+  c.grpo.max_logprob_mismatch = 0.5
   # Policy versions a trajectory may lag (version = optimizer steps applied); 0 = strictly on-policy, 1 = the next
   # batch rolls out (one version behind) while this one updates (one rollout is in flight at most, so larger values
   # act as 1).

@@ -83,4 +83,5 @@ def get_config() -> ml_collections.ConfigDict:
   # --config.judge.name=llm --config.judge.base_url=http://127.0.0.1:8000/v1 --config.judge.model=m
   c.judge = judges_registry.default_config()
   c.progress = True
+  c.view = True  # write <workdir>/view/index.html: every stored trajectory as a static page (python -m osvl_jax.view)
   return c

@@ -202,6 +202,9 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.router_aux_loss_coef = 0.01 if size == '30b_a3b' else 0.0
   c.grpo.router_z_loss_coef = 1e-3 if size == '30b_a3b' else 0.0
   c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)  # None = no truncated importance sampling
+  # The mismatch alarm (grpo_update.check_mismatch): a step whose mean |log π_rollout − log π_old| over the loss
+  # tokens exceeds this stops the run (an SGLang server in bf16 agrees to a few hundredths of a nat per token).
+  c.grpo.max_logprob_mismatch = 0.5
   c.grpo.max_staleness = 0  # strictly on-policy
   c.grpo.init_from = '/path/to/sft_workdir'  # set: the SFT run's workdir (its sft_ckpt)
   c.grpo.temperature = 0.7  # Table 5: train sampling temperature 0.7, top-p 1.0 (the trainer's log-probs at 0.7)

@@ -41,7 +41,7 @@ from data_pipeline import entities
 from data_pipeline import experts
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.data import pipeline as pipeline_data
-from osvl_jax.rollout import agent_loop
+from osvl_jax.rollout import agent_loop, factory
 from osvl_jax.rollout import engine as engine_lib
 
 # Attribute -> words the expert uses to search for it and to say it.
@@ -388,8 +388,7 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
   env = env_lib.ToolEnv(tool_config)
   tokenizer = traj_lib.load_tokenizer(data_dir)
   processor = processor or traj_lib.ImageProcessor()
-  schemas = env.schemas()
-  make_builder = lambda: traj_lib.TrajectoryBuilder(tokenizer, processor, schemas, system_prompt=system_prompt)
+  make_builder = factory.make_builder(tokenizer, processor, env, system_prompt)
   todo = [it for it in items if not it.get('rejected')]
   trajs, reasons = [], {}
   t0 = time.perf_counter()

@@ -24,7 +24,8 @@ from data_pipeline import build as build_lib
 from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
-from osvl_jax.train import data, grpo, metrics, rollouts, sft, storage
+from osvl_jax.checkpoints import storage
+from osvl_jax.train import data, grpo, metrics, rollouts, sft
 
 
 

@@ -19,9 +19,10 @@ multi-host TPU also announces itself with `TPU_WORKER_HOSTNAMES` listing more th
 After `initialize`, `jax.devices()` is the global device list (every host's chips), `jax.process_index()` says
 who this host is: process 0 alone writes metrics and logs (`is_main`), every process takes part in the
 checkpoint (orbax writes each host's shards), and each host puts on its devices only its rows of a batch
-(`host_rows`, `host_batch`). What one host makes and all need (GRPO's rollout batch, made by process 0 alone) goes
-to every process with `broadcast_object`; arrays split over several hosts come back to the host with `to_host`
-(`jax.device_get` cannot read another host's shards); `barrier` waits for every process.
+(`host_rows`, `global_array`; the trainers' `train.policy.host_batch`). What one host makes and all need (GRPO's
+rollout batch, made by process 0 alone) goes to every process with `broadcast_object`; arrays split over several
+hosts come back to the host with `to_host` (`jax.device_get` cannot read another host's shards); `barrier` waits
+for every process.
 """
 
 from __future__ import annotations
@@ -188,60 +189,3 @@ def global_array(sharding: jax.sharding.NamedSharding, local: np.ndarray, axis: 
   if axis is not None:
     shape = shape[:axis] + (batch_size,) + shape[axis + 1:]
   return jax.make_array_from_process_local_data(sharding, local, shape)
-
-
-def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_loss: int, rules=None,
-               vision_config=None, patches_per_shard: int = 0) -> dict:
-  """The global training batch of `trajectories`, of which this host collates only its own rows.
-
-  Text fields (ids, masks, positions, loss gathers) are collated from this host's rows alone and become global
-  arrays split over the batch axes ('data', 'fsdp') (`policy.batch_sharding`). The images are laid out per batch
-  shard with their geometry as arrays (`batching.shard_vision_inputs`: pixel_values [S, P, 1536], vision_* [S, P,
-  ...], split like the rows): each host lays out the whole batch's images from the trajectories (their grids give
-  each row's patches; no tokenizing, no collation of other hosts' rows) and places its devices' shards. In a single
-  process this is `collate` + `policy.shard_batch`.
-
-  Args:
-    trajectories: the B rows of the global batch, the same list on every host.
-    mesh: the trainer's mesh (`sharding.mesh_from_config`).
-    length, num_loss: the run's fixed T and K (`batching.padded_sizes`).
-    rules: logical rules (`sharding.rules_from_config`); None = `sharding.LOGICAL_RULES`.
-    vision_config: the policy's `VisionConfig` (needed when a trajectory has images or a patch budget is set).
-    patches_per_shard: the patch budget P (`sft.patches_per_shard`); 0 = the fullest shard of this batch.
-  Returns:
-    the batch of jax arrays (no image_grid_thw: nothing of it is static under jit).
-  Raises:
-    ValueError: B does not split over the mesh's batch axes; a shard over the patch budget.
-  """
-  from osvl_jax.models.qwen3_vl import sharding  # pylint: disable=g-import-not-at-top
-  from osvl_jax.train import batching, policy  # pylint: disable=g-import-not-at-top
-  rules = sharding.LOGICAL_RULES if rules is None else rules
-  if jax.process_count() == 1:
-    batch = batching.collate(trajectories, length=length, num_loss=num_loss)
-    return policy.shard_batch(batch, mesh, rules, vision_config, patches_per_shard)
-  size = len(trajectories)
-  local = batching.collate(trajectories[host_rows(mesh, size, rules)], length=length, num_loss=num_loss)
-  local.pop('image_grid_thw')
-  local.pop('pixel_values')
-  images = [image for traj in trajectories for image in traj.images]
-  per_row = np.array([sum(int(np.prod(i.grid_thw)) for i in traj.images) for traj in trajectories], np.int64)
-  vision = batching.shard_vision_inputs(
-      np.concatenate([np.asarray(i.pixel_values, np.float32) for i in images]) if images else None,
-      np.array([np.asarray(i.grid_thw) for i in images], np.int32).reshape(-1, 3), per_row,
-      sharding.batch_shards(mesh, rules), vision_config, patches_per_shard) if images or patches_per_shard else {}
-  out = {}
-  for key, value in local.items():
-    if value is None:
-      out[key] = None
-      continue
-    target, row_axis = policy.batch_sharding(key, np.ndim(value), mesh, rules)
-    out[key] = global_array(target, value, row_axis, size)
-  for key, value in vision.items():   # the whole batch's layout on every host: each places its devices' shards
-    if value is None:
-      out[key] = None
-      continue
-    target, _ = policy.batch_sharding(key, value.ndim, mesh, rules)
-    out[key] = jax.make_array_from_callback(value.shape, target, lambda index, value=value: value[index])
-  if 'pixel_values' not in out:
-    out['pixel_values'] = None
-  return out

@@ -8,7 +8,7 @@ Which checkpoint: `--checkpoint=latest` (default) is the latest step of `W/grpo_
 `sft` / `grpo` pick that folder of the workdir (so the SFT policy stays exportable once GRPO ran); a PATH is a
 checkpoint folder (`.../sft_ckpt`) or one step of it (`.../sft_ckpt/150`, `--workdir` not needed). `--step`
 picks a step (default: the latest). The workdir / checkpoint may be a cloud URL (`--workdir=gs://bucket/run`):
-it reaches orbax unchanged (`osvl_jax.train.storage`); `--out` is a local folder (what SGLang / vLLM load).
+it reaches orbax unchanged (`osvl_jax.checkpoints.storage`); `--out` is a local folder (what SGLang / vLLM load).
 
 No `--config`: the architecture and parameter layout come from the checkpoint's meta (the trainers record
 `model_config` and `scan_layers`; `--hf_config`, a config.json or an HF folder holding one, overrides; checkpoints
@@ -42,7 +42,6 @@ and no processor config avoids that; the tokenizer, chat template and image proc
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 
@@ -50,83 +49,12 @@ from absl import app, flags
 from etils import epath
 
 from osvl_jax import export_folder
-from osvl_jax.train import storage
-
-CHECKPOINT_DIRS = ('grpo_ckpt', 'sft_ckpt')   # in order of preference for --checkpoint=latest
-CHECKPOINT_CHOICES = {'latest': CHECKPOINT_DIRS, 'grpo': ('grpo_ckpt',), 'sft': ('sft_ckpt',)}
 
 # Qwen3-VL-Instruct generation_config.json (sampling defaults); the eos ids are Qwen's two end-of-sequence ids.
 GENERATION_DEFAULTS = {'do_sample': True, 'temperature': 0.7, 'top_p': 0.8, 'top_k': 20, 'repetition_penalty': 1.0}
 # Qwen3-VL video_preprocessor_config.json (pixels over all frames of a video; fps sampling).
 VIDEO_DEFAULTS = {'size': {'shortest_edge': 4096, 'longest_edge': 25165824}, 'fps': 2, 'min_frames': 4,
                   'max_frames': 768}
-
-
-def read_config(hf_config: str | pathlib.Path | None, meta: dict | None = None):
-  """The model architecture (`Qwen3VLConfig`): from a config.json (or a folder containing one), else the checkpoint
-  meta's `model_config`, else `Qwen3VLConfig.tiny()`."""
-  from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-  if not hf_config:
-    if meta and meta.get('model_config'):
-      return Qwen3VLConfig.from_hf_dict(meta['model_config'])
-    return Qwen3VLConfig.tiny()
-  path = pathlib.Path(hf_config)
-  path = path / 'config.json' if path.is_dir() else path
-  return Qwen3VLConfig.from_hf_dict(json.loads(path.read_text()))
-
-
-def resolve_checkpoint(workdir: str | os.PathLike | None, checkpoint: str = 'latest',
-                       step: int | None = None) -> tuple[epath.Path, int]:
-  """(checkpoint folder, step) to export.
-
-  Args:
-    workdir: the job folder (needed unless `checkpoint` is a path); a local path or a cloud URL (`gs://b/run`,
-      kept a URL by `storage.path`).
-    checkpoint: 'latest' (grpo_ckpt, else sft_ckpt), 'sft', 'grpo', or a path / URL of a checkpoint folder or of
-      one step folder of it (`.../sft_ckpt/150`, whose name gives the step).
-    step: the step; None = the latest of the folder (or the step folder's).
-  Returns:
-    (folder holding the step folders, step).
-  Raises:
-    FileNotFoundError: no such checkpoint folder / no checkpoint in it / no such step.
-    ValueError: no workdir for a named choice, or a step folder path together with another `step`.
-  """
-  from osvl_jax.train import checkpoint as ckpt_lib
-  if checkpoint in CHECKPOINT_CHOICES:
-    if not workdir:
-      raise ValueError(f'--checkpoint={checkpoint} needs --workdir')
-    candidates = [storage.path(workdir) / name for name in CHECKPOINT_CHOICES[checkpoint]]
-  else:
-    path = storage.path(checkpoint)
-    if not path.is_dir():
-      raise FileNotFoundError(f'--checkpoint={checkpoint}: no such checkpoint folder')
-    if path.name.isdigit():   # one step folder of a checkpoint folder
-      if step is not None and step != int(path.name):
-        raise ValueError(f'--checkpoint={checkpoint} is step {path.name}, but --step={step}')
-      step, path = int(path.name), path.parent
-    candidates = [path]
-  for folder in candidates:
-    if not folder.is_dir():
-      continue
-    steps = ckpt_lib.manager(folder.parent, folder.name).all_steps()
-    if not steps:
-      continue
-    if step is None:
-      return folder, int(max(steps))
-    if step not in steps:
-      raise FileNotFoundError(f'{folder} has no step {step}; it has {sorted(int(s) for s in steps)}')
-    return folder, int(step)
-  raise FileNotFoundError(f'no checkpoint in {", ".join(str(c) for c in candidates)}')
-
-
-def latest_checkpoint(workdir: str | os.PathLike) -> tuple[str, int]:
-  """(checkpoint dir name, step) of `--checkpoint=latest`: latest step of `grpo_ckpt`, else of `sft_ckpt`.
-
-  Raises:
-    FileNotFoundError: when neither holds a checkpoint.
-  """
-  folder, step = resolve_checkpoint(workdir, 'latest')
-  return folder.name, step
 
 
 def chat_template() -> str:
@@ -271,8 +199,11 @@ def write_folder(model, out: pathlib.Path, dtype: str, min_pixels: int, max_pixe
 def _guard(workdir, folder: epath.Path) -> dict:
   """`export_folder.check_target`'s protect / checkpoint_dirs: the local workdir, its checkpoint folders and the
   one exported (cloud paths are skipped: `--out` is local)."""
+  from osvl_jax import checkpoints
+  from osvl_jax.checkpoints import storage
   local = lambda p: p is not None and not storage.is_remote(p)
-  ckpts = [folder] + ([storage.path(workdir) / name for name in CHECKPOINT_DIRS] if local(workdir) else [])
+  named = [storage.path(workdir) / name for name in checkpoints.CHECKPOINT_DIRS] if local(workdir) else []
+  ckpts = [folder] + named
   ckpts = [pathlib.Path(str(c)) for c in ckpts if local(c)]
   return {'protect': ckpts + ([pathlib.Path(workdir)] if local(workdir) else []), 'checkpoint_dirs': ckpts}
 
@@ -289,13 +220,13 @@ def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_confi
     hf_config: architecture override (config.json or a folder holding one).
     dtype: 'float32' or 'bfloat16' weights.
     step: checkpoint step; None = the latest.
-    checkpoint: 'latest' | 'sft' | 'grpo' | a checkpoint (step) folder (`resolve_checkpoint`).
+    checkpoint: 'latest' | 'sft' | 'grpo' | a checkpoint (step) folder (`checkpoints.resolve`).
     min_pixels, max_pixels: override the image processor budget the checkpoint records.
     overwrite: replace a previous export in `out`.
   Returns:
     {'checkpoint': folder name, 'path', 'step', 'out', 'params', 'min_pixels', 'max_pixels'}.
   Raises:
-    FileNotFoundError: no such checkpoint (`resolve_checkpoint`).
+    FileNotFoundError: no such checkpoint (`checkpoints.resolve`).
     export_folder.UnsafeTarget: `out` is the workdir, a checkpoint folder, an ancestor of one, inside one, a
       non-empty folder that is not a previous export, or a previous export without `overwrite` (raised before the
       checkpoint is read; nothing is touched).
@@ -305,22 +236,16 @@ def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_confi
   import numpy as np
   from flax import nnx
 
-  from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
-  from osvl_jax.train import checkpoint as ckpt_lib
+  from osvl_jax import checkpoints
+
   if dtype not in ('float32', 'bfloat16'):
     raise ValueError(f"dtype={dtype!r}: expected 'float32' or 'bfloat16'")
-  folder, step = resolve_checkpoint(workdir, checkpoint, step)
+  folder, step = checkpoints.resolve(workdir, checkpoint, step)
   guard = _guard(workdir, folder)
   export_folder.check_target(out, 'hf_export', overwrite, **guard)   # before the (slow) restore
-  mngr = ckpt_lib.manager(folder.parent, folder.name)
-  saved = ckpt_lib.read_meta(mngr, step)
-  lo, hi = _pixel_limits(saved, min_pixels, max_pixels)
-  config = read_config(hf_config, saved)
-  model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=bool(saved.get('scan_layers', False)))
-  try:
-    meta = ckpt_lib.restore(mngr, model, step=step)
-  except ValueError as e:   # shape/structure mismatch
-    raise ValueError(f'checkpoint {folder} does not fit this architecture; pass --hf_config') from e
+  lo, hi = _pixel_limits(checkpoints.read_meta(checkpoints.manager(folder.parent, folder.name), step), min_pixels,
+                         max_pixels)
+  model, meta = checkpoints.load_policy(str(folder), step=step, hf_config=hf_config)
   out = export_folder.write(out, lambda tmp: write_folder(model, tmp, dtype, lo, hi), 'hf_export', overwrite,
                             info={'checkpoint': str(folder), 'step': int(meta['step'])}, **guard)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -331,7 +256,7 @@ def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_confi
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  if _CHECKPOINT.value in CHECKPOINT_CHOICES and not _WORKDIR.value:
+  if _CHECKPOINT.value in ('latest', 'sft', 'grpo') and not _WORKDIR.value:   # checkpoints.CHECKPOINT_CHOICES
     raise app.UsageError(f'--checkpoint={_CHECKPOINT.value} needs --workdir')
   try:
     info = export(_WORKDIR.value, _OUT.value, _HF_CONFIG.value, _DTYPE.value, _STEP.value, _CHECKPOINT.value,

@@ -87,7 +87,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   `request_limits.RequestLimits` fields but context_length, max_new_tokens_limit None = max_len).
 
   Raises:
-    FileNotFoundError / ValueError: from `server.load_policy`, or no pixel budget for a checkpoint without one.
+    FileNotFoundError / ValueError: from `checkpoints.load_policy`, or no pixel budget for a checkpoint without one.
     ValueError: from `prefix_cache_size` (a bad `prefix_cache_slots`, or one over half the device's memory); a
       limit < 1, max_new_tokens_limit above max_len or below max_new_tokens; a `weights_root` that is not an
       existing folder or a URL (`server_auth.WeightsRoots`).
@@ -99,6 +99,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   limits.check_max_new_tokens(max_new_tokens, '--max_new_tokens')
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
+  from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
   from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=g-import-not-at-top
@@ -108,7 +109,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
     model, meta = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(seed)), {'path': f'tiny:seed={seed}'}
     recorded = {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}
   else:
-    model, meta = server.load_policy(checkpoint, workdir, step, hf_config)
+    model, meta = checkpoints.load_policy(checkpoint, workdir, step, hf_config)
     recorded = meta.get('image_processor') or {}
   lo = min_pixels if min_pixels is not None else recorded.get('min_pixels')
   hi = max_pixels if max_pixels is not None else recorded.get('max_pixels')

@@ -1,7 +1,11 @@
-"""Start-up cost: the trainers, the server, the pipeline and trajectory building never import torch (it is in this
+"""The import graph: nothing below the trainers imports them; one `load_policy`.
+
+Start-up cost: the trainers, the server, the pipeline and trajectory building never import torch (it is in this
 environment only for the HF reference of the tests; importing it costs a process 5-25 s). tensorboardX would
 import it (`metrics._import_tensorboardx`), transformers' image processor too (`trajectory.images`)."""
 
+import ast
+import pathlib
 import subprocess
 import sys
 
@@ -26,3 +30,40 @@ def test_no_entry_point_imports_torch():
   pytest.importorskip('torch')
   out = subprocess.run([sys.executable, '-c', CHECK], capture_output=True, text=True, timeout=300, check=True)
   assert out.stdout.split('\n')[:2] == ['[] [1, 4, 6]', 'True'], out.stdout + out.stderr[-2000:]
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# The programs that drive the trainers (they run or compile them); every other module is below `osvl_jax.train`.
+TRAIN_DRIVERS = {'osvl_jax/demo.py', 'osvl_jax/plan/compile_check.py'}
+
+
+def _imported_modules(path) -> set[str]:
+  """Absolute module names a file imports (`from a.b import c` gives a.b and a.b.c), by reading its syntax."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+    if isinstance(node, ast.Import):
+      out.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      out.add(node.module)
+      out.update(f'{node.module}.{alias.name}' for alias in node.names)
+  return out
+
+
+def test_nothing_below_the_trainers_imports_them():
+  """The server, export, evaluation, the pipeline and the tools take checkpoints, batching and engines from their own
+  rooms (`osvl_jax.checkpoints`, ...), never from `osvl_jax.train`."""
+  offenders = []
+  for root in ('osvl_jax', 'data_pipeline', 'tools'):
+    for path in sorted((REPO / root).rglob('*.py')):
+      rel = path.relative_to(REPO).as_posix()
+      if rel.startswith('osvl_jax/train/') or rel in TRAIN_DRIVERS:
+        continue
+      offenders += [f'{rel}: {m}' for m in sorted(_imported_modules(path))
+                    if m == 'osvl_jax.train' or m.startswith('osvl_jax.train.')]
+  assert offenders == []
+
+
+def test_one_load_policy():
+  defs = [path.relative_to(REPO).as_posix() for path in sorted((REPO / 'osvl_jax').rglob('*.py'))
+          if 'def load_policy(' in path.read_text(encoding='utf-8')]
+  assert defs == ['osvl_jax/checkpoints/load.py']

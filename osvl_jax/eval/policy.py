@@ -35,31 +35,17 @@ CHECKPOINT = 'checkpoint'   # config.system_prompt: the checkpoint's own (its me
 HF_SYSTEM_PROMPT = 'agent_system_v2'   # ... for a policy with no checkpoint meta (an HF folder)
 
 
-def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, str]:
-  """(workdir, checkpoint folder name) of `path`: a `*_ckpt` folder, or a workdir holding grpo_ckpt / sft_ckpt.
+def _open(config: ml_collections.ConfigDict, step: int | None = None):
+  """(checkpoint folder, step (default: the latest), meta) of `config.checkpoint`: a `*_ckpt` folder, one step of
+  it, or a workdir holding grpo_ckpt / sft_ckpt (`checkpoints.resolve`).
 
   Raises:
-    FileNotFoundError: neither.
+    FileNotFoundError: no checkpoint there.
   """
-  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
-  path = pathlib.Path(path)
-  if path.name.endswith('_ckpt') and path.is_dir():
-    return path.parent, path.name
-  if path.is_dir():
-    name, _ = export_hf.latest_checkpoint(path)
-    return path, name
-  raise FileNotFoundError(f'checkpoint {path} does not exist (a <workdir>/grpo_ckpt or sft_ckpt, or a workdir)')
-
-
-def _open(config: ml_collections.ConfigDict, step: int | None = None):
-  """(checkpoint folder, orbax manager, step (default: the latest), meta) of `config.checkpoint`."""
-  from osvl_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
-  workdir, name = find_checkpoint(config.checkpoint)
-  mngr = checkpoint.manager(workdir, name)
-  step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f'no checkpoint step in {workdir / name}')
-  return (workdir / name).resolve(), mngr, int(step), checkpoint.read_meta(mngr, step)
+  from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  folder, step = checkpoints.resolve(None, str(config.checkpoint), step)
+  folder = pathlib.Path(str(folder)).resolve()
+  return folder, step, checkpoints.read_meta(checkpoints.manager(folder.parent, folder.name), step)
 
 
 def system_prompt(config: ml_collections.ConfigDict) -> tuple[str, str]:
@@ -77,7 +63,7 @@ def system_prompt(config: ml_collections.ConfigDict) -> tuple[str, str]:
     return spec, traj_lib.system_prompt_text(spec)
   if not config.get('checkpoint'):
     return HF_SYSTEM_PROMPT, traj_lib.system_prompt_text(HF_SYSTEM_PROMPT)
-  meta = _open(config)[3]
+  meta = _open(config)[2]
   recorded = (meta or {}).get('system_prompt') or {}
   name = recorded.get('name') or traj_lib.BUILDER_DEFAULT
   return f'{CHECKPOINT}:{name}', recorded.get('text') or traj_lib.system_prompt_text(name)
@@ -93,7 +79,7 @@ def policy_identity(config: ml_collections.ConfigDict) -> dict:
     FileNotFoundError: a checkpoint path without a checkpoint.
   """
   if config.get('checkpoint'):
-    folder, _, step, meta = _open(config)
+    folder, step, meta = _open(config)
     blob = json.dumps(meta, sort_keys=True, default=str).encode('utf-8')
     step_dir = folder / str(step)
     return {'checkpoint': str(folder), 'step': step, 'meta_sha256': hashlib.sha256(blob).hexdigest(),
@@ -109,25 +95,20 @@ def policy_identity(config: ml_collections.ConfigDict) -> dict:
   return {'model': config.model.to_dict(), 'seed': int(config.seed)}
 
 
-def load_policy(config: ml_collections.ConfigDict, step: int | None = None):
-  """(model, description): `config.checkpoint` restored at `step` (default: the latest; the evaluator passes the
-  step its fingerprint names, so a checkpoint written meanwhile is not evaluated under it; architecture from its
-  meta), else `config.model`.
+def build(config: ml_collections.ConfigDict, step: int | None = None):
+  """(model, description) of the evaluated policy: `config.checkpoint` restored at `step` (default: the latest; the
+  evaluator passes the step its fingerprint names, so a checkpoint written meanwhile is not evaluated under it;
+  `checkpoints.load_policy`), else `config.model` (`checkpoints.build_model`: an HF folder or the random tiny one).
 
   Raises:
     FileNotFoundError: a checkpoint path without a checkpoint.
     ValueError: a checkpoint that does not fit its recorded architecture.
   """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
-  from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
-  from osvl_jax.train import checkpoint, policy  # pylint: disable=g-import-not-at-top
+  from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
   if not config.get('checkpoint'):
-    model = policy.build_model(config, seed=config.seed)
+    model = checkpoints.build_model(config, seed=config.seed)
     return model, (f'hf:{config.model.hf_path}' if config.model.get('hf_path') else
                    f'{config.model.name} (random init, seed {config.seed})')
-  folder, mngr, step, meta = _open(config, step)
-  model = model_lib.Qwen3VLModel(export_hf.read_config(None, meta), nnx.Rngs(0),
-                                 scan_layers=bool(meta.get('scan_layers', False)))
-  restored = checkpoint.restore(mngr, model, step=step)
-  return model, f'{folder} step {restored["step"]}'
+  folder, step, _ = _open(config, step)
+  model, meta = checkpoints.load_policy(str(folder), step=step)
+  return model, f'{folder} step {meta["step"]}'

@@ -108,7 +108,7 @@ def to_markdown(report: dict) -> str:
   """report.md: per run, a Pass@1 table (benchmarks + Avg.), a cost table, tool usage, problems."""
   lines = ['# Evaluation report', '']
   meta = report.get('meta', {})
-  for k in ('policy', 'judge', 'judge_prompt', 'system_prompt', 'results'):
+  for k in ('policy', 'judge', 'judge_prompt', 'system_prompt', 'results', 'view'):
     if k in meta:
       lines.append(f'- {k}: `{meta[k]}`')
   lines.append('')

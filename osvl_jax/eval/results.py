@@ -14,17 +14,22 @@ item's content hash (`data.eval_items.item_key`), never its line number; every r
 `fingerprint`. Append-only, flushed and fsynced per record; a torn last line is ignored (its item is redone). A
 record whose judge failed (`judge_error`) is not final: the next run judges it again and appends the new record,
 which replaces it (the later line wins).
+
+`<workdir>/trajectories.jsonl`: the trajectory of each new record, one line `{"run", "benchmark", "item_key",
+"trajectory": Trajectory.to_json}` (`append_trajectory`), for `python -m osvl_jax.view`; never read to resume.
 """
 
 import hashlib
 import json
 import os
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import ml_collections
 
 RESULTS_FILE = 'results.jsonl'
+TRAJECTORIES_FILE = 'trajectories.jsonl'
 SETTINGS_FILE = 'eval_settings.json'
 
 # Judge config fields that do not change a verdict (how it is reached, not what it is).
@@ -203,3 +208,30 @@ class ResultStore:
     with self.path.open('rb') as f:
       f.seek(-1, os.SEEK_END)
       return f.read(1) == b'\n'
+
+
+def append_trajectory(workdir: str | pathlib.Path, key: tuple[str, str, str], traj) -> None:
+  """Appends `traj` (a `Trajectory`) under its record's key (run, benchmark, item_key) to
+  `<workdir>/trajectories.jsonl`, flushed; a torn last line is skipped by `read_trajectories`."""
+  path = pathlib.Path(workdir) / TRAJECTORIES_FILE
+  head = json.dumps({'run': key[0], 'benchmark': key[1], 'item_key': key[2]}, ensure_ascii=False)[:-1]
+  with path.open('a', encoding='utf-8') as f:
+    f.write(f'{head}, "trajectory": {traj.to_json()}}}\n')
+    f.flush()
+
+
+def read_trajectories(workdir: str | pathlib.Path) -> Iterator[tuple[tuple[str, str, str], Any]]:
+  """Yields ((run, benchmark, item_key), Trajectory) for each whole line of `<workdir>/trajectories.jsonl`."""
+  from osvl_jax.trajectory import record  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(workdir) / TRAJECTORIES_FILE
+  if not path.is_file():
+    return
+  with path.open(encoding='utf-8') as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+        key = (str(row['run']), str(row['benchmark']), str(row['item_key']))
+        traj = record.Trajectory.from_record(row['trajectory'])
+      except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        continue  # a torn line (a killed run)
+      yield key, traj

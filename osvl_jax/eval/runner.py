@@ -31,6 +31,7 @@ import numpy as np
 import tqdm
 
 from osvl_jax import trajectory as traj_lib
+from osvl_jax import view as view_lib
 from osvl_jax.data import benchmarks as bench_lib
 from osvl_jax.eval import degrade as degrade_lib
 from osvl_jax.eval import plots, policy as policy_lib, report as report_lib, results as results_lib
@@ -38,7 +39,7 @@ from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.judges import rule as rule_judge
-from osvl_jax.rollout import agent_loop
+from osvl_jax.rollout import agent_loop, factory
 from tools import base as tools_base
 
 _ABSTAIN_RE = re.compile(
@@ -79,7 +80,7 @@ class Evaluator:
   Args:
     config: the eval config (`configs/eval.py`).
     workdir: output folder (results.jsonl, report.json, report.md, budget_sweep.*).
-    engine: the policy engine; None builds the embedded `JaxSampler` on `load_policy(config)`.
+    engine: the policy engine; None builds the embedded `JaxSampler` on `eval.policy.build(config)`.
     judge: accuracy judge; None = `judges.registry.get_judge(config.judge)`.
     env: tool environment; None = `tools.env.ToolEnv(config.tools)`.
     tokenizer: None = `trajectory.load_tokenizer()`.
@@ -113,7 +114,7 @@ class Evaluator:
     self.policy_name = 'given engine'
     if engine is None:
       from osvl_jax.rollout import jax_sampler  # pylint: disable=g-import-not-at-top
-      model, self.policy_name = policy_lib.load_policy(config, step=policy.get('step'))  # the fingerprinted one
+      model, self.policy_name = policy_lib.build(config, step=policy.get('step'))  # the fingerprinted one
       r = config.rollout
       engine = jax_sampler.JaxSampler(model, self.tokenizer, self.processor, max_new_tokens=r.max_new_tokens,
                                       temperature=r.temperature, top_p=r.top_p, seed=config.seed,
@@ -176,8 +177,7 @@ class Evaluator:
     tools = run.mode in ('agentic', 'degrade')
     system = self.system_text if tools else traj_lib.system_prompt_text(
         self.config.direct_prompt if run.mode == 'direct' else self.config.rag_prompt)
-    schemas = self.env.schemas() if tools else []
-    make_builder = lambda: traj_lib.TrajectoryBuilder(self.tokenizer, self.processor, schemas, system_prompt=system)
+    make_builder = factory.make_builder(self.tokenizer, self.processor, self.env if tools else None, system)
     return agent_loop.run_episodes(
         self.engine, self.env if tools else _NoTools(), make_builder, prepared, num_generations=1,
         max_turns=run.max_tool_calls + 1 if tools else 1, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
@@ -270,7 +270,10 @@ class Evaluator:
           prepared = [self._prepare(run, it) for it in chunk]
           trajs = self._rollout_each(run, [p for p, _ in prepared])
           for item, (_, info), traj in zip(chunk, prepared, trajs):
-            self.store.append(self.make_record(run, item, info, traj))
+            record = self.make_record(run, item, info, traj)
+            self.store.append(record)
+            if not isinstance(traj, str):
+              results_lib.append_trajectory(self.workdir, self.store.key(record), traj)
             bar.update(1)
     bar.close()
     return self.write_report(self.runs, loaded, not_run)
@@ -317,6 +320,8 @@ class Evaluator:
       plotted = [pt for pt in sweep if pt['pass_at_1'] is not None]  # a budget without a judgement: n/a
       if plotted:
         rep['budget_plot'] = str(plots.plot_budget_sweep(plotted, self.workdir / 'budget_sweep.png'))
+    if self.config.get('view', True):  # the trajectories of this workdir as a static page (osvl_jax.view)
+      rep['meta']['view'] = str(view_lib.view(self.workdir, self.workdir / 'view')[0])
     rep['report'] = str(report_lib.write(rep, self.workdir))
     return rep
 

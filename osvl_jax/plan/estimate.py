@@ -95,7 +95,7 @@ def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
 def architecture(config: ml_collections.ConfigDict) -> config_lib.Qwen3VLConfig:
   """The model architecture of a config without its weights: `model.hf_config` (a Qwen3-VL family name of
   `params_count.family_hf_dicts` - '8B', '4B', '2B', '30B-A3B', '32B' - or a config.json path), else
-  `<model.hf_path>/config.json`, else the tiny model with the `model.text` overrides (as `policy.build_model`).
+  `<model.hf_path>/config.json`, else the tiny model with the `model.text` overrides (as `checkpoints.build_model`).
 
   Raises:
     FileNotFoundError: a config.json that does not exist; ValueError: an unknown family name / model.name.

@@ -64,12 +64,18 @@ from typing import Any, Callable, Sequence
 
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import request_limits
-from osvl_jax.rollout.request_fields import chat_sampling, check_chat_body
 from osvl_jax.rollout import server_auth, server_scheduler, weight_update
-from osvl_jax.trajectory import tokens as tokens_lib
+from osvl_jax.rollout.request_fields import chat_sampling, check_chat_body
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
     GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
-    default_like, expand_image_pads, load_policy, parse_generate, parse_sampling, render_messages)
+    default_like, expand_image_pads, parse_generate, parse_sampling, render_messages)
+from osvl_jax.trajectory import tokens as tokens_lib
+
+
+def _load_model(path: str):
+  """The default weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint)."""
+  from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.load_policy(path)[0]
 
 
 @dataclasses.dataclass
@@ -105,7 +111,7 @@ class SamplerService:
       batch_window_s: the worker keeps collecting jobs for a batch while they arrive less than this apart
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
-      loader: `path -> model` for /update_weights_from_disk (default `load_policy(path)[0]`).
+      loader: `path -> model` for /update_weights_from_disk (default `checkpoints.load_policy(path)[0]`).
       weights_roots: the folders updates may load from (`server_auth.WeightsRoots`; None: any path).
       decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
         and waiting rows enter a running batch between chunks (`server_scheduler`).
@@ -121,7 +127,7 @@ class SamplerService:
     self.limits = limits or request_limits.RequestLimits(int(sampler.max_len), int(sampler.max_len))
     self.limits.check_max_new_tokens(self.default_max_new_tokens, '--max_new_tokens')
     self.image_gate = request_limits.ImageGate(self.limits)
-    self.loader = loader or (lambda path: load_policy(path)[0])
+    self.loader = loader or _load_model
     self.weights_roots = weights_roots or server_auth.WeightsRoots()
     if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or decode_steps < 1:
       raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')

@@ -1,10 +1,9 @@
 """Request handling of `osvl_jax.rollout.server`: SGLang `/generate` fields and sampling parameters, images
-(base64 / data URLs, pad expansion), OpenAI chat messages rendered as the `TrajectoryBuilder` renders them, and
-loading the served policy. Every refusal is a `RequestError` naming the field (HTTP 400).
+(base64 / data URLs, pad expansion), OpenAI chat messages rendered as the `TrajectoryBuilder` renders them.
+Every refusal is a `RequestError` naming the field (HTTP 400).
 """
 
 import dataclasses
-import pathlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,48 +37,6 @@ class Row:
   return_logprob: bool = False
   return_text_in_logprobs: bool = False
 
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Loading weights.
-# ---------------------------------------------------------------------------------------------------------------
-
-def load_policy(path: str | pathlib.Path, workdir: str | None = None, step: int | None = None,
-                hf_config: str | None = None):
-  """Loads a policy from an orbax checkpoint of the project or from an HF folder.
-
-  Args:
-    path: an HF folder (`config.json` + `*.safetensors`), or what `export_hf.resolve_checkpoint` takes:
-      'latest' | 'sft' | 'grpo' (with `workdir`), a checkpoint folder (`W/sft_ckpt`) or one step of it.
-    workdir: the job folder for the named choices.
-    step: checkpoint step (None: the latest).
-    hf_config: architecture override (`export_hf.read_config`).
-  Returns:
-    (model `Qwen3VLModel`, meta dict: the checkpoint's meta with 'step' and 'path', or {'path'} for an HF folder).
-  Raises:
-    FileNotFoundError: no such checkpoint / folder.
-    ValueError: the checkpoint does not fit the architecture.
-  """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-
-  from osvl_jax import export_hf  # pylint: disable=g-import-not-at-top
-  from osvl_jax.models.qwen3_vl import weights  # pylint: disable=g-import-not-at-top
-  from osvl_jax.models.qwen3_vl.model import Qwen3VLModel  # pylint: disable=g-import-not-at-top
-  from osvl_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  p = pathlib.Path(str(path))
-  if p.is_dir() and (p / 'config.json').is_file():
-    model, _ = weights.load_hf_folder(p)
-    return model, {'path': str(p)}
-  folder, step = export_hf.resolve_checkpoint(workdir, str(path), step)
-  mngr = ckpt_lib.manager(folder.parent, folder.name)
-  saved = ckpt_lib.read_meta(mngr, step)
-  config = export_hf.read_config(hf_config, saved)
-  model = Qwen3VLModel(config, nnx.Rngs(0), scan_layers=bool(saved.get('scan_layers', False)))
-  try:
-    meta = ckpt_lib.restore(mngr, model, step=step)
-  except ValueError as e:
-    raise ValueError(f'checkpoint {folder} does not fit this architecture: {e}') from e
-  return model, {**meta, 'path': f'{folder}/{step}'}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ import pathlib
 
 import ml_collections
 
+from osvl_jax.checkpoints import storage
 from osvl_jax.data import pipeline as pipeline_data
-from osvl_jax.train import storage
 
 
 def dataset_dir(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:

@@ -35,17 +35,18 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from osvl_jax import checkpoints
 from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
+from osvl_jax.checkpoints import storage
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import (batching, checkpoint, data, grpo_update, metrics, policy, preflight, rollouts, sft,
-                            storage)
+from osvl_jax.train import batching, data, grpo_update, metrics, policy, preflight, rollouts, sft
 
 
 
@@ -218,13 +219,13 @@ def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: 
   else initialised from the SFT checkpoint (restored onto this placement, whatever mesh wrote it)."""
   mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
   model, optimizer = policy.create(config, mesh, 'grpo')
-  mngr = checkpoint.manager(workdir, 'grpo_ckpt')
-  meta = checkpoint.restore(mngr, model, optimizer)
+  mngr = checkpoints.manager(workdir, 'grpo_ckpt')
+  meta = checkpoints.restore(mngr, model, optimizer)
   if meta:
     print(f"grpo: resumed at step {meta['step']}", flush=True)
     return model, optimizer, mngr, meta['step']
   init_dir = _init_dir(config, workdir)
-  sft_meta = checkpoint.restore(checkpoint.manager(init_dir, 'sft_ckpt'), model)
+  sft_meta = checkpoints.restore(checkpoints.manager(init_dir, 'sft_ckpt'), model)
   if sft_meta is None and (config.grpo.get('init_from') or not config.model.get('hf_path')):
     raise FileNotFoundError(f'grpo: no SFT checkpoint in {init_dir / "sft_ckpt"}; run osvl_jax.train.sft first '
                             'or set config.grpo.init_from (leave it empty to start from model.hf_path)')
@@ -248,7 +249,7 @@ def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
   ref = policy.create_model(config, mesh, seed=config.seed)
   init_dir = _init_dir(config, workdir)
-  if checkpoint.restore(checkpoint.manager(init_dir, 'sft_ckpt'), ref) is None and not config.model.get('hf_path'):
+  if checkpoints.restore(checkpoints.manager(init_dir, 'sft_ckpt'), ref) is None and not config.model.get('hf_path'):
     raise FileNotFoundError(f'grpo: beta={config.grpo.beta} needs the SFT checkpoint in {init_dir / "sft_ckpt"} '
                             'as the reference policy')
   print(f"grpo: reference policy (beta={config.grpo.beta}) from {init_dir / 'sft_ckpt'}", flush=True)
@@ -276,7 +277,8 @@ def drop_stale(trajectories: list, version: int, max_staleness: int) -> tuple[li
 def dump_rollout_batch(workdir, step: int, rollout_batch: dict) -> None:
   """Debug (`grpo.dump_rollouts`): pickles the rollout batch that step `step` (1-based, as in the metrics) trains
   on, as every host receives it (trajectories after `drop_stale`, their scores, policy_versions, stale,
-  rollout_seconds), to `<workdir>/rollouts/<step:08d>.pkl`, so its update can be recomputed offline."""
+  rollout_seconds; and the run's fatal_mode), to `<workdir>/rollouts/<step:08d>.pkl`, so its update can be recomputed
+  offline and `python -m osvl_jax.view` can show it."""
   folder = workdir / 'rollouts'
   folder.mkdir(parents=True, exist_ok=True)
   (folder / f'{int(step):08d}.pkl').write_bytes(pickle.dumps(rollout_batch, protocol=pickle.HIGHEST_PROTOCOL))
@@ -370,12 +372,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
         rollout_batch = {'trajectories': trajectories, 'scores': score_batch(trajectories, cfg, judge),
                          'policy_versions': versions, 'stale': stale, 'rollout_seconds': rollout_seconds}
         if cfg.get('dump_rollouts'):
-          dump_rollout_batch(workdir, step + 1, rollout_batch)
+          dump_rollout_batch(workdir, step + 1, {**rollout_batch, 'fatal_mode': cfg.fatal_mode})
       rollout_batch = distributed.broadcast_object(rollout_batch)  # every host: the same batch (a collective)
       trajectories = rollout_batch['trajectories']
       out = {}
       if trajectories:
         batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
+        batch['on_policy_rows'] = np.array([int(t.policy_version) == step for t in trajectories])  # the alarm's rows
         batch.pop('rewards')
         fatal_steps = batch.pop('fatal_steps')
         with sharding.use_mesh(mesh, rules):  # activation constraints on
@@ -401,7 +404,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
       })
       publish_seconds = 0.0
       if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-        checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'grpo', **sft.checkpoint_meta(config)})
+        checkpoints.save(mngr, step + 1, model, optimizer, {'stage': 'grpo', **sft.checkpoint_meta(config)})
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
   writer.close()

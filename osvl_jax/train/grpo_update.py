@@ -48,14 +48,15 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   """Checks the update-schedule fields of `config.grpo` (called by `grpo.check_config`).
 
   Fields (all optional): mini_batch_prompts (int >= 0; 0 = the whole rollout batch, one step), ppo_epochs (int >= 1,
-  default 1), tis_cap (None or 0 = off, else >= 1), max_staleness (int >= 0; 0 = strictly on-policy; read by the
+  default 1), tis_cap (None or 0 = off, else >= 1), max_logprob_mismatch (the mismatch alarm, `check_mismatch`: None
+  or 0 = off, else > 0), max_staleness (int >= 0; 0 = strictly on-policy; read by the
   async rollout), micro_batch_size (must divide the rows of a mini-batch, mini_batch_prompts × num_generations),
   router_aux_loss_coef / router_z_loss_coef (>= 0; MoE router losses, `make_grad_fn`).
 
   Raises:
     ValueError: naming the field: mini_batch_prompts < 0 or not dividing grpo.prompts_per_step, ppo_epochs < 1,
-      tis_cap in (0, 1) or < 0, max_staleness < 0, micro_batch_size not dividing the mini-batch rows (or a non-int count),
-      a router loss coefficient < 0.
+      tis_cap in (0, 1) or < 0, max_logprob_mismatch < 0, max_staleness < 0, micro_batch_size not dividing the
+      mini-batch rows (or a non-int count), a router loss coefficient < 0.
   """
   prompts = checks.positive_int(config, 'grpo.prompts_per_step')
   mini = checks.number(config, 'grpo.mini_batch_prompts', integer=True, low=0, optional=True) or prompts
@@ -65,6 +66,7 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   if config.grpo.get('tis_cap'):  # None / 0 = off; a cap below 1 would scale every token down
     checks.number(config, 'grpo.tis_cap', low=1)
   checks.number(config, 'grpo.max_staleness', integer=True, low=0, optional=True)
+  checks.number(config, 'grpo.max_logprob_mismatch', low=0, optional=True)
   for field in policy.ROUTER_LOSS_FIELDS:
     checks.number(config, f'grpo.{field}', low=0, optional=True)
   rows = mini * checks.number(config, 'grpo.num_generations', integer=True, low=1)
@@ -199,6 +201,29 @@ def mismatch_metrics(old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, kno
   if tis_cap:
     out['tis_capped_frac'] = float(np.mean(ratio > tis_cap)) if any_ else 0.0
   return out
+
+
+class MismatchAlarm(RuntimeError):
+  """The trainer's and the engine's log-probs of the same tokens disagree beyond `grpo.max_logprob_mismatch`."""
+
+
+def check_mismatch(metrics: dict, threshold: float | None, figure: str = 'logprob_mismatch_abs_mean') -> None:
+  """The mismatch alarm: stops the step when `metrics[figure]` (`mismatch_metrics`' mean |log π_rollout −
+  log π_old|; the trainer passes `logprob_mismatch_on_policy_abs_mean`, over the rows rolled out by the weights being updated,
+  so a stale row's policy lag under `max_staleness` does not count) exceeds `threshold` (None / 0 = off). An engine
+  that rolled out another policy than the trainer's shows up this way: one that did not see the images, wrongly
+  exported or unpublished weights, another tokenization of the context, another temperature.
+
+  Raises:
+    MismatchAlarm: naming the figure, its value, the token count and the config field.
+  """
+  value = metrics.get(figure, 0.0)
+  tokens = metrics.get(figure.replace('_abs_mean', '_tokens'), 0)
+  if threshold and tokens and value > float(threshold):
+    raise MismatchAlarm(
+        f'{figure}={value:.4g} (mean |log π_rollout − log π_old| over {int(tokens)} loss tokens) exceeds '
+        f'grpo.max_logprob_mismatch={threshold}: the engine sampled from another policy than the trainer scores (did it see the images? are its weights the '
+        'published ones? same temperature?); the step is not taken')
 
 
 def tis_weights(old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, known_rows: np.ndarray,
@@ -349,13 +374,17 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       cfg.patches_per_shard)`, host arrays.
   Returns:
     update(model, optimizer, batch, grid, prompt_ids, ref_model=None) -> (metrics, step_metrics):
-      batch / grid as `grpo.prepare_batch` returns them (without rewards / fatal_steps; host numpy), prompt_ids [B]
-      the prompt of each row, ref_model π_ref (needed when beta > 0). The model and optimizer are updated in place.
+      batch / grid as `grpo.prepare_batch` returns them (without rewards / fatal_steps; host numpy; optionally
+      `on_policy_rows` bool [B], the rows rolled out by the weights being updated: the mismatch alarm's rows,
+      `check_mismatch`), prompt_ids [B] the prompt of each row, ref_model π_ref (needed when beta > 0). The model
+      and optimizer are updated in place.
       step_metrics: one dict per optimizer step (`grpo_loss`'s metrics + grad_norm, before clipping);
       metrics: those reduced by `STEP_REDUCTIONS` (+ grad_norm_max), `mismatch_metrics`, optimizer_steps,
       mini_batches, micro_batches (per mini-batch, the largest).
   Raises (from update):
     ValueError: prompt_ids not [B]; beta > 0 without ref_model.
+    MismatchAlarm: the engine's log-probs are further than `cfg.max_logprob_mismatch` from π_old's (before any
+      optimizer step).
   """
   patches = int(cfg.get('patches_per_shard', 0) or 0)
   mini_prompts, epochs = int(cfg.get('mini_batch_prompts', 0) or 0), int(cfg.get('ppo_epochs', 1) or 1)
@@ -370,12 +399,20 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
     if beta and ref_model is None:
       raise ValueError(f'grpo.beta={beta} needs ref_model')
     batch = dict(batch)
+    on_policy = batch.pop('on_policy_rows', None)  # bool [B]: rolled out by the weights being updated
     batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, put, temp)  # once (Eq. 12's π_old)
     if beta:
       batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put, temp)
     known = rollout_logprob_rows(batch)
     rollout = batch.get('rollout_logprobs', np.zeros_like(batch['old_logprobs']))
     out = mismatch_metrics(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
+    figure = 'logprob_mismatch_abs_mean'
+    if on_policy is not None:  # the alarm's figure: the engine's own gap, not the lag of stale rows' policy
+      figure = 'logprob_mismatch_on_policy_abs_mean'
+      alarm = mismatch_metrics(batch['old_logprobs'], rollout, known & np.asarray(on_policy, bool), batch['loss_mask'])
+      out.update(logprob_mismatch_on_policy_tokens=alarm['logprob_mismatch_tokens'],
+                 logprob_mismatch_on_policy_abs_mean=alarm['logprob_mismatch_abs_mean'])
+    check_mismatch(out, cfg.get('max_logprob_mismatch'), figure)  # before any optimizer step: nothing changed yet
     if tis_cap:
       batch['tis_weights'] = tis_weights(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
     minis = mini_batch_rows(prompt_ids, mini_prompts)

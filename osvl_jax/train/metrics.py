@@ -2,7 +2,7 @@
 metrics of a batch's parts (micro-batches) to those of the whole batch.
 
 In a multi-host run only process 0 writes (`MetricWriter` is a no-op elsewhere). The workdir may be a cloud URL
-(`gs://bucket/run`, see `train.storage`).
+(`gs://bucket/run`, see `checkpoints.storage`).
 """
 
 import json
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from osvl_jax import compile_cache
-from osvl_jax.train import storage
+from osvl_jax.checkpoints import storage
 
 
 def _import_tensorboardx():

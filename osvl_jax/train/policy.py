@@ -10,7 +10,6 @@ Parameters and the optimizer state (Adam mu / nu like their parameter) are place
 (`models/qwen3_vl/sharding.py`, overridable with `config.sharding_rules`).
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -20,6 +19,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from osvl_jax import checkpoints
+from osvl_jax import distributed
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import moe
@@ -28,53 +29,6 @@ from osvl_jax.models.qwen3_vl import vision as vision_lib
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.rl import losses
 from osvl_jax.train import batching
-
-
-def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Qwen3VLModel:
-  """The policy named by `config.model`: `hf_path` (an HF Qwen3-VL folder) if set, else `name` ('tiny').
-
-  `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
-  `config.model.scan_layers` / `config.model.remat` (optional, default False): run the decoder layers under
-  `jax.lax.scan` (stacked parameter layout) / rematerialise each layer in the backward pass (`text.Qwen3VLText`).
-  `config.model.dtype` / `param_dtype` (optional, default 'float32'): compute and parameter dtypes (the paper
-  configs compute in bfloat16 over float32 parameters; the loss's log-softmax is float32 either way).
-  Checkpoints keep the layout they were written with: resume with the same `scan_layers`.
-
-  Raises:
-    ValueError: for an unknown `config.model.name` or dtype.
-  """
-  scan_layers = bool(config.model.get('scan_layers', False))
-  dtypes = model_dtypes(config)
-  if config.model.get('hf_path'):
-    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers, **dtypes)
-  elif config.model.name != 'tiny':
-    raise ValueError(f"config.model.name={config.model.name!r}: only 'tiny' is built in; set model.hf_path")
-  else:
-    model_config = config_lib.Qwen3VLConfig.tiny()
-    if config.model.get('text'):
-      model_config = dataclasses.replace(model_config,
-                                         text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
-    model = model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed), scan_layers=scan_layers, **dtypes)
-  model.language_model.remat = bool(config.model.get('remat', False))
-  return model
-
-
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-
-
-def model_dtypes(config: ml_collections.ConfigDict) -> dict:
-  """{'dtype', 'param_dtype'} (jnp dtypes) from `config.model.dtype` / `param_dtype` (default 'float32').
-
-  Raises:
-    ValueError: naming the field, for a dtype outside `DTYPES`.
-  """
-  out = {}
-  for field in ('dtype', 'param_dtype'):
-    name = str(config.model.get(field) or 'float32')
-    if name not in DTYPES:
-      raise ValueError(f'model.{field}={name!r} is not one of {sorted(DTYPES)}')
-    out[field] = DTYPES[name]
-  return out
 
 
 SCHEDULES = ('cosine', 'constant')
@@ -120,20 +74,20 @@ def make_tx(lr: float, steps: int, warmup_steps: int = 0, weight_decay: float = 
 
 def create_model(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                  seed: int = 0) -> model_lib.Qwen3VLModel:
-  """`build_model(config, seed)` created directly sharded on `mesh` by the rules (`config.sharding_rules`).
+  """`checkpoints.build_model(config, seed)` created directly sharded on `mesh` by the rules (`config.sharding_rules`).
 
   A random init is traced abstractly (`nnx.eval_shape`) and then run by `jax.jit` with the rules' `out_shardings`,
   so each device only ever materialises its own shards; an HF folder (`model.hf_path`) is read one tensor at a
   time, each placed in its sharding (`weights.load_hf_folder(mesh=...)`). The values are the same on every mesh
-  (and `build_model`'s up to float rounding of the jitted init).
+  (and `checkpoints.build_model`'s up to float rounding of the jitted init).
   """
   rules = sharding.rules_from_config(config)
   if config.model.get('hf_path'):
     model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=bool(config.model.get('scan_layers', False)),
-                                      mesh=mesh, rules=rules, **model_dtypes(config))
+                                      mesh=mesh, rules=rules, **checkpoints.model_dtypes(config))
     model.language_model.remat = bool(config.model.get('remat', False))
     return model
-  make = lambda: build_model(config, seed)
+  make = lambda: checkpoints.build_model(config, seed)
   graphdef, abstract = nnx.split(nnx.eval_shape(make))
   init = jax.jit(lambda: nnx.split(make())[1], out_shardings=sharding.state_shardings(abstract, mesh, rules))
   return nnx.merge(graphdef, init())
@@ -339,7 +293,7 @@ def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RUL
   (`vision_layout`: pixel_values [S, P, 1536] and the vision_* geometry [S, P, ...], split like the rows, S >= 1),
   so each device's vision tower encodes only its own rows' images and the step's program depends on the budgets
   only, not on the grids; image_grid_thw is dropped. Multi-host: SFT feeds only each host's rows
-  (`distributed.host_batch`); GRPO gives every host the whole batch, of which each places its devices' slices.
+  (`host_batch`); GRPO gives every host the whole batch, of which each places its devices' slices.
 
   Args:
     batch: `batching.collate`'s fields (+ per-row loss arrays), host or jax arrays; pixel_values flat [N, 1536]
@@ -371,4 +325,59 @@ def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RUL
       out[key] = jax.make_array_from_callback(value.shape, target, lambda index, value=value: value[index])
     else:
       out[key] = jax.device_put(value, target)
+  return out
+
+
+def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_loss: int, rules=None,
+               vision_config=None, patches_per_shard: int = 0) -> dict:
+  """The global training batch of `trajectories`, of which this host collates only its own rows.
+
+  Text fields (ids, masks, positions, loss gathers) are collated from this host's rows alone and become global
+  arrays split over the batch axes ('data', 'fsdp') (`batch_sharding`). The images are laid out per batch
+  shard with their geometry as arrays (`batching.shard_vision_inputs`: pixel_values [S, P, 1536], vision_* [S, P,
+  ...], split like the rows): each host lays out the whole batch's images from the trajectories (their grids give
+  each row's patches; no tokenizing, no collation of other hosts' rows) and places its devices' shards. In a single
+  process this is `collate` + `shard_batch`.
+
+  Args:
+    trajectories: the B rows of the global batch, the same list on every host.
+    mesh: the trainer's mesh (`sharding.mesh_from_config`).
+    length, num_loss: the run's fixed T and K (`batching.padded_sizes`).
+    rules: logical rules (`sharding.rules_from_config`); None = `sharding.LOGICAL_RULES`.
+    vision_config: the policy's `VisionConfig` (needed when a trajectory has images or a patch budget is set).
+    patches_per_shard: the patch budget P (`sft.patches_per_shard`); 0 = the fullest shard of this batch.
+  Returns:
+    the batch of jax arrays (no image_grid_thw: nothing of it is static under jit).
+  Raises:
+    ValueError: B does not split over the mesh's batch axes; a shard over the patch budget.
+  """
+  rules = sharding.LOGICAL_RULES if rules is None else rules
+  if jax.process_count() == 1:
+    batch = batching.collate(trajectories, length=length, num_loss=num_loss)
+    return shard_batch(batch, mesh, rules, vision_config, patches_per_shard)
+  size = len(trajectories)
+  local = batching.collate(trajectories[distributed.host_rows(mesh, size, rules)], length=length, num_loss=num_loss)
+  local.pop('image_grid_thw')
+  local.pop('pixel_values')
+  images = [image for traj in trajectories for image in traj.images]
+  per_row = np.array([sum(int(np.prod(i.grid_thw)) for i in traj.images) for traj in trajectories], np.int64)
+  vision = batching.shard_vision_inputs(
+      np.concatenate([np.asarray(i.pixel_values, np.float32) for i in images]) if images else None,
+      np.array([np.asarray(i.grid_thw) for i in images], np.int32).reshape(-1, 3), per_row,
+      sharding.batch_shards(mesh, rules), vision_config, patches_per_shard) if images or patches_per_shard else {}
+  out = {}
+  for key, value in local.items():
+    if value is None:
+      out[key] = None
+      continue
+    target, row_axis = batch_sharding(key, np.ndim(value), mesh, rules)
+    out[key] = distributed.global_array(target, value, row_axis, size)
+  for key, value in vision.items():   # the whole batch's layout on every host: each places its devices' shards
+    if value is None:
+      out[key] = None
+      continue
+    target, _ = batch_sharding(key, value.ndim, mesh, rules)
+    out[key] = jax.make_array_from_callback(value.shape, target, lambda index, value=value: value[index])
+  if 'pixel_values' not in out:
+    out['pixel_values'] = None
   return out

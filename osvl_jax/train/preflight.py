@@ -12,7 +12,9 @@ import httpx
 import ml_collections
 import orbax.checkpoint as ocp
 
-from osvl_jax.train import checkpoint, rollouts, storage
+from osvl_jax import checkpoints
+from osvl_jax.checkpoints import storage
+from osvl_jax.train import rollouts
 
 HEALTH_TIMEOUT = 5.0   # seconds for one GET /health (a server that is up answers at once)
 
@@ -20,7 +22,7 @@ HEALTH_TIMEOUT = 5.0   # seconds for one GET /health (a server that is up answer
 def checkpoint_steps(workdir: str | pathlib.Path, name: str) -> list[int]:
   """The finished steps of `<workdir>/<name>` (a local folder or a URL), without creating anything; [] when the
   folder does not exist."""
-  folder = checkpoint.directory(workdir, name)
+  folder = checkpoints.directory(workdir, name)
   if not folder.is_dir():
     return []
   mngr = ocp.CheckpointManager(folder, options=ocp.CheckpointManagerOptions(create=False, read_only=True))

@@ -15,11 +15,11 @@ import numpy as np
 
 from osvl_jax import config_checks as checks
 from osvl_jax import trajectory as trajectory_lib
+from osvl_jax.checkpoints import storage
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import rule as rule_judge
 from osvl_jax.rl import rewards
-from osvl_jax.rollout import agent_loop, jax_sampler, sglang_client, weight_sync
-from osvl_jax.train import storage
+from osvl_jax.rollout import agent_loop, factory, jax_sampler, sglang_client, weight_sync
 from tools import env as tools_env
 
 ENGINES = ('embedded', 'sglang')
@@ -131,8 +131,8 @@ class RolloutRunner:
     return self.sync.publish(model, version)
 
   def make_builder(self) -> trajectory_lib.TrajectoryBuilder:
-    return trajectory_lib.TrajectoryBuilder(self.tokenizer, self.image_processor, self.env.schemas(),
-                                            system_prompt=self.system_prompt)
+    """A builder of this run's episodes (`rollout.factory.make_builder`: the tool env's schemas and profile)."""
+    return factory.make_builder(self.tokenizer, self.image_processor, self.env, self.system_prompt)()
 
   def run(self, items: list[dict], num_generations: int, temperature: float, top_p: float,
           seed: int) -> list[trajectory_lib.Trajectory]:

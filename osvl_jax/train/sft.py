@@ -22,13 +22,15 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from osvl_jax import checkpoints
 from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax import trajectory as traj_lib
+from osvl_jax.checkpoints import storage
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, checkpoint, data, metrics, policy, storage
+from osvl_jax.train import batching, data, metrics, policy
 
 
 def check_model_config(config: ml_collections.ConfigDict) -> None:
@@ -37,7 +39,7 @@ def check_model_config(config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: naming the field: a non-int seed, an unknown model.name without model.hf_path, a `mesh.<axis>`
       that does not fit the devices (`sharding.mesh_from_config`), a malformed `sharding_rules` entry, a
-      model.dtype / param_dtype outside `policy.DTYPES`, an unknown system_prompt, image pixel
+      model.dtype / param_dtype outside `checkpoints.DTYPES`, an unknown system_prompt, image pixel
       limits that are not ints >= 1 with min <= max, or data.min_pixels / max_pixels (the budget the dataset's
       trajectories were rendered with) differing from image.min_pixels / max_pixels.
   """
@@ -45,7 +47,7 @@ def check_model_config(config: ml_collections.ConfigDict) -> None:
   traj_lib.system_prompt_text(config.get('system_prompt'))   # ValueError naming it
   sharding.mesh_from_config(config.get('mesh'))
   sharding.rules_from_config(config)
-  policy.model_dtypes(config)
+  checkpoints.model_dtypes(config)
   if not checks.get(config, 'model.hf_path') and checks.get(config, 'model.name') != 'tiny':
     raise ValueError(f"model.name={checks.get(config, 'model.name')!r}: only 'tiny' is built in; set model.hf_path")
   limits = checks.pixel_limits(config, 'image')
@@ -143,7 +145,7 @@ def make_train_step(cfg: ml_collections.ConfigDict | None = None):
   """A jitted SFT step (model, optimizer, batch) -> metrics; `cfg` (config.sft, optional) gives the MoE router
   losses' coefficients (`router_aux_loss_coef`, `router_z_loss_coef`; absent = 0, `loss_fn`).
 
-  `batch` is laid out by `policy.shard_batch` / `distributed.host_batch` (images per batch shard with their geometry
+  `batch` is laid out by `policy.shard_batch` / `policy.host_batch` (images per batch shard with their geometry
   as arrays, no image_grid_thw): nothing of it is static, so every batch of the same budgets (T, K, rows, patches
   per shard) runs one compiled program whatever its images. The model's and optimizer's arrays are donated: the step
   updates them in place (one copy of the parameters and Adam moments per device, not two), so arrays read from them
@@ -189,7 +191,7 @@ def make_step(cfg: ml_collections.ConfigDict, place: Callable[[list], dict]):
   Args:
     cfg: config.sft: batch_size, micro_batch_size (0 / absent = the batch: one fused, donated `make_train_step`),
       and the router coefficients.
-    place: trajectories -> placed batch at the run's fixed budgets (`distributed.host_batch`).
+    place: trajectories -> placed batch at the run's fixed budgets (`policy.host_batch`).
   Returns:
     step: with micro-batches, their gradients (`make_grad_step`) summed, then one optimizer step
     (`policy.apply_grads`); metrics loss, nll_sum, num_tokens (summed over the micro-batches: the step's), the
@@ -236,8 +238,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   # The mesh of config.mesh (every host's devices); model and optimizer state created sharded on it by the rules.
   mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
   model, optimizer = policy.create(config, mesh, 'sft')
-  mngr = checkpoint.manager(workdir, 'sft_ckpt')
-  meta = checkpoint.restore(mngr, model, optimizer)  # onto the placement above, whatever mesh wrote it
+  mngr = checkpoints.manager(workdir, 'sft_ckpt')
+  meta = checkpoints.restore(mngr, model, optimizer)  # onto the placement above, whatever mesh wrote it
   start = meta['step'] if meta else 0
   if start:
     print(f'sft: resumed at step {start}', flush=True)
@@ -248,7 +250,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   rows_per_shard = (int(cfg.get('micro_batch_size', 0) or 0) or cfg.batch_size) // sharding.batch_shards(mesh, rules)
   patches = (int(cfg.get('patches_per_shard', 0) or 0) or
              batching.patch_budget(trajectories, rows_per_shard, model.config.vision.spatial_merge_size ** 2))
-  train_step = make_step(cfg, lambda rows: distributed.host_batch(rows, mesh, length, num_loss, rules,
+  train_step = make_step(cfg, lambda rows: policy.host_batch(rows, mesh, length, num_loss, rules,
                                                                   model.config.vision, patches))
   t0, tokens = time.time(), 0
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
@@ -262,7 +264,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
       writer.write(step + 1, {**out, 'target_tokens_per_s': tokens / (time.time() - t0)})
       t0, tokens = time.time(), 0
     if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-      checkpoint.save(mngr, step + 1, model, optimizer, {'stage': 'sft', **checkpoint_meta(config)},
+      checkpoints.save(mngr, step + 1, model, optimizer, {'stage': 'sft', **checkpoint_meta(config)},
                       wait=step + 1 == cfg.steps)  # asynchronous but the last
   writer.close()
   return model

@@ -128,3 +128,21 @@ def test_model_expert_against_a_real_server_rejects_garbage_with_reasons(graph, 
   assert counts['rejected'] == 10 and sum(counts['reasons'].values()) == 10
   assert all(r.startswith('answer: ') for r in counts['reasons']), counts['reasons']
   assert not any('(error)' in r for r in counts['reasons']), counts['reasons']  # the server answered every turn
+
+
+def test_the_model_expert_calls_tools_in_the_official_profile(graph, item):
+  """`tool_schema='official'` in the pipeline's tool config: the expert's `text_search{q, hl}` is parsed in the
+  profile the env runs (`rollout.factory.make_builder`), the search runs and the trajectory is kept."""
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.rollout import engine as engine_lib
+  tokenizer = traj_lib.load_tokenizer()
+  call = traj_lib.render_assistant_text('Search.', tool_call={'name': 'text_search', 'arguments': {
+      'q': item['question'][:60], 'hl': 'en'}})
+  engine = engine_lib.ScriptedEngine([call, traj_lib.render_assistant_text('Done.', response=item['answers'][0])],
+                                     tokenizer)
+  records, counts = synthesize.synthesize([item], graph, osvl_paths.data_dir(), config=model_config(num_samples=1),
+                                          engine=engine, tool_config={'enabled': ('text_search',),
+                                                                      'tool_schema': 'official'})
+  assert counts['kept'] == 1, counts
+  step = traj_lib.Trajectory.from_record(records[0]).steps[0]
+  assert set(step.action.arguments) == {'query'} and step.result.ok and step.format_ok

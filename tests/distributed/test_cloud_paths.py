@@ -6,14 +6,16 @@ import ml_collections
 import pytest
 from orbax.checkpoint._src.serialization import tensorstore_utils
 
-from osvl_jax.train import checkpoint, data, storage
+from osvl_jax import checkpoints
+from osvl_jax.checkpoints import storage
+from osvl_jax.train import data
 
 
 def test_a_gs_workdir_stays_a_url_and_a_local_one_becomes_absolute():
   assert str(storage.path('gs://bkt/run')) == 'gs://bkt/run'
   assert str(storage.path('gs://bkt/run/')) == 'gs://bkt/run'
-  assert str(checkpoint.directory('gs://bkt/run', 'sft_ckpt')) == 'gs://bkt/run/sft_ckpt'
-  assert str(checkpoint.directory(storage.path('gs://bkt/run'), 'grpo_ckpt')) == 'gs://bkt/run/grpo_ckpt'
+  assert str(checkpoints.directory('gs://bkt/run', 'sft_ckpt')) == 'gs://bkt/run/sft_ckpt'
+  assert str(checkpoints.directory(storage.path('gs://bkt/run'), 'grpo_ckpt')) == 'gs://bkt/run/grpo_ckpt'
   assert str(pathlib.Path('gs://bkt/run')) == 'gs:/bkt/run'  # the bug this guards against
   assert storage.is_remote('gs://bkt/run') and not storage.is_remote('workdir/gs:')
   assert str(storage.path('rel/dir')) == str(pathlib.Path('rel/dir').resolve())
@@ -22,7 +24,7 @@ def test_a_gs_workdir_stays_a_url_and_a_local_one_becomes_absolute():
 @pytest.mark.parametrize('use_ocdbt', [True, False])
 def test_orbax_hands_the_checkpoint_url_to_tensorstores_gcs_driver(use_ocdbt):
   """The kvstore spec orbax builds for our checkpoint directory: bucket and object path exactly as given."""
-  directory = checkpoint.directory('gs://bkt/run', 'sft_ckpt') / '2' / 'params'
+  directory = checkpoints.directory('gs://bkt/run', 'sft_ckpt') / '2' / 'params'
   spec = tensorstore_utils.build_kvstore_tspec(str(directory), name='model.embed', use_ocdbt=use_ocdbt)
   kvstore = spec['base'] if use_ocdbt else spec
   assert kvstore['driver'] == 'gcs' and kvstore['bucket'] == 'bkt'

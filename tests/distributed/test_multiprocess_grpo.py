@@ -21,9 +21,10 @@ import pytest
 from flax import nnx
 from PIL import Image
 
+from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import sharding, weights
 from osvl_jax.rollout import sglang_client as sc
-from osvl_jax.train import checkpoint, grpo, grpo_update, metrics, policy
+from osvl_jax.train import grpo, grpo_update, metrics, policy
 from tests.distributed import conftest
 from tests.serve.conftest import healthy_server
 
@@ -105,10 +106,10 @@ def test_two_processes_run_grpo_against_a_server_with_the_one_process_update(ser
                                           url=server, steps=STEPS, init=str(tmp_path / 'init')))
   c = _load_config(config_file)
   one_device = sharding.mesh_from_config(None)
-  checkpoint.save(checkpoint.manager(tmp_path / 'init', 'sft_ckpt'), 1,
+  checkpoints.save(checkpoints.manager(tmp_path / 'init', 'sft_ckpt'), 1,
                   policy.create_model(c, one_device, seed=5), None, {'stage': 'sft'})  # π_ref (and not the server's)
   model, optimizer = policy.create(c, one_device, 'grpo')  # seed 0: another policy
-  checkpoint.save(checkpoint.manager(tmp_path / 'start', 'grpo_ckpt'), 1, model, optimizer, {'stage': 'grpo'})
+  checkpoints.save(checkpoints.manager(tmp_path / 'start', 'grpo_ckpt'), 1, model, optimizer, {'stage': 'grpo'})
   pod, single = tmp_path / 'pod', tmp_path / 'single'
   shutil.copytree(tmp_path / 'start', pod)
   shutil.copytree(tmp_path / 'start', single)
@@ -138,6 +139,7 @@ def test_two_processes_run_grpo_against_a_server_with_the_one_process_update(ser
     assert len(trajectories) == 4
     batch, grid, _, _ = grpo.prepare_batch(trajectories, c.grpo, scores=rollout_batch['scores'])
     batch.pop('rewards'), batch.pop('fatal_steps')
+    batch['on_policy_rows'] = np.array([t.policy_version == step - 1 for t in trajectories])  # as the trainer
     expected.append(update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)[0])
   assert all(e['kl'] > 0.1 and e['grad_norm'] > 0.1 for e in expected)  # the KL term acts
   # Step 2 starts from the same parameters on both sides: only float32 summation order differs (rel 1e-5). Step 3
@@ -149,7 +151,7 @@ def test_two_processes_run_grpo_against_a_server_with_the_one_process_update(ser
     assert got[0] == pytest.approx(want[0], rel=1e-5), key
     assert abs(got[1] - want[1]) <= 1e-5 * abs(want[1]) + 1e-2 * abs(want[1] - want[0]), (key, got, want)
   pod_model = policy.create_model(c, one_device, seed=1)
-  assert checkpoint.restore(checkpoint.manager(pod, 'grpo_ckpt'), pod_model)['step'] == STEPS
+  assert checkpoints.restore(checkpoints.manager(pod, 'grpo_ckpt'), pod_model)['step'] == STEPS
   want, got = _params(model), _params(pod_model)
   assert want.keys() == got.keys()
   # What the servers loaded last is that checkpoint (gathered over both hosts, exported in float32 by process 0).
@@ -187,7 +189,7 @@ def test_a_dataset_fault_on_process_0_stops_every_process_at_once(server, tmp_pa
                                           url=server, steps=STEPS, init=str(tmp_path / 'init')))
   c = _load_config(config_file)
   model, optimizer = policy.create(c, sharding.mesh_from_config(None), 'grpo')
-  checkpoint.save(checkpoint.manager(tmp_path / 'pod', 'grpo_ckpt'), 1, model, optimizer, {'stage': 'grpo'})
+  checkpoints.save(checkpoints.manager(tmp_path / 'pod', 'grpo_ckpt'), 1, model, optimizer, {'stage': 'grpo'})
   t0 = time.monotonic()
   procs = conftest.start_processes(['-m', 'osvl_jax.train.grpo', f'--config={config_file}',
                                     f'--workdir={tmp_path / "pod"}'], 2, 4)

@@ -150,24 +150,23 @@ def test_a_rerun_with_other_settings_is_refused_naming_them(tmp_path, tokenizer,
 
 
 def test_policy_identity_names_the_checkpoint_step_and_content(tmp_path):
-  from osvl_jax.train import checkpoint
-  from osvl_jax.train import policy as train_policy
+  from osvl_jax import checkpoints
   config = small_config()
   config.model.text.num_hidden_layers = 1
-  model = train_policy.build_model(config)
-  mngr = checkpoint.manager(tmp_path, 'sft_ckpt')
-  checkpoint.save(mngr, 1, model, None, {'note': 'a'})
+  model = checkpoints.build_model(config)
+  mngr = checkpoints.manager(tmp_path, 'sft_ckpt')
+  checkpoints.save(mngr, 1, model, None, {'note': 'a'})
   config.checkpoint = str(tmp_path / 'sft_ckpt')
   first = policy.policy_identity(config)
   assert first['checkpoint'] == str((tmp_path / 'sft_ckpt').resolve()) and first['step'] == 1
   assert policy.policy_identity(config) == first  # stable
-  checkpoint.save(mngr, 2, model, None, {'note': 'b'})
+  checkpoints.save(mngr, 2, model, None, {'note': 'b'})
   second = policy.policy_identity(config)
   assert second['step'] == 2 and second['meta_sha256'] != first['meta_sha256']
   # the evaluator loads the step its fingerprint names, not whatever is latest by the time it loads
-  _, described = policy.load_policy(config, step=first['step'])
+  _, described = policy.build(config, step=first['step'])
   assert described.endswith('step 1')
-  assert policy.load_policy(config)[1].endswith('step 2')
+  assert policy.build(config)[1].endswith('step 2')
   assert policy.policy_identity(small_config()) == {'model': small_config().model.to_dict(), 'seed': 0}
 
 
@@ -175,16 +174,15 @@ def test_the_agent_prompt_is_the_checkpoints_unless_the_config_names_one(tmp_pat
   """One system prompt per run: evaluation defaults to the one the checkpoint's meta records (sft.checkpoint_meta),
   'builder_default' for a checkpoint from before it was recorded, the paper's agent prompt for an HF folder."""
   from osvl_jax import trajectory as traj_lib
-  from osvl_jax.train import checkpoint
-  from osvl_jax.train import policy as train_policy
+  from osvl_jax import checkpoints
   from osvl_jax.train import sft
   config = small_config()
   config.model.text.num_hidden_layers = 1
-  model = train_policy.build_model(config)
+  model = checkpoints.build_model(config)
   trained = small_config()
   trained.system_prompt = 'agent_system_v2'
-  checkpoint.save(checkpoint.manager(tmp_path / 'new', 'sft_ckpt'), 1, model, None, sft.checkpoint_meta(trained))
-  checkpoint.save(checkpoint.manager(tmp_path / 'old', 'sft_ckpt'), 1, model, None, {'note': 'before'})
+  checkpoints.save(checkpoints.manager(tmp_path / 'new', 'sft_ckpt'), 1, model, None, sft.checkpoint_meta(trained))
+  checkpoints.save(checkpoints.manager(tmp_path / 'old', 'sft_ckpt'), 1, model, None, {'note': 'before'})
   assert config.system_prompt == 'checkpoint'
   config.checkpoint = str(tmp_path / 'new' / 'sft_ckpt')
   v2 = traj_lib.system_prompt_text('agent_system_v2')

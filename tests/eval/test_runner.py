@@ -183,3 +183,22 @@ def test_rule_judge_scores_letter_replies_on_real_livevqa_items(tmp_path, tokeni
   records = {r['id']: r['correct'] for r in map(json.loads, (tmp_path / 'results.jsonl').read_text().splitlines())}
   assert records == {'1': False, '4': True}
   assert rep['runs']['direct']['benchmarks']['livevqa']['pass_at_1'] == 0.5
+
+
+def test_an_official_profile_call_is_parsed_and_run_in_that_profile(tmp_path, tokenizer):
+  """Evaluation with `tools.tool_schema='official'`: the policy's `text_search{q, hl}` is parsed in the profile the
+  tool env runs (`rollout.factory.make_builder`) and the search runs."""
+  from osvl_jax import trajectory as tj
+  from tools import env as tools_env
+  env = tools_env.ToolEnv({'enabled': ('text_search',), 'tool_schema': 'official'})
+  call = ('<think>Search.</think>\n<tool_call>{"name": "text_search", "arguments": {"q": "Tagus River Lisbon", '
+          '"hl": "en"}}</tool_call>')
+  config = small_config(benchmarks=('fvqa',), max_items_per_benchmark=1)
+  runner.evaluate(config, tmp_path, engine=engine_lib.ScriptedEngine([call, SCRIPT[1]], tokenizer),
+                  judge=CountingJudge(), env=env, tokenizer=tokenizer)
+  (record,) = [json.loads(line) for line in (tmp_path / 'results.jsonl').read_text().splitlines()]
+  assert record['tools'] == {'text_search': 1} and record['tool_errors'] == 0 and record['malformed_steps'] == 0
+  (_, traj), = results.read_trajectories(tmp_path)
+  step = traj.steps[0]
+  assert step.action.arguments == {'query': 'Tagus River Lisbon'} and step.result.ok and step.format_ok
+  assert 'Tagus' in step.result.text and tj.Trajectory.from_json(traj.to_json()).steps[0].result.ok

@@ -16,6 +16,7 @@ from flax import nnx
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
+from osvl_jax import checkpoints  # noqa: E402
 from osvl_jax import export_hf  # noqa: E402
 from osvl_jax import trajectory as tj  # noqa: E402
 from osvl_jax.models.qwen3_vl import parity  # noqa: E402
@@ -23,7 +24,6 @@ from osvl_jax.models.qwen3_vl import rope  # noqa: E402
 from osvl_jax.models.qwen3_vl import weights  # noqa: E402
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # noqa: E402
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel  # noqa: E402
-from osvl_jax.train import checkpoint  # noqa: E402
 
 
 PIXELS = {'image_processor': {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}}  # what the trainers record
@@ -32,10 +32,10 @@ PIXELS = {'image_processor': {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}}  # 
 def test_export_latest_checkpoint_loads_in_transformers_with_same_logits(tmp_path):
   config = Qwen3VLConfig.tiny()
   sft, grpo = Qwen3VLModel(config, nnx.Rngs(1)), Qwen3VLModel(config, nnx.Rngs(2))
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 4, sft, None, {'stage': 'sft', **PIXELS})
-  mngr = checkpoint.manager(tmp_path, 'grpo_ckpt')
-  checkpoint.save(mngr, 1, sft, None, {'stage': 'grpo', **PIXELS})
-  checkpoint.save(mngr, 2, grpo, None, {'stage': 'grpo', **PIXELS})
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 4, sft, None, {'stage': 'sft', **PIXELS})
+  mngr = checkpoints.manager(tmp_path, 'grpo_ckpt')
+  checkpoints.save(mngr, 1, sft, None, {'stage': 'grpo', **PIXELS})
+  checkpoints.save(mngr, 2, grpo, None, {'stage': 'grpo', **PIXELS})
   out = tmp_path / 'hf'
   export_hf.export(tmp_path, out)
   assert (out / 'model.safetensors').exists() and (out / 'tokenizer.json').exists()
@@ -52,7 +52,7 @@ def test_export_latest_checkpoint_loads_in_transformers_with_same_logits(tmp_pat
 
 def test_export_without_checkpoint_raises(tmp_path):
   with pytest.raises(FileNotFoundError):
-    export_hf.latest_checkpoint(tmp_path)
+    checkpoints.latest(tmp_path)
 
 
 def test_export_of_a_scan_layers_checkpoint_writes_the_per_layer_hf_tensors(tmp_path):
@@ -62,7 +62,7 @@ def test_export_of_a_scan_layers_checkpoint_writes_the_per_layer_hf_tensors(tmp_
   config = dataclasses.replace(base, text=dataclasses.replace(base.text, num_hidden_layers=3, intermediate_size=96,
                                                               rope_theta=10_000.0))
   scanned = Qwen3VLModel(config, nnx.Rngs(3), scan_layers=True)
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, scanned, None, {'stage': 'sft'})
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, scanned, None, {'stage': 'sft'})
   proc = subprocess.run([sys.executable, '-m', 'osvl_jax.export_hf', f'--workdir={tmp_path}',
                          f'--out={tmp_path / "hf"}', '--min_pixels=1024', '--max_pixels=8192'], capture_output=True, text=True, timeout=600,
                         cwd=pathlib.Path(__file__).parents[2], env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
@@ -80,9 +80,9 @@ def test_export_of_a_scan_layers_checkpoint_writes_the_per_layer_hf_tensors(tmp_
 
 def test_restoring_into_the_other_layout_names_scan_layers(tmp_path):
   config = Qwen3VLConfig.tiny()
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, Qwen3VLModel(config, nnx.Rngs(0)), None, {})
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, Qwen3VLModel(config, nnx.Rngs(0)), None, {})
   with pytest.raises(ValueError, match='scan_layers=False but the model has scan_layers=True'):
-    checkpoint.restore(checkpoint.manager(tmp_path, 'sft_ckpt'), Qwen3VLModel(config, nnx.Rngs(0), scan_layers=True))
+    checkpoints.restore(checkpoints.manager(tmp_path, 'sft_ckpt'), Qwen3VLModel(config, nnx.Rngs(0), scan_layers=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def exported(tmp_path_factory):
   """(HF folder, Flax model) of a tiny SFT checkpoint trained with a 32x32..64x64 pixel budget."""
   workdir = tmp_path_factory.mktemp('export')
   model = Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(5))
-  checkpoint.save(checkpoint.manager(workdir, 'sft_ckpt'), 3, model, None, {'stage': 'sft', **PIXELS})
+  checkpoints.save(checkpoints.manager(workdir, 'sft_ckpt'), 3, model, None, {'stage': 'sft', **PIXELS})
   info = export_hf.export(workdir, workdir / 'hf')
   assert (info['min_pixels'], info['max_pixels']) == (32 * 32, 64 * 64)
   return workdir / 'hf', model
@@ -264,15 +264,16 @@ def test_chat_template_ids_are_the_builders_ids_for_random_texts(exported, monke
 def _save_two_stages(workdir):
   sft, grpo = Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(1)), Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(2))
   for step in (2, 4):
-    checkpoint.save(checkpoint.manager(workdir, 'sft_ckpt'), step, sft, None, {'stage': 'sft', **PIXELS})
-  checkpoint.save(checkpoint.manager(workdir, 'grpo_ckpt'), 1, grpo, None, {'stage': 'grpo', **PIXELS})
+    checkpoints.save(checkpoints.manager(workdir, 'sft_ckpt'), step, sft, None, {'stage': 'sft', **PIXELS})
+  checkpoints.save(checkpoints.manager(workdir, 'grpo_ckpt'), 1, grpo, None, {'stage': 'grpo', **PIXELS})
   return sft, grpo
 
 
 def test_checkpoint_choice_sft_grpo_path_and_step(tmp_path):
   _save_two_stages(tmp_path)
-  resolve = export_hf.resolve_checkpoint
+  resolve = checkpoints.resolve
   assert resolve(tmp_path) == (tmp_path / 'grpo_ckpt', 1)                     # latest: GRPO once it exists
+  assert resolve(None, str(tmp_path)) == (tmp_path / 'grpo_ckpt', 1)          # a workdir path: its latest
   assert resolve(tmp_path, 'sft') == (tmp_path / 'sft_ckpt', 4)               # the SFT policy stays exportable
   assert resolve(tmp_path, 'sft', step=2) == (tmp_path / 'sft_ckpt', 2)
   assert resolve(None, str(tmp_path / 'sft_ckpt')) == (tmp_path / 'sft_ckpt', 4)
@@ -311,7 +312,7 @@ def test_a_failed_export_leaves_the_old_folder_and_no_temporary_one(tmp_path, mo
 
 def test_a_checkpoint_without_the_pixel_budget_needs_the_flags(tmp_path):
   model = Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, model, None, {'stage': 'sft'})
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, model, None, {'stage': 'sft'})
   with pytest.raises(ValueError, match='--min_pixels and --max_pixels'):
     export_hf.export(tmp_path, tmp_path / 'hf')
   assert not (tmp_path / 'hf').exists()

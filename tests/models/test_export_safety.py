@@ -13,11 +13,11 @@ import sys
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
 from osvl_jax import export_folder, export_hf
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
 from osvl_jax.rollout import weight_sync
-from osvl_jax.train import checkpoint
 
 PIXELS = {'image_processor': {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}}
 HF_FILES = {'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja',
@@ -36,7 +36,7 @@ def workdir(tmp_path, model):
   (w / 'data').mkdir(parents=True)
   (w / 'data' / 'items.parquet').write_bytes(b'rows')
   (w / 'metrics_sft.jsonl').write_text('{"step": 1}\n')
-  checkpoint.save(checkpoint.manager(w, 'sft_ckpt'), 2, model, None, {'stage': 'sft', **PIXELS})
+  checkpoints.save(checkpoints.manager(w, 'sft_ckpt'), 2, model, None, {'stage': 'sft', **PIXELS})
   (tmp_path / 'notes.txt').write_text('keep me')
   return w
 

@@ -333,11 +333,11 @@ def test_constrain_pins_the_residual_stream_to_the_batch_axes_under_a_set_mesh()
 @multi
 def test_orbax_checkpoint_saved_on_one_mesh_restores_onto_another(tmp_path):
   """Saved from fsdp=8, restored into a model placed on fsdp=2 x tensor=4: same values, the new layout."""
-  from osvl_jax.train import checkpoint
+  from osvl_jax import checkpoints
   saved = sharding.shard_model(Qwen3VLModel(DENSE, nnx.Rngs(5)), sharding.make_mesh(fsdp=8))
-  checkpoint.save(checkpoint.manager(tmp_path, 'ckpt'), 3, saved, None, {'stage': 'test'})
+  checkpoints.save(checkpoints.manager(tmp_path, 'ckpt'), 3, saved, None, {'stage': 'test'})
   target = sharding.shard_model(Qwen3VLModel(DENSE, nnx.Rngs(6)), sharding.make_mesh(fsdp=2, tensor=4))
-  meta = checkpoint.restore(checkpoint.manager(tmp_path, 'ckpt'), target)
+  meta = checkpoints.restore(checkpoints.manager(tmp_path, 'ckpt'), target)
   assert meta['stage'] == 'test' and meta['step'] == 3 and meta['scan_layers'] is False
   q = target.language_model.layers[0].self_attn.q_proj.kernel[...]
   assert tuple(q.sharding.spec) == ('fsdp', 'tensor') and q.sharding.mesh.shape['tensor'] == 4

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints as ckpt_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import sglang_client as sc
-from osvl_jax.train import checkpoint as ckpt_lib
 from tests.serve.conftest import (MAX_LEN, NEW, free_port, healthy, reference_sampler, serve_process, stop,
                                   wait_until)
 

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from osvl_jax import checkpoints
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import jax_sampler
@@ -22,7 +23,7 @@ def service(tiny_model, tokenizer, processor):
   same weights."""
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET, prefix_cache_slots=16)
-  loader = lambda path: tiny_model if path == 'tiny' else server.load_policy(path)[0]
+  loader = lambda path: tiny_model if path == 'tiny' else checkpoints.load_policy(path)[0]
   svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
                               batch_window_s=0.02, default_max_new_tokens=NEW, loader=loader)
   yield svc

@@ -9,6 +9,7 @@ import sys
 import httpx
 import pytest
 
+from osvl_jax import checkpoints
 from osvl_jax.rollout import jax_sampler, server, server_auth, weight_sync
 from osvl_jax.rollout import sglang_client as sc
 from tests.serve.conftest import (BUCKET, MAX_LEN, NEW, free_port, healthy, serve_in_thread, serve_process, stop,
@@ -43,7 +44,7 @@ def secured(tiny_model, tokenizer, processor, folders):
     loaded.append(path)
     if path.startswith('gs://'):
       raise FileNotFoundError(path)   # the test never reaches a bucket: it records that one would be read
-    return server.load_policy(path)[0]
+    return checkpoints.load_policy(path)[0]
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET)
   svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import jax_sampler, server, weight_sync
@@ -87,10 +88,10 @@ def test_check_update_on_exported_folders(tiny_model, tmp_path):
   """The real loader: an exported folder of the same architecture passes (in either dtype), a deeper one not."""
   for dtype in ('bfloat16', 'float32'):
     folder = weight_sync.export_version(tiny_model, tmp_path / dtype, 1, 32 * 32, 64 * 64, dtype=dtype)
-    weight_update.check_update(tiny_model, server.load_policy(str(folder))[0])
+    weight_update.check_update(tiny_model, checkpoints.load_policy(str(folder))[0])
   deeper = CANDIDATES['deeper'][0]()
   folder = weight_sync.export_version(deeper, tmp_path / 'deeper', 1, 32 * 32, 64 * 64, dtype='float32')
   with pytest.raises(weight_update.UpdateRefused, match='text.num_hidden_layers: 2 -> 3'):
-    weight_update.check_update(tiny_model, server.load_policy(str(folder))[0])
+    weight_update.check_update(tiny_model, checkpoints.load_policy(str(folder))[0])
   assert weight_update.nonfinite_params(tiny_model) == []
   assert np.isfinite(np.asarray(tiny_model.language_model.layers[1].mlp.down_proj.kernel[...])).all()

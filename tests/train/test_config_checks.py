@@ -166,12 +166,13 @@ def test_schedule_refuses_step_counts_optax_cannot_decay(steps, warmup):
 
 
 def _small_vocab_policy(monkeypatch):
-  """`policy.build_model` replaced by the tiny model with a 512-token vocabulary (cheap); returns the builder."""
+  """`checkpoints.build_model` replaced by the tiny model with a 512-token vocabulary (cheap); returns the builder."""
   cfg = config_lib.Qwen3VLConfig.tiny()
   small = lambda config, seed=0: model_lib.Qwen3VLModel(
       type(cfg)(**{**cfg.__dict__, 'text': type(cfg.text)(**{**cfg.text.__dict__, 'vocab_size': 512})}),
       rngs=nnx.Rngs(seed))
-  monkeypatch.setattr(policy, 'build_model', small)
+  from osvl_jax import checkpoints
+  monkeypatch.setattr(checkpoints, 'build_model', small)
   return small
 
 
@@ -182,8 +183,8 @@ def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
   c = demo_config.get_config()
   c.grpo.steps = 1
   c.model.hf_path = ''
-  from osvl_jax.train import checkpoint
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, {'stage': 'sft'})
+  from osvl_jax import checkpoints
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, {'stage': 'sft'})
   model, optimizer, _, start = grpo.init_policy(c, tmp_path)
   assert start == 0
   before = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
@@ -202,8 +203,9 @@ def test_grpo_refuses_an_sft_checkpoint_of_another_system_prompt_and_rolls_out_w
   trained = demo_config.get_config()
   trained.system_prompt = 'agent_system_v2'
   from osvl_jax import trajectory as traj_lib
-  from osvl_jax.train import checkpoint, rollouts
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, sft.checkpoint_meta(trained))
+  from osvl_jax.train import rollouts
+  from osvl_jax import checkpoints
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, sft.checkpoint_meta(trained))
   with pytest.raises(ValueError, match=r"config.system_prompt='builder_default' .* the SFT checkpoint"):
     grpo.init_policy(c, tmp_path)
   c.system_prompt = 'agent_system_v2'
@@ -211,3 +213,31 @@ def test_grpo_refuses_an_sft_checkpoint_of_another_system_prompt_and_rolls_out_w
   assert start == 0
   builder = rollouts.RolloutRunner(c, model).make_builder()
   assert builder.system_prompt == traj_lib.system_prompt_text('agent_system_v2')
+
+
+OFFICIAL_CALL = ('<think>Search for it.</think>\n<tool_call>{"name": "text_search", "arguments": {"q": "Taj Mahal '
+                 'Agra", "hl": "en"}}</tool_call>')
+
+
+def test_grpo_rollouts_parse_and_run_a_call_in_the_official_tool_schema_profile():
+  """`tools.tool_schema='official'`: the rollout's builder renders the official schemas and parses the policy's
+  `text_search{q, hl}` in that profile, the call it checks is the one the tool env runs (`rollout.factory`)."""
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.rollout import engine as engine_lib
+  from osvl_jax.train import rollouts
+  c = demo_config.get_config()
+  c.model.hf_path = ''
+  c.tools.enabled, c.tools.tool_schema = ('text_search',), 'official'
+  runner = rollouts.RolloutRunner(c, model_lib.Qwen3VLModel(config_lib.Qwen3VLConfig.tiny(), rngs=nnx.Rngs(0)))
+  assert runner.make_builder().profile == 'official'
+  runner.engine = engine_lib.ScriptedEngine(
+      [OFFICIAL_CALL, traj_lib.render_assistant_text('Found it.', response='Agra')], runner.tokenizer)
+  image = np.zeros((64, 64, 3), np.uint8)
+  (traj,) = runner.run([{'prompt_id': 'q', 'question': 'Which city?', 'image': image, 'answers': ['Agra']}], 1,
+                       1.0, 1.0, 0)
+  step = traj.steps[0]
+  # parsed in the official profile: `q` is the query, `hl` (the official search's language) is not an argument of
+  # ours (the 'osvl' profile keeps it, and the official-profile env then refuses the call)
+  assert (step.action.name, step.action.arguments) == ('text_search', {'query': 'Taj Mahal Agra'})
+  assert step.result.ok and 'Taj Mahal' in step.result.text and step.format_ok
+  assert traj.stop_reason == 'response' and traj.final_response == 'Agra'

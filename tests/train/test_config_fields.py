@@ -12,9 +12,10 @@ import threading
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.train import checkpoint, grpo, preflight
+from osvl_jax.train import grpo, preflight
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / 'configs'))
@@ -111,7 +112,7 @@ def test_fewer_sft_steps_scale_the_default_warmup_and_an_explicit_one_names_the_
 
 
 def _tiny_sft(workdir):
-  checkpoint.save(checkpoint.manager(workdir, 'sft_ckpt'), 1, model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(),
+  checkpoints.save(checkpoints.manager(workdir, 'sft_ckpt'), 1, model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(),
                                                                                      nnx.Rngs(0)), None, {})
 
 

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import checkpoint, grpo, grpo_update, policy
+from osvl_jax.train import grpo, grpo_update, policy
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -144,9 +145,9 @@ def _params(model):
 
 
 def test_reference_policy_is_the_frozen_sft_checkpoint_only_when_beta_positive(tmp_path, monkeypatch):
-  monkeypatch.setattr(policy, 'build_model', lambda config, seed=0: _small_model(seed + 1))
+  monkeypatch.setattr(checkpoints, 'build_model', lambda config, seed=0: _small_model(seed + 1))
   sft_model = _small_model(0)
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 7, sft_model, None, {'stage': 'sft'})
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 7, sft_model, None, {'stage': 'sft'})
   c = demo_config.get_config()
   assert grpo.init_reference(c, tmp_path) is None  # beta = 0: no second model
   c.grpo.beta = 0.04

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import sglang_client as sc
-from osvl_jax.train import checkpoint, data, grpo, metrics, policy
+from osvl_jax.train import data, grpo, metrics, policy
 from tests.serve.conftest import healthy_server
 from tests.serve.test_weight_sync import trainer_logprobs
 
@@ -57,7 +58,7 @@ def workdir(tmp_path, monkeypatch):
 def make_workdir(tmp_path, monkeypatch):
   """An SFT checkpoint that is not the server's initial weights (seed 5), and two prompts with 64x64 images."""
   c = _config()
-  checkpoint.save(checkpoint.manager(tmp_path, 'sft_ckpt'), 1,
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1,
                   policy.create_model(c, sharding.mesh_from_config(c.mesh), seed=5), None, {'stage': 'sft'})
   rng = np.random.default_rng(0)
   items = [{'prompt_id': f'q{i}', 'question': 'Which city is this?', 'answers': ['Agra'],

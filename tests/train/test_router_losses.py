@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import moe, rope
 from osvl_jax.rl import losses
 from osvl_jax.train import grpo_update, policy, sft
@@ -23,7 +24,7 @@ B, T, K = 4, 12, 4
 
 def _model(kind: str = 'moe'):
   text = {'num_hidden_layers': 2, 'vocab_size': 2048, **(MOE if kind == 'moe' else {})}   # a small table: fast init
-  model = policy.build_model(ml_collections.ConfigDict({'model': {'name': 'tiny', 'text': text}}), seed=0)
+  model = checkpoints.build_model(ml_collections.ConfigDict({'model': {'name': 'tiny', 'text': text}}), seed=0)
   if kind == 'moe':
     for layer in model.language_model.layers:   # a sharper router: far from uniform routing (x50 would saturate
       layer.mlp.gate.kernel[...] = layer.mlp.gate.kernel[...] * 10.0   # float32 probs to 0: top-k ties)

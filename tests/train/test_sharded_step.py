@@ -25,11 +25,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import moe
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import checkpoint, grpo_update, policy, sft
+from osvl_jax.train import grpo_update, policy, sft
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8,
                                 reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
@@ -213,11 +214,11 @@ def test_checkpoint_of_a_sharded_policy_restores_onto_another_mesh(tmp_path):
   model, optimizer = policy.create(config, saved_mesh, 'sft')
   grads = jax.tree.map(lambda x: 0.01 * np.sign(np.asarray(x) + 0.5), nnx.state(model, nnx.Param))
   policy.apply_grads(model, optimizer, grads)   # non-zero Adam moments and a step count of 1
-  checkpoint.save(checkpoint.manager(tmp_path, 'ckpt'), 1, model, optimizer, {'stage': 'test'})
+  checkpoints.save(checkpoints.manager(tmp_path, 'ckpt'), 1, model, optimizer, {'stage': 'test'})
   config.seed = 1
   target, target_opt = policy.create(config, target_mesh, 'sft')
   assert _relative(_leaves(nnx.state(model)), _leaves(nnx.state(target))) > 0.1
-  meta = checkpoint.restore(checkpoint.manager(tmp_path, 'ckpt'), target, target_opt)
+  meta = checkpoints.restore(checkpoints.manager(tmp_path, 'ckpt'), target, target_opt)
   assert meta['step'] == 1 and int(target_opt.step[...]) == 1
   for want, got in ((nnx.state(model), nnx.state(target)), (nnx.state(optimizer), nnx.state(target_opt))):
     for a, b in zip(_leaves(want), _leaves(got)):

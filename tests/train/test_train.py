@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from osvl_jax import distributed
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
@@ -140,7 +139,7 @@ def test_sft_gradient_accumulation_is_the_step_taken_at_once(trajectories):
   mesh = sharding.make_mesh()
   length, num_loss = batching.padded_sizes(rows)
   model, optimizer = policy.create(config, mesh, 'sft')
-  place = lambda part: distributed.host_batch(part, mesh, length, num_loss, vision_config=model.config.vision)
+  place = lambda part: policy.host_batch(part, mesh, length, num_loss, vision_config=model.config.vision)
   with sharding.use_mesh(mesh):
     at_once = nnx.jit(lambda m, b: nnx.value_and_grad(sft.loss_fn, has_aux=True)(m, b))
     (loss, whole), grads = jax.device_get(at_once(model, place(rows)))

@@ -255,6 +255,34 @@ def test_tis_weights_reach_the_gradient(setup):
   assert runs[None]['grad_norm'] > 0
 
 
+def test_the_mismatch_alarm_stops_the_update_before_any_optimizer_step(setup):
+  """A rollout batch whose engine log-probs are off by ln 2 on every token (mean |Δ| = 0.69) stops the update at
+  `grpo.max_logprob_mismatch=0.5`, naming the figure, with the parameters untouched; when those rows are stale
+  (rolled out by an earlier version) the figure is logged and the step taken; one on-policy row of them trips it."""
+  model0, batch, grid, pids = setup
+  old = np.asarray(_logprobs(model0, batch, grid))
+  rollout = np.where(batch['completion_mask'], old + np.log(2.0), 0.0).astype(np.float32)
+  model, optimizer = _fresh(model0, _sgd())
+  before = _params(model)
+  with pytest.raises(grpo_update.MismatchAlarm, match=r'logprob_mismatch_abs_mean=0.693\d* .* exceeds '
+                                                      r'grpo.max_logprob_mismatch=0.5'):
+    grpo_update.make_update_fn(_cfg(max_logprob_mismatch=0.5))(model, optimizer, dict(batch, rollout_logprobs=rollout),
+                                                              grid, pids)
+  assert all(np.array_equal(a, b) for a, b in zip(before, _params(model)))
+  # The trainer names the rows rolled out by the weights being updated: stale rows' gap is policy lag, not alarm.
+  stale = dict(batch, rollout_logprobs=rollout, on_policy_rows=np.zeros(len(pids), bool))
+  out, _ = grpo_update.make_update_fn(_cfg(max_logprob_mismatch=0.5))(model, optimizer, stale, grid, pids)
+  assert out['logprob_mismatch_abs_mean'] == pytest.approx(np.log(2.0), rel=1e-4)
+  assert out['logprob_mismatch_on_policy_tokens'] == 0
+  assert not all(np.array_equal(a, b) for a, b in zip(before, _params(model)))  # the step was taken
+  one = np.arange(len(pids)) == 0
+  with pytest.raises(grpo_update.MismatchAlarm, match=r'logprob_mismatch_on_policy_abs_mean=0.693'):
+    grpo_update.make_update_fn(_cfg(max_logprob_mismatch=0.5))(
+        model, optimizer, dict(stale, on_policy_rows=one, rollout_logprobs=np.where(
+            batch['completion_mask'], np.asarray(_logprobs(model, batch, grid)) + np.log(2.0), 0.0).astype(
+                np.float32)), grid, pids)
+
+
 def test_mismatch_metrics_and_tis_weights_on_hand_made_logprobs():
   old = np.log(np.array([[0.5, 0.25, 0.9], [0.5, 0.5, 0.5], [0.1, 0.2, 0.3]], np.float32))
   rollout = np.log(np.array([[0.25, 0.5, 0.9], [0.5, 0.125, 1.0], [1.0, 1.0, 1.0]], np.float32))

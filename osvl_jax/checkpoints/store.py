@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from osvl_jax.train import storage
+from osvl_jax.checkpoints import storage
 
 
 def manager(workdir: str | os.PathLike, name: str, max_to_keep: int = 2) -> ocp.CheckpointManager:

@@ -1,0 +1,106 @@
+"""A policy off disk or from config: `load_policy` (a checkpoint or an HF folder) and `build_model` (`config.model`).
+
+The one way the server, export, evaluation and the trainers' reference model get a `Qwen3VLModel`.
+"""
+
+import dataclasses
+import os
+import pathlib
+
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from osvl_jax.checkpoints import resolve as resolve_lib
+from osvl_jax.checkpoints import store
+from osvl_jax.models.qwen3_vl import config as config_lib
+from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.models.qwen3_vl import weights
+
+def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Qwen3VLModel:
+  """The policy named by `config.model`: `hf_path` (an HF Qwen3-VL folder) if set, else `name` ('tiny').
+
+  `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
+  `config.model.scan_layers` / `config.model.remat` (optional, default False): run the decoder layers under
+  `jax.lax.scan` (stacked parameter layout) / rematerialise each layer in the backward pass (`text.Qwen3VLText`).
+  `config.model.dtype` / `param_dtype` (optional, default 'float32'): compute and parameter dtypes (the paper
+  configs compute in bfloat16 over float32 parameters; the loss's log-softmax is float32 either way).
+  Checkpoints keep the layout they were written with: resume with the same `scan_layers`.
+
+  Raises:
+    ValueError: for an unknown `config.model.name` or dtype.
+  """
+  scan_layers = bool(config.model.get('scan_layers', False))
+  dtypes = model_dtypes(config)
+  if config.model.get('hf_path'):
+    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers, **dtypes)
+  elif config.model.name != 'tiny':
+    raise ValueError(f"config.model.name={config.model.name!r}: only 'tiny' is built in; set model.hf_path")
+  else:
+    model_config = config_lib.Qwen3VLConfig.tiny()
+    if config.model.get('text'):
+      model_config = dataclasses.replace(model_config,
+                                         text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
+    model = model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed), scan_layers=scan_layers, **dtypes)
+  model.language_model.remat = bool(config.model.get('remat', False))
+  return model
+
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def model_dtypes(config: ml_collections.ConfigDict) -> dict:
+  """{'dtype', 'param_dtype'} (jnp dtypes) from `config.model.dtype` / `param_dtype` (default 'float32').
+
+  Raises:
+    ValueError: naming the field, for a dtype outside `DTYPES`.
+  """
+  out = {}
+  for field in ('dtype', 'param_dtype'):
+    name = str(config.model.get(field) or 'float32')
+    if name not in DTYPES:
+      raise ValueError(f'model.{field}={name!r} is not one of {sorted(DTYPES)}')
+    out[field] = DTYPES[name]
+  return out
+
+
+def is_hf_folder(path: str | os.PathLike) -> bool:
+  """True for a local HF model folder (`config.json` beside the weights)."""
+  p = pathlib.Path(str(path))
+  return p.is_dir() and (p / 'config.json').is_file()
+
+
+def load_policy(ref: str | os.PathLike, workdir: str | os.PathLike | None = None, step: int | None = None,
+                hf_config: str | os.PathLike | None = None, mesh=None,
+                rules=None) -> tuple[model_lib.Qwen3VLModel, dict]:
+  """Loads a policy: an HF folder, or an orbax checkpoint of the project.
+
+  Args:
+    ref: an HF folder (`config.json` + `*.safetensors`), or a checkpoint reference (`resolve.resolve`): 'latest' |
+      'sft' | 'grpo' (with `workdir`), a `*_ckpt` folder, one step folder of it, or a workdir.
+    workdir: the job folder for the named references.
+    step: the checkpoint step (None: the latest, or the step folder's).
+    hf_config: architecture override (`resolve.read_config`); default: the checkpoint meta's `model_config`.
+    mesh, rules: for an HF folder, place each weight in its sharding on `mesh` as it is read
+      (`weights.load_hf_folder`); a checkpoint is restored unsharded (None: unsharded either way).
+  Returns:
+    (model, meta): the checkpoint's meta with 'step', 'path' (`<folder>/<step>`) and 'folder'; {'path'} for an HF
+    folder.
+  Raises:
+    FileNotFoundError: no such checkpoint / folder.
+    ValueError: the checkpoint does not fit the architecture; a named reference without `workdir`.
+  """
+  if is_hf_folder(ref):
+    model, _ = weights.load_hf_folder(pathlib.Path(str(ref)), mesh=mesh, rules=rules or sharding.LOGICAL_RULES)
+    return model, {'path': str(ref)}
+  folder, step = resolve_lib.resolve(workdir, str(ref), step)
+  mngr = store.manager(folder.parent, folder.name)
+  saved = store.read_meta(mngr, step)
+  model = model_lib.Qwen3VLModel(resolve_lib.read_config(hf_config, saved), nnx.Rngs(0),
+                                 scan_layers=bool(saved.get('scan_layers', False)))
+  try:
+    meta = store.restore(mngr, model, step=step)
+  except ValueError as e:   # shape / structure mismatch
+    raise ValueError(f'checkpoint {folder} does not fit this architecture (pass hf_config): {e}') from e
+  return model, {**meta, 'path': f'{folder}/{step}', 'folder': str(folder)}
