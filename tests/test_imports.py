@@ -67,3 +67,13 @@ def test_one_load_policy():
   defs = [path.relative_to(REPO).as_posix() for path in sorted((REPO / 'osvl_jax').rglob('*.py'))
           if 'def load_policy(' in path.read_text(encoding='utf-8')]
   assert defs == ['osvl_jax/checkpoints/load.py']
+
+
+def test_engine_capabilities_are_declared_not_probed():
+  """`Engine.weight_updates` and `Engine.reseed` say what an engine can do; no caller probes it with hasattr."""
+  folders = ('osvl_jax/rollout', 'osvl_jax/train', 'osvl_jax/eval')
+  probes = [f'{path.relative_to(REPO).as_posix()}:{n}' for folder in folders
+            for path in sorted((REPO / folder).rglob('*.py'))
+            for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1)
+            if 'hasattr(' in line and 'engine' in line]
+  assert probes == []

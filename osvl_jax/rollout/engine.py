@@ -106,8 +106,18 @@ class Engine(abc.ABC):
       batch, so the asyncio agent loop gathers the episodes waiting for a turn into one call. True (a server
       that batches concurrent requests itself, `SGLangEngine`): the loop sends each episode's turn on its own,
       as soon as that episode is ready.
+    weight_updates: how published weights reach the engine (`weight_sync.WeightSync`): 'disk' (HTTP servers:
+      `update_weights_from_disk(path, weight_version=...)` loads an exported folder, `SGLangEngine`), 'in_process'
+      (`set_model(model)` snapshots the trainer's model, `JaxSampler`), or None (an engine whose policy is fixed:
+      scripted engines; `WeightSync` refuses it).
   """
   continuous_batching: bool = False
+  weight_updates: str | None = None
+
+  def reseed(self, seed: int) -> None:
+    """Restarts the engine's sampling randomness at `seed` (a PRNG key, for reproducible rollouts). Default:
+    nothing to restart (servers sample with their own seeds; scripted engines do not sample)."""
+    del seed
 
   @abc.abstractmethod
   def generate(self, contexts: Sequence[Context | tuple], max_new_tokens: int | None = None,

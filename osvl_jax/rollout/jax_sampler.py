@@ -84,6 +84,7 @@ class JaxSampler(engine_lib.Engine):
     cached_tokens: per context of the last `generate`, the prompt ids whose KV came from the prefix cache.
   """
   weight_version: str | None = None
+  weight_updates = 'in_process'   # `set_model` (weight_sync.WeightSync)
   never_sampled: tuple[int, ...] = sampling.NEVER_SAMPLED
 
   def __init__(self, model, tokenizer, image_processor=None, max_new_tokens: int = 512,

@@ -58,6 +58,7 @@ class SGLangEngine(engine_lib.Engine):
   `JaxSampler`'s are not: they differ by log(1 - p(vision ids)), ~0 for a trained policy).
   """
   continuous_batching = True
+  weight_updates = 'disk'
 
   def __init__(self, urls: str | Sequence[str], tokenizer=None, max_new_tokens: int = 512,
                temperature: float = 1.0, top_p: float = 1.0, stop: Sequence[str] = (),

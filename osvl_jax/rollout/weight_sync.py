@@ -106,9 +106,8 @@ class WeightSync:
   """Hands each new policy version to the rollout engine.
 
   Args:
-    engine: an `SGLangEngine` (anything with `update_weights_from_disk(path, weight_version=)`: SGLang servers,
-      `osvl_jax.serve`, a router with `admin_urls` naming its workers) or the embedded `JaxSampler` (anything
-      with `set_model`).
+    engine: an `Engine` whose `weight_updates` is 'disk' (`SGLangEngine`: SGLang servers, `osvl_jax.serve`, a router
+      with `admin_urls` naming its workers) or 'in_process' (the embedded `JaxSampler`).
     root: where HF folders are exported (HTTP engines only).
     min_pixels, max_pixels: the policy's image processor budget (written into each exported folder).
     dtype: exported weight dtype ('bfloat16' or 'float32').
@@ -120,14 +119,15 @@ class WeightSync:
   def __init__(self, engine, root: str | os.PathLike | None = None, min_pixels: int = 0, max_pixels: int = 0,
                dtype: str = 'bfloat16', keep: int = 2):
     self.engine, self.dtype, self.keep = engine, dtype, int(keep)
-    self.remote = hasattr(engine, 'update_weights_from_disk')
+    if engine.weight_updates not in ('disk', 'in_process'):
+      raise TypeError(f'WeightSync: {type(engine).__name__} takes no weight updates (Engine.weight_updates='
+                      f'{engine.weight_updates!r})')
+    self.remote = engine.weight_updates == 'disk'
     if self.remote and root is None:
       raise ValueError('WeightSync: an HTTP engine needs `root`, the folder the servers load exported weights from')
     if self.remote and not 1 <= int(min_pixels) <= int(max_pixels):
       raise ValueError(f'WeightSync: min_pixels={min_pixels}, max_pixels={max_pixels}: need 1 <= min <= max '
                        '(the exported preprocessor_config.json)')
-    if not self.remote and not hasattr(engine, 'set_model'):
-      raise TypeError(f'WeightSync: {type(engine).__name__} has neither update_weights_from_disk nor set_model')
     self.root = None if root is None else pathlib.Path(root)
     self.min_pixels, self.max_pixels = int(min_pixels), int(max_pixels)
     self.version: int | None = None

@@ -148,8 +148,7 @@ class RolloutRunner:
     """
     r = self.config.rollout
     self.engine.temperature, self.engine.top_p = float(temperature), float(top_p)
-    if hasattr(self.engine, 'reseed'):
-      self.engine.reseed(seed)
+    self.engine.reseed(seed)
     return agent_loop.run_episodes(self.engine, self.env, self.make_builder, items, num_generations=num_generations,
                                    max_turns=r.max_turns, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
                                    max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,

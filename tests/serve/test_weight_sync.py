@@ -95,3 +95,11 @@ def test_a_resumed_run_republishing_an_older_version_keeps_it(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ['v00000010']
   export(11)
   assert sorted(p.name for p in tmp_path.iterdir()) == ['v00000010', 'v00000011']
+
+
+def test_an_engine_that_declares_no_weight_updates_is_refused(tokenizer):
+  """Capabilities are declared (`Engine.weight_updates`), not probed: a scripted engine's policy is fixed."""
+  from osvl_jax.rollout import engine as engine_lib
+  with pytest.raises(TypeError, match=r"ScriptedEngine takes no weight updates \(Engine.weight_updates=None\)"):
+    weight_sync.WeightSync(engine_lib.ScriptedEngine(['x'], tokenizer))
+  assert sc.SGLangEngine('http://127.0.0.1:9', tokenizer).weight_updates == 'disk'
