@@ -114,8 +114,10 @@ def _eval(folder: pathlib.Path, limit: int) -> tuple[list[Entry], int]:
         continue  # a torn line: its item was redone
   out, shown = [], set()
   for key, traj in results_lib.read_trajectories(folder):
+    if len(out) >= limit:
+      break  # the rest are not decoded (an evaluation writes its page after every run)
     record = records.get(key)
-    if record is None or key in shown or len(out) >= limit:
+    if record is None or key in shown:
       continue
     shown.add(key)
     verdict = ('judge_error' if record.get('judge_error') else 'correct' if record.get('correct') else 'wrong')
