@@ -81,6 +81,22 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
+def router_process(log_path, *flags):
+  """`sglang_router.launch_router` on 127.0.0.1 at a free port, its Prometheus exporter at another free port (the
+  default, 29000, is one per machine: two routers started at once by the two test workers collided on it); yields
+  (URL, process), then stops it."""
+  port, metrics_port = free_port(), free_port()
+  with open(log_path, 'w') as log:
+    proc = subprocess.Popen([sys.executable, '-m', 'sglang_router.launch_router', '--host', '127.0.0.1',
+                             '--port', str(port), '--prometheus-host', '127.0.0.1', '--prometheus-port',
+                             str(metrics_port), *flags], stdout=log, stderr=subprocess.STDOUT)
+  try:
+    yield f'http://127.0.0.1:{port}', proc
+  finally:
+    stop(proc)
+
+
+@contextlib.contextmanager
 def healthy_server(log_path, *flags, timeout: float = 120.0):
   """`serve_process` that yields only the URL, once /health answers (else fails with the log's tail)."""
   with serve_process(log_path, *flags) as (url, proc):

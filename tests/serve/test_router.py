@@ -1,8 +1,6 @@
 """Two `python -m osvl_jax.serve` workers behind the real `sglang-router`: greedy ids and log-probs equal the
 in-process engine's, directly and through the router; `/update_weights_from_disk` swaps in a checkpoint."""
 
-import subprocess
-import sys
 
 import httpx
 import numpy as np
@@ -13,8 +11,7 @@ from osvl_jax import checkpoints as ckpt_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import sglang_client as sc
-from tests.serve.conftest import (MAX_LEN, NEW, free_port, healthy, reference_sampler, serve_process, stop,
-                                  wait_until)
+from tests.serve.conftest import MAX_LEN, NEW, healthy, reference_sampler, router_process, serve_process, wait_until
 
 
 @pytest.fixture(scope='module')
@@ -24,20 +21,12 @@ def cluster(tmp_path_factory):
   with serve_process(logs / 'w0.log') as (w0, p0), serve_process(logs / 'w1.log') as (w1, p1):
     wait_until(lambda: healthy(w0), 120, 'worker 0', p0, logs / 'w0.log')
     wait_until(lambda: healthy(w1), 120, 'worker 1', p1, logs / 'w1.log')
-    port = free_port()
-    with open(logs / 'router.log', 'w') as log:
-      router = subprocess.Popen([sys.executable, '-m', 'sglang_router.launch_router', '--host', '127.0.0.1',
-                                 '--port', str(port), '--policy', 'round_robin', '--worker-urls', w0, w1],
-                                stdout=log, stderr=subprocess.STDOUT)
-    url = f'http://127.0.0.1:{port}'
-    try:
+    with router_process(logs / 'router.log', '--policy', 'round_robin', '--worker-urls', w0, w1) as (url, router):
       def ready():
         workers = httpx.get(url + '/workers', timeout=2).json().get('workers', [])
         return sum(bool(w.get('is_healthy')) for w in workers) == 2
       wait_until(ready, 60, 'router', router, logs / 'router.log')
       yield url, [w0, w1]
-    finally:
-      stop(router)
 
 
 def _assert_same(got, want, atol):

@@ -3,8 +3,6 @@ and the real `sglang-router` sending it, and `--weights_root` (paths outside it,
 symlinks refused with one message; non-local schemes never contacted outside an allowed root)."""
 
 import os
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from osvl_jax import checkpoints
 from osvl_jax.rollout import jax_sampler, server, server_auth, weight_sync
 from osvl_jax.rollout import sglang_client as sc
-from tests.serve.conftest import (BUCKET, MAX_LEN, NEW, free_port, healthy, serve_in_thread, serve_process, stop,
+from tests.serve.conftest import (BUCKET, MAX_LEN, NEW, healthy, router_process, serve_in_thread, serve_process,
                                   wait_until)
 
 KEY = 'test-key-3f9a'
@@ -127,13 +125,8 @@ def test_served_process_and_router_forward_the_key(tmp_path, tokenizer, folders)
   """`osvl_jax.serve --api_key --weights_root` behind `sglang_router.launch_router --api-key`."""
   with serve_process(tmp_path / 'w.log', f'--api_key={KEY}', f'--weights_root={folders["root"]}') as (w, proc):
     wait_until(lambda: healthy(w), 120, 'worker', proc, tmp_path / 'w.log')
-    port = free_port()
-    with open(tmp_path / 'router.log', 'w') as log:
-      router = subprocess.Popen([sys.executable, '-m', 'sglang_router.launch_router', '--host', '127.0.0.1',
-                                 '--port', str(port), '--policy', 'round_robin', '--worker-urls', w,
-                                 '--api-key', KEY], stdout=log, stderr=subprocess.STDOUT)
-    url = f'http://127.0.0.1:{port}'
-    try:
+    with router_process(tmp_path / 'router.log', '--policy', 'round_robin', '--worker-urls', w,
+                        '--api-key', KEY) as (url, router):
       auth = {'Authorization': f'Bearer {KEY}'}
       wait_until(lambda: any(x.get('is_healthy') for x in httpx.get(url + '/workers', headers=auth, timeout=2)
                              .json().get('workers', [])), 60, 'router', router, tmp_path / 'router.log')
@@ -144,5 +137,3 @@ def test_served_process_and_router_forward_the_key(tmp_path, tokenizer, folders)
         engine.update_weights_from_disk(str(folders['outside']), weight_version='7')
       assert engine.update_weights_from_disk(str(folders['ok']), weight_version='7')[0]['success']
       assert engine.generate([([100, 200, 300], [])])[0].weight_version == '7'
-    finally:
-      stop(router)
