@@ -140,9 +140,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.aggregation = 'seq_mean_token_mean'  # Eq. 12 | token_mean | seq_mean_token_sum
   # Dual-clip bound for Â < 0 (verl's clip_ratio_c, e.g. 3.0); None = Eq. 12 exactly.
   c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
-  c.grpo.length_multiple = 1024  # sequence lengths padded to a multiple (few compiled shapes)
-  c.grpo.loss_multiple = 256  # loss positions padded to a multiple
-  c.grpo.patches_per_shard = 0  # image patches per batch shard of a micro-batch (as sft.patches_per_shard)
+  # The update's compiled shapes (batching.bucket_sizes; DESIGN.md §3): tokens per row T, the smallest of these
+  # holding the batch's longest trajectory (the largest >= rollout.max_total_tokens); loss positions K on a ladder
+  # loss_bucket x 2^k up to min(T, max_loss_tokens) (0 = T; at least max_turns x max_new_tokens); image patches
+  # per batch shard fixed by patches_per_shard, or 0 = on a ladder 4 x 2^k. One program per (T, K, P) rung.
+  c.grpo.length_buckets = (2048, 4096)
+  c.grpo.max_loss_tokens = 1280
+  c.grpo.loss_bucket = 256
+  c.grpo.patches_per_shard = 0
   c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
   c.grpo.router_aux_loss_coef = 0.0  # MoE router losses, as sft.router_aux_loss_coef / router_z_loss_coef
   c.grpo.router_z_loss_coef = 0.0

@@ -181,9 +181,12 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.lr_schedule = 'constant'
   c.grpo.weight_decay = 0.0  # AdamW (the paper does not say; verl's actor default is 0.01)
   c.grpo.grad_clip = 1.0
-  c.grpo.length_multiple = 1024  # sequence lengths padded to a multiple (few compiled shapes)
-  c.grpo.loss_multiple = 256
-  c.grpo.patches_per_shard = 0  # image patches per batch shard of a micro-batch (as sft.patches_per_shard)
+  # The update's compiled shapes (configs/demo.py says how they are used): T buckets ending at max_total_tokens;
+  # K up to T (50 turns x 4096 tokens exceed the 71,680 budget); patches per shard on the 4 x 2^k ladder.
+  c.grpo.length_buckets = (16_384, 32_768, 71_680)
+  c.grpo.max_loss_tokens = 0
+  c.grpo.loss_bucket = 1024
+  c.grpo.patches_per_shard = 0
   c.grpo.eps_low = 0.2
   c.grpo.eps_high = 0.28
   c.grpo.beta = 0.0  # Table 5: no KL loss

@@ -181,10 +181,12 @@ class DecodeBatch:
       cache = s.prefix_cache.gather(padded(matched, -1), padded(prefix, 0), cache_len)
     else:
       cache = s._init_cache(sub, cache_len)   # pylint: disable=protected-access
-    prefill = s._prefill_fn(inputs.grids, self.greedy, self.use_top_p)   # pylint: disable=protected-access
+    vision = prefill_inputs.vision_arrays(inputs, s.vision_config, s.patch_bucket,
+                                          rope_kw.get('image_token_id', prefill_inputs.IMAGE_PAD_ID))
+    prefill = s._prefill_fn(self.greedy, self.use_top_p)   # pylint: disable=protected-access
     state, key = s._state, s._next_key()   # pylint: disable=protected-access
     tok, lp, cache = prefill(state, inputs.input_ids, inputs.position_ids, inputs.attention_mask,
-                             inputs.pixel_values, jnp.asarray(padded(lengths - prefix - 1, 0)),
+                             vision, jnp.asarray(padded(lengths - prefix - 1, 0)),
                              jnp.asarray(padded(prefix, 0)), cache, key, self.temperature, self.top_p)
     tok_np, lp_np = np.asarray(tok), np.asarray(lp)
     if self.decode_key is None:

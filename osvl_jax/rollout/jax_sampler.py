@@ -71,8 +71,9 @@ def _check_stop(name: str, stop: Any) -> tuple[str, ...]:
 class JaxSampler(engine_lib.Engine):
   """Batched KV-cache sampler over a `Qwen3VLModel` (implements `engine.Engine`).
 
-  Compiled programs are keyed by (padded batch, prompt (suffix) bucket, cache length, image grids, greedy/top-p
-  flags, `never_sampled`, decode steps per call), never by cached prefix lengths (runtime arrays);
+  Compiled programs are keyed by (padded batch, prompt (suffix) bucket, cache length, patch bucket, greedy/top-p
+  flags, `never_sampled`, decode steps per call), never by the images' grids nor by cached prefix lengths (runtime
+  arrays: `prefill_inputs.vision_arrays`);
   weights are an argument, so `set_model` after a training step does not recompile.
 
   Attributes:
@@ -91,7 +92,7 @@ class JaxSampler(engine_lib.Engine):
                temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_len: int = 8192,
                bucket: int = 128, stop: Sequence[str] = (), cache_dtype: Any = None,
                pad_batch_pow2: bool = True, progress: bool = False, decode_steps: int = 64,
-               prefix_cache_slots: int = 0):
+               prefix_cache_slots: int = 0, patch_bucket: int = 256):
     """Args:
       model: a `Qwen3VLModel` (nnx.Module) with `__call__`, `logits`, `init_cache` (docs/INTERFACES.md).
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`), for `Generation.text` and stop strings.
@@ -113,6 +114,8 @@ class JaxSampler(engine_lib.Engine):
         they are checked on the host after each call.
       prefix_cache_slots: keep the KV of this many earlier rows (`prefix_cache.PrefixCache`, slots of max_len
         tokens) and prefill only what follows a row's longest cached prefix; 0 (default): no cache.
+      patch_bucket: a prefill's image patches are padded to this times a power of two
+        (`prefill_inputs.patch_slots`), an integer >= 1 and a multiple of the tower's spatial_merge_size**2 (4).
     Raises:
       ValueError: naming the parameter, for any value outside the ranges above (e.g. top_p=0, a negative or NaN
         temperature, max_new_tokens=0, a bare string as `stop`).
@@ -129,6 +132,10 @@ class JaxSampler(engine_lib.Engine):
     self.pad_batch_pow2 = pad_batch_pow2
     self.progress = progress
     self.decode_steps = _check_int('decode_steps', decode_steps, 1)
+    self.patch_bucket = _check_int('patch_bucket', patch_bucket, 1)
+    merge2 = getattr(getattr(getattr(model, 'config', None), 'vision', None), 'spatial_merge_size', 1) ** 2
+    if self.patch_bucket % merge2:
+      raise ValueError(f'patch_bucket={patch_bucket} is not a multiple of spatial_merge_size**2={merge2}')
     self._key = jax.random.key(_check_int('seed', seed, 0))
     slots = _check_int('prefix_cache_slots', prefix_cache_slots, 0)
     self.prefix_cache = (prefix_cache_lib.PrefixCache(slots, prefill_inputs.round_up(self.max_len, self.bucket))
@@ -206,19 +213,21 @@ class JaxSampler(engine_lib.Engine):
       return self._model.init_cache(batch, cache_len)
     return self._model.init_cache(batch, cache_len, self.cache_dtype)
 
-  def _prefill_fn(self, grids: tuple, greedy: bool, use_top_p: bool):
-    """jit(state, ids [B,T], pos [3,B,T], mask [B,T], pixels [N,D]|None, last [B], start [B], cache, key, temp,
-    top_p): row b's T ids are written at cache slots start[b].. (after its cached prefix)."""
-    key = ('prefill', grids, greedy, use_top_p, self.never_sampled)
+  def _prefill_fn(self, greedy: bool, use_top_p: bool):
+    """jit(state, ids [B,T], pos [3,B,T], mask [B,T], vision, last [B], start [B], cache, key, temp, top_p): row b's
+    T ids are written at cache slots start[b].. (after its cached prefix). `vision` is None (no images) or
+    `prefill_inputs.vision_arrays`' dict (pixel_values [1, P, D] and the geometry arrays): a pytree of arrays, so
+    the program is keyed by its shapes (the patch bucket), never by the images' grids."""
+    key = ('prefill', greedy, use_top_p, self.never_sampled)
     if key not in self._jit_cache:
       graphdef, banned = self._graphdef, self.never_sampled
-      grid_thw = np.asarray(grids, np.int32).reshape(-1, 3) if grids else None
 
-      def prefill(state, input_ids, position_ids, attention_mask, pixel_values, last, start, cache, rng,
-                  temperature, top_p):
+      def prefill(state, input_ids, position_ids, attention_mask, vision, last, start, cache, rng, temperature,
+                  top_p):
         model = nnx.merge(graphdef, state)
-        hidden, cache = model(input_ids, position_ids, attention_mask, pixel_values, grid_thw, cache=cache,
-                              cache_index=start)
+        pixels, layout = (None, None) if vision is None else (vision['pixel_values'], vision['vision_inputs'])
+        hidden, cache = model(input_ids, position_ids, attention_mask, pixels, None, cache=cache,
+                              cache_index=start, vision_inputs=layout)
         hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)  # [B, 1, H]
         logits = model.logits(hidden_last)[:, 0]
         ids, logprobs = sampling.sample_logits(logits, rng, temperature, top_p, greedy, use_top_p, banned)
@@ -327,6 +336,11 @@ class JaxSampler(engine_lib.Engine):
       for i, gen, c in zip(live, gens, cached):
         results[i], self.cached_tokens[i] = gen, c
     return results
+
+  @property
+  def vision_config(self):
+    """The vision tower's `VisionConfig` (None for a model without one: images are then refused)."""
+    return getattr(getattr(self._model, 'config', None), 'vision', None)
 
   def _rope_kw(self) -> dict:
     config = getattr(self._model, 'config', None)

@@ -7,6 +7,10 @@ positions of a prefix do not depend on what follows it), then are sliced, so the
 cached prefix stopped. Only the images whose `<|image_pad|>` run lies in the suffix are sent to the vision tower
 (features of one image do not depend on the others: vision attention is per image); a prefix never ends inside an
 image run (`prefix_cache.PrefixCache.match`).
+
+The images reach the compiled prefill as arrays (`vision_arrays`: the whole batch as one shard of
+`vision_layout.shard_vision_inputs`, padded to a power-of-two multiple of the sampler's patch bucket), never as a
+static grid: the prefill compiles once per (batch, suffix bucket, cache length, patch bucket), whatever the images.
 """
 
 from typing import Any, NamedTuple, Sequence
@@ -14,6 +18,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import vision_layout
 from osvl_jax.trajectory import tokens as tokens_lib
 
 PAD_ID = tokens_lib.ENDOFTEXT_ID  # <|endoftext|>, never attended to by real tokens (right padding).
@@ -29,7 +34,7 @@ class PrefillInputs(NamedTuple):
     attention_mask: bool [B, T], True on real suffix tokens.
     deltas: int32 [B], HF's `rope_deltas`: the next position of row b is its cache index + deltas[b].
     pixel_values: float32 [N, C*Tp*P*P] patches of the suffix images in order, or None.
-    grids: ((t, h, w), ...) of those images (static under jit).
+    grids: ((t, h, w), ...) of those images (host data: `vision_arrays` lays them out).
   """
   input_ids: np.ndarray
   position_ids: np.ndarray
@@ -104,3 +109,29 @@ def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, 
       grids.append(tuple(int(x) for x in np.asarray(im.grid_thw).reshape(3)))
   pixels = np.concatenate(pixel_values, 0) if pixel_values else None
   return PrefillInputs(input_ids, position_ids, attention_mask, deltas, pixels, tuple(grids))
+
+
+def vision_arrays(inputs: PrefillInputs, vision_config, patch_bucket: int,
+                  image_token_id: int = IMAGE_PAD_ID) -> dict | None:
+  """The suffix images of a prefill as the model's per-shard vision inputs with one shard (the whole batch).
+
+  Args:
+    inputs: `build`'s output.
+    vision_config: the tower's `VisionConfig` (spatial_merge_size, patch geometry).
+    patch_bucket: P is `vision_layout.patch_slots(n, patch_bucket)`, a multiple of spatial_merge_size**2.
+    image_token_id: the `<|image_pad|>` id.
+  Returns:
+    None without images; else {'pixel_values': float32 [1, P, D], 'vision_inputs': {interp_indices int32 [1, P, 4],
+    interp_weights float32 [1, P, 4], hw_positions int32 [1, P, 2], segment_ids int32 [1, P] (-1 on padding)}}.
+  Raises:
+    ValueError: the pad tokens and the images disagree on the patch count; P not a multiple of merge_size**2.
+  """
+  if inputs.pixel_values is None:
+    return None
+  merge = vision_config.spatial_merge_size
+  per_row = vision_layout.row_patches(inputs.input_ids, merge, image_token_id)
+  budget = vision_layout.patch_slots(int(inputs.pixel_values.shape[0]), patch_bucket)
+  out = vision_layout.shard_vision_inputs(inputs.pixel_values, np.asarray(inputs.grids, np.int32).reshape(-1, 3),
+                                          per_row, 1, vision_config, budget)
+  pixels = out.pop('pixel_values')
+  return {'pixel_values': pixels, 'vision_inputs': {k[len('vision_'):]: v for k, v in out.items()}}

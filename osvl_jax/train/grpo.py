@@ -50,6 +50,39 @@ from osvl_jax.train import batching, data, grpo_update, metrics, policy, preflig
 
 
 
+LOSS_BUCKET = 64  # the K ladder's first rung (`batching.bucket_sizes`) when grpo.loss_bucket is unset
+
+
+def check_budgets(config: ml_collections.ConfigDict) -> tuple[tuple[int, ...], int]:
+  """The update's compiled shapes from the config (`batching.bucket_sizes`): grpo.length_buckets (tokens per row,
+  increasing, the largest at least rollout.max_total_tokens, so every rollout fits one) and grpo.max_loss_tokens
+  (optional; None / 0 = T), at least what a rollout can emit, min(max_total_tokens, max_turns × max_new_tokens);
+  grpo.loss_bucket (optional, default `LOSS_BUCKET`), the first rung of the K ladder.
+
+  Returns:
+    (length_buckets, the emitted-token bound).
+  Raises:
+    ValueError: naming the field and the value that fits.
+  """
+  buckets = config.grpo.get('length_buckets')
+  if (not isinstance(buckets, (tuple, list)) or not buckets
+      or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in buckets)
+      or list(buckets) != sorted(set(buckets))):
+    raise ValueError(f'grpo.length_buckets={buckets!r} must be increasing ints >= 1 (tokens per row; one compiled '
+                     'update per bucket)')
+  total = int(config.rollout.max_total_tokens)
+  if buckets[-1] < total:
+    raise ValueError(f'grpo.length_buckets={tuple(buckets)}: the largest is below rollout.max_total_tokens={total}; '
+                     f'end them with {total} (or more) so every rollout fits one')
+  emitted = min(total, int(config.rollout.max_turns) * int(config.rollout.max_new_tokens))
+  k = checks.number(config, 'grpo.max_loss_tokens', integer=True, low=0, optional=True)
+  checks.number(config, 'grpo.loss_bucket', integer=True, low=1, optional=True)
+  if k and k < emitted:
+    raise ValueError(f'grpo.max_loss_tokens={k} is below what a rollout can emit, min(rollout.max_total_tokens, '
+                     f'max_turns x max_new_tokens) = {emitted}; set it to {emitted} (or 0: T)')
+  return tuple(buckets), emitted
+
+
 def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None = None) -> None:
   """Fails fast, before anything is read or written, on a GRPO config the trainer cannot run.
 
@@ -60,7 +93,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       num_generations < 2 (a group of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay
       < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof
       not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout max_turns / max_new_tokens / fatal_k < 1, max_total_tokens <
-      max_new_tokens; micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's data x
+      max_new_tokens; `check_budgets`' (grpo.length_buckets, grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's data x
       fsdp size (`config.mesh`); the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
       weights_dir — a gs:// `workdir` needs it set — weights_dtype, weights_keep); more than one JAX process without
       rollout.engine='sglang'.
@@ -103,6 +136,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   total = checks.positive_int(config, 'rollout.max_total_tokens')
   if total < config.rollout.max_new_tokens:
     raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_new_tokens={config.rollout.max_new_tokens}')
+  check_budgets(config)
   grpo_update.check_update_config(config)  # mini_batch_prompts, ppo_epochs, tis_cap, max_staleness, micro-batch
   rollouts.check_engine_config(config, workdir)
   rows = (cfg.get('mini_batch_prompts') or cfg.prompts_per_step) * cfg.num_generations  # one mini-batch
@@ -139,8 +173,8 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
 
   Args:
     trajectories: B trajectories (normally N prompts × G samples), in any order.
-    cfg: `config.grpo` (alpha, num_generations, fatal_mode, delta; optional estimator, std_ddof,
-      length_multiple, loss_multiple).
+    cfg: `config.grpo` (alpha, num_generations, fatal_mode, delta, length_buckets; optional estimator, std_ddof,
+      max_loss_tokens, loss_bucket): T and K come from the budgets (`batching.bucket_sizes`).
     judge: r_acc / r_query judge (`osvl_jax.judges.registry`); None = the offline rule judge.
     scores: the trajectories' `score_batch`, when already computed (a multi-host job scores on process 0 and
       sends the scores to every host); None = score here with `judge`.
@@ -164,8 +198,9 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
   adv, adv_stats = advantages_lib.group_advantages_by_id(
       rewards, fatal_steps != fatal_lib.NOT_FATAL, prompt_ids, clamp=fatal_mode.clamp_fatal_advantage,
       estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1))
-  batch = batching.collate(trajectories, length_multiple=cfg.get('length_multiple', 1024),
-                           loss_multiple=cfg.get('loss_multiple', 256))  # few distinct shapes
+  length, num_loss = batching.bucket_sizes(trajectories, cfg.length_buckets, cfg.get('max_loss_tokens'),
+                                           cfg.get('loss_bucket') or LOSS_BUCKET)
+  batch = batching.collate(trajectories, length=length, num_loss=num_loss)  # programs: batching.program_bound
   grids = batch.pop('image_grid_thw')  # host data: the update lays the images out per shard (no static grid)
   grid = tuple(map(tuple, grids.tolist())) if grids is not None else ()
   batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['completion_mask'], batch['loss_step'], fatal_steps,

@@ -26,6 +26,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import moe
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import vision as vision_lib
+from osvl_jax.models.qwen3_vl import vision_layout as layout_lib
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.rl import losses
 from osvl_jax.train import batching
@@ -240,7 +241,7 @@ def vision_inputs(batch: dict) -> dict | None:
 def vision_layout(batch: dict, vision_config: config_lib.VisionConfig | None, shards: int = 1,
                   patches_per_shard: int = 0) -> dict:
   """On the host: a collated batch's flat images (pixel_values [N, D], image_grid_thw [I, 3]) laid out per batch
-  shard with their geometry as arrays (`batching.shard_vision_inputs`), image_grid_thw dropped: the form the jitted
+  shard with their geometry as arrays (`vision_layout.shard_vision_inputs`), image_grid_thw dropped: the form the jitted
   training steps take (nothing grid-shaped static). A batch already laid out (pixel_values [S, P, D]) or without
   images and budget is returned as it is, less image_grid_thw.
 
@@ -251,7 +252,7 @@ def vision_layout(batch: dict, vision_config: config_lib.VisionConfig | None, sh
     patches_per_shard: the patch budget P (config `sft.patches_per_shard` / `grpo.patches_per_shard`); 0 = the
       fullest shard of this batch.
   Raises:
-    ValueError: images without vision_config; from `batching.shard_vision_inputs` (a shard over the budget, ...).
+    ValueError: images without vision_config; from `vision_layout.shard_vision_inputs` (a shard over the budget, ...).
   """
   batch = dict(batch)
   grid = batch.pop('image_grid_thw', None)
@@ -260,8 +261,8 @@ def vision_layout(batch: dict, vision_config: config_lib.VisionConfig | None, sh
     return batch
   if vision_config is None:
     raise ValueError('vision_layout: a batch with images (or a patch budget) needs the vision config')
-  per_row = batching.row_patches(np.asarray(batch['input_ids']), vision_config.spatial_merge_size)
-  batch.update(batching.shard_vision_inputs(None if pixels is None else np.asarray(pixels), grid, per_row, shards,
+  per_row = layout_lib.row_patches(np.asarray(batch['input_ids']), vision_config.spatial_merge_size)
+  batch.update(layout_lib.shard_vision_inputs(None if pixels is None else np.asarray(pixels), grid, per_row, shards,
                                             vision_config, patches_per_shard))
   return batch
 
@@ -334,7 +335,7 @@ def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_los
 
   Text fields (ids, masks, positions, loss gathers) are collated from this host's rows alone and become global
   arrays split over the batch axes ('data', 'fsdp') (`batch_sharding`). The images are laid out per batch
-  shard with their geometry as arrays (`batching.shard_vision_inputs`: pixel_values [S, P, 1536], vision_* [S, P,
+  shard with their geometry as arrays (`vision_layout.shard_vision_inputs`: pixel_values [S, P, 1536], vision_* [S, P,
   ...], split like the rows): each host lays out the whole batch's images from the trajectories (their grids give
   each row's patches; no tokenizing, no collation of other hosts' rows) and places its devices' shards. In a single
   process this is `collate` + `shard_batch`.
@@ -361,7 +362,7 @@ def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_los
   local.pop('pixel_values')
   images = [image for traj in trajectories for image in traj.images]
   per_row = np.array([sum(int(np.prod(i.grid_thw)) for i in traj.images) for traj in trajectories], np.int64)
-  vision = batching.shard_vision_inputs(
+  vision = layout_lib.shard_vision_inputs(
       np.concatenate([np.asarray(i.pixel_values, np.float32) for i in images]) if images else None,
       np.array([np.asarray(i.grid_thw) for i in images], np.int32).reshape(-1, 3), per_row,
       sharding.batch_shards(mesh, rules), vision_config, patches_per_shard) if images or patches_per_shard else {}

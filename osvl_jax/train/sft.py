@@ -217,6 +217,17 @@ def make_step(cfg: ml_collections.ConfigDict, place: Callable[[list], dict]):
   return step
 
 
+def placer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config) -> Callable[[list], dict]:
+  """rows -> placed batch at the run's one shape, so one compiled step (`policy.host_batch`): T and K of the
+  dataset's longest trajectory (`batching.padded_sizes`), and the patches per batch shard `sft.patches_per_shard`,
+  or (0) the fullest row's patches times the rows of a batch shard (`batching.patch_budget`)."""
+  length, num_loss = batching.padded_sizes(trajectories)
+  rows_per_shard = (int(cfg.get('micro_batch_size', 0) or 0) or cfg.batch_size) // sharding.batch_shards(mesh, rules)
+  patches = (int(cfg.get('patches_per_shard', 0) or 0) or
+             batching.patch_budget(trajectories, rows_per_shard, vision_config.spatial_merge_size ** 2))
+  return lambda rows: policy.host_batch(rows, mesh, length, num_loss, rules, vision_config, patches)
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
   """Runs (or resumes) SFT; returns the trained model. Checkpoints in `<workdir>/sft_ckpt`.
 
@@ -244,14 +255,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   if start:
     print(f'sft: resumed at step {start}', flush=True)
   writer = metrics.MetricWriter(workdir, 'sft')
-  # One shape for the run, so one compiled step: T and K of the longest trajectory, and (sft.patches_per_shard = 0)
-  # the images' budget of the fullest row times the rows of a batch shard.
-  length, num_loss = batching.padded_sizes(trajectories)
-  rows_per_shard = (int(cfg.get('micro_batch_size', 0) or 0) or cfg.batch_size) // sharding.batch_shards(mesh, rules)
-  patches = (int(cfg.get('patches_per_shard', 0) or 0) or
-             batching.patch_budget(trajectories, rows_per_shard, model.config.vision.spatial_merge_size ** 2))
-  train_step = make_step(cfg, lambda rows: policy.host_batch(rows, mesh, length, num_loss, rules,
-                                                                  model.config.vision, patches))
+  train_step = make_step(cfg, placer(cfg, trajectories, mesh, rules, model.config.vision))
   t0, tokens = time.time(), 0
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
                           disable=not distributed.is_main()):

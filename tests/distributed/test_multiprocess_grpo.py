@@ -55,7 +55,8 @@ def get_config():
                    weights_dtype='float32', weights_keep=2)
   c.grpo.update(steps={steps}, prompts_per_step=1, num_generations=4, ckpt_every={steps}, max_staleness=1,
                 init_from={init!r}, lr=0.01, beta=0.5)
-  c.grpo.length_multiple, c.grpo.loss_multiple = 64, 16
+  c.grpo.length_buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+  c.grpo.max_loss_tokens, c.grpo.loss_bucket = 0, 16
   c.grpo.fatal_mode = 'none'
   c.grpo.dump_rollouts = True
   return c

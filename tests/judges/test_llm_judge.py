@@ -18,6 +18,8 @@ from osvl_jax.judges import llm, registry, rule
 from osvl_jax.train import grpo, rollouts
 from tools import base
 
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+
 
 class FakeChatServer:
   """Test double of an OpenAI-compatible chat server.
@@ -326,6 +328,6 @@ def test_rollout_score_and_prepare_batch_use_the_configured_judge(serve):
   s = rollouts.score(traj, judge=_judge(down, max_retries=1))
   assert s['judge_errors'] == 2 and s['r_acc'] == 1.0
   cfg = grpo.ml_collections.ConfigDict(dict(alpha=0.8, num_generations=2, fatal_mode='mask_clamp', delta=1e-6,
-                                            length_multiple=64, loss_multiple=32))
+                                            length_buckets=LENGTH_BUCKETS, loss_bucket=32))
   _, _, scores, _ = grpo.prepare_batch([traj, traj], cfg, _judge(down, max_retries=0, max_concurrency=2))
   assert [x['judge_errors'] for x in scores] == [2, 2]

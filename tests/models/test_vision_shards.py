@@ -1,4 +1,4 @@
-"""The per-shard image layout (`vision_inputs`, `batching.shard_vision_inputs`) gives the flat (HF-parity) forward.
+"""The per-shard image layout (`vision_inputs`, `vision_layout.shard_vision_inputs`) gives the flat (HF-parity) forward.
 
 Training on a mesh lays each batch shard's patches out on its own ([S, P, 1536]) with their host geometry as arrays
 (interpolation taps / weights, rotary positions, segment ids [S, P, ...]); the vision tower then attends within
@@ -19,7 +19,7 @@ from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import vision
-from osvl_jax.train import batching
+from osvl_jax.models.qwen3_vl import vision_layout
 
 CONFIG = config_lib.Qwen3VLConfig.tiny()
 ROW_GRIDS = [[(1, 4, 4)], [], [(1, 4, 6), (1, 2, 2)], [(1, 2, 4)]]
@@ -43,7 +43,7 @@ def inputs():
 
 
 def _layout(ids, pixels, grid, shards, budget=0):
-  out = batching.shard_vision_inputs(pixels, grid, batching.row_patches(ids), shards, CONFIG.vision, budget)
+  out = vision_layout.shard_vision_inputs(pixels, grid, vision_layout.row_patches(ids), shards, CONFIG.vision, budget)
   return out['pixel_values'], {k: out[f'vision_{k}'] for k in vision.GEOMETRY_FIELDS}
 
 
@@ -83,7 +83,7 @@ def test_a_batch_over_the_patch_budget_names_the_need_and_the_budget(inputs):
     _layout(ids, pixels, grid, 2, 32)
   with pytest.raises(ValueError, match='patches_per_shard=42 is not a multiple of spatial_merge_size'):
     _layout(ids, pixels, grid, 2, 42)
-  empty = batching.shard_vision_inputs(None, None, np.zeros(4, np.int64), 2, CONFIG.vision, 8)
+  empty = vision_layout.shard_vision_inputs(None, None, np.zeros(4, np.int64), 2, CONFIG.vision, 8)
   assert empty['pixel_values'].shape == (2, 8, 1536) and (empty['vision_segment_ids'] == -1).all()
 
 
@@ -137,7 +137,7 @@ def test_the_geometry_must_match_the_laid_out_pixels(inputs):
   model, ids, pos, pixels, grid, _ = inputs
   laid_out, geometry = _layout(ids, pixels, grid, 2)
   bad = dict(geometry, segment_ids=geometry['segment_ids'][:, :-1])
-  with pytest.raises(ValueError, match=r"segment_ids'\] \(2, 35\) does not match pixel_values \(2, 36, 1536\)"):
+  with pytest.raises(ValueError, match=r"segment_ids'\] \(2, 63\) does not match pixel_values \(2, 64, 1536\)"):
     model(ids, pos, None, laid_out, vision_inputs=bad)
   with pytest.raises(ValueError, match='vision_inputs lacks'):
     model(ids, pos, None, laid_out, vision_inputs={'segment_ids': geometry['segment_ids']})

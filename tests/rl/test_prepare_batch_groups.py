@@ -20,6 +20,8 @@ from tools import base
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
 
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+
 SEARCH = tj.render_assistant_text('Look.', tool_call={'name': 'text_search', 'arguments': {'query': 'Agra'}})
 BAD = tj.render_assistant_text('Try.', tool_call={'name': 'browse', 'arguments': {'url': 'x'}})
 RIGHT = tj.render_assistant_text('Agra.', response='Agra')
@@ -50,7 +52,7 @@ def groups():
 
 def _cfg(**overrides):
   cfg = demo_config.get_config().grpo
-  cfg.update(dict(num_generations=4, length_multiple=64, loss_multiple=16, **overrides))
+  cfg.update(dict(num_generations=4, length_buckets=LENGTH_BUCKETS, loss_bucket=16, **overrides))
   return cfg
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import compile_cache
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
@@ -356,3 +357,35 @@ def test_samples_do_not_depend_on_the_chunk_size_or_an_unmatched_stop_string(mod
   assert draw(decode_steps=1) == want
   assert draw(decode_steps=3) == want
   assert draw(decode_steps=64, stop=('never-in-text-@@@',)) == want
+
+
+def _compiles() -> int:
+  """Programs built in this process: compiled, or read back from the persistent cache `make test` shares."""
+  counts = compile_cache.counts()
+  return counts['compiles_total'] + counts['compile_cache_hits']
+
+
+def test_prefill_compiles_once_for_images_of_different_grids(model, tokenizer):
+  """The images reach the prefill as arrays (`prefill_inputs.vision_arrays`), never as a static grid: contexts whose
+  images have other grids but the same patch bucket run the programs the first built; more patches than the bucket
+  (the next power of two) compile one more."""
+  proc = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
+  rng = np.random.default_rng(7)
+  ref = lambda h, w: proc.process(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+  sampler = _sampler(model, tokenizer, patch_bucket=16)
+  refs = [ref(64, 64), ref(32, 64), ref(64, 32)]
+  assert [tuple(r.grid_thw.tolist()) for r in refs] == [(1, 4, 4), (1, 2, 4), (1, 4, 2)]
+  counts = []
+  for r in refs:
+    before = _compiles()
+    gen = sampler.generate([(_image_prompt(r), [r])])[0]
+    counts.append(_compiles() - before)
+    ref_ids, ref_lp = _reference_greedy(model, _image_prompt(r), [r], NEW)   # the padded layout changes nothing
+    assert gen.ids.tolist() == ref_ids
+    np.testing.assert_allclose(gen.logprobs, ref_lp, atol=1e-4)
+  assert counts[0] >= 1 and counts[1:] == [0, 0], counts
+  two = [refs[0], refs[1]]   # 16 + 8 patches: the next bucket (32)
+  ids = np.concatenate([_image_prompt(refs[0])[:-4], _image_prompt(refs[1])[5:]])
+  before = _compiles()
+  sampler.generate([(ids, two)])
+  assert _compiles() - before >= 1

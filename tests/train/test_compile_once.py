@@ -4,7 +4,7 @@ Three batches whose images have different grids (one image; two of other sizes i
 and a batch without images, all with the same budgets (rows B, tokens T, loss positions K, patches per batch shard
 P = `sft.patches_per_shard`), go through the SFT step and the GRPO gradient on the tiny Qwen3-VL: the steps after the
 first compile nothing (`compile_cache.counts()['compiles_total']`), because the images reach the step as arrays
-(`policy.shard_batch` -> `batching.shard_vision_inputs`: patches and their geometry per shard), never as a static
+(`policy.shard_batch` -> `vision_layout.shard_vision_inputs`: patches and their geometry per shard), never as a static
 grid. A batch whose images need more patches than the budget fails on the host, naming the need and the budget.
 """
 

@@ -20,6 +20,8 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.train import grpo, grpo_update, policy
 from tools import base
 
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+
 GROUPS, G = 8, 2
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
     'image': 'img_1', 'x': 0, 'y': 0, 'width': 16, 'height': 16}})
@@ -56,7 +58,7 @@ def setup():
   trajectories = [_trajectory(g, i) for g in range(GROUPS) for i in range(G)]
   cfg = ml_collections.ConfigDict(dict(
       alpha=0.8, num_generations=G, fatal_mode='mask_clamp', delta=1e-6, eps_low=0.2, eps_high=0.28, beta=0.0,
-      aggregation='seq_mean_token_mean', length_multiple=64, loss_multiple=16))
+      aggregation='seq_mean_token_mean', length_buckets=LENGTH_BUCKETS, loss_bucket=16))
   batch, grid, _, stats = grpo.prepare_batch(trajectories, cfg)
   batch.pop('rewards'), batch.pop('fatal_steps')
   assert float(stats['num_fatal']) == GROUPS // 2 and np.any(batch['advantages'] != 0)

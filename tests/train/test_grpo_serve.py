@@ -22,6 +22,8 @@ from tests.serve.test_weight_sync import trainer_logprobs
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
 
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+
 STEPS = 3
 SERVER_FLAGS = ('--max_len=512', '--bucket=64')  # after conftest's TINY_FLAGS: the last value wins
 
@@ -35,7 +37,7 @@ def _config(url: str = 'http://127.0.0.1:9', max_staleness: int = 0) -> ml_colle
   c.rollout.update(max_turns=2, max_new_tokens=8, max_total_tokens=480, engine='sglang', urls=url,
                    weights_dtype='float32', weights_keep=2)
   c.grpo.update(steps=STEPS, prompts_per_step=1, num_generations=2, ckpt_every=STEPS, max_staleness=max_staleness)
-  c.grpo.length_multiple, c.grpo.loss_multiple = 64, 16
+  c.grpo.length_buckets, c.grpo.max_loss_tokens, c.grpo.loss_bucket = LENGTH_BUCKETS, 0, 16
   # A random policy earns equal rewards (zero advantages, zero policy gradient); AdamW's decoupled weight decay
   # still moves every parameter at every step, so each published version holds different weights.
   c.grpo.lr, c.grpo.weight_decay = 0.05, 1.0

@@ -3,7 +3,7 @@ step.
 
 A batch of 8 rows with images in several rows -- different grids, rows without images, one row with two -- is
 placed by `policy.shard_batch` on meshes of 8 simulated CPU devices (fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4):
-the patches are laid out per batch shard with their geometry as arrays ([S, P, 1536], `batching.shard_vision_inputs`).
+the patches are laid out per batch shard with their geometry as arrays ([S, P, 1536], `vision_layout.shard_vision_inputs`).
 The GRPO gradient and the SFT loss / gradient / step equal the one-device ones (one shard; its SFT loss and gradient
 equal the flat patches' of the HF-parity path) to a relative 1e-5, the vision tower's own gradients included. The compiled vision tower does 1/S of the global work per device (within the
 padding to the fullest shard), and no collective of the compiled step carries a patch array of more than one
@@ -24,7 +24,8 @@ from flax import nnx
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import batching, grpo_update, policy, sft
+from osvl_jax.models.qwen3_vl import vision_layout
+from osvl_jax.train import grpo_update, policy, sft
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8,
                                 reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
@@ -140,11 +141,11 @@ def test_sharded_images_give_the_one_device_losses_and_gradients(mesh_kw):
 def test_shard_images_lays_out_each_shards_patches_in_order():
   ids = _batch()['input_ids']
   flat = np.arange(N, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)
-  pixels, index = batching.shard_images(ids, flat, 2)
+  pixels, index = vision_layout.shard_images(ids, flat, 2)
   # Rows 0-3: 16 + (24 + 4) + 8 = 52 patches, rows 4-7: 24 + 16 + 12 = 52.
   assert pixels.shape == (2, 52, 3) and index.shape == (2, 52)
   np.testing.assert_array_equal(index, np.arange(N).reshape(2, 52))
-  pixels, index = batching.shard_images(ids, flat, 8)
+  pixels, index = vision_layout.shard_images(ids, flat, 8)
   counts = [16, 0, 28, 8, 0, 24, 16, 12]
   assert pixels.shape == (8, 28, 3)                                    # padded to the fullest shard (row 2)
   starts = np.cumsum(counts) - counts
@@ -153,9 +154,9 @@ def test_shard_images_lays_out_each_shards_patches_in_order():
     assert (index[s, count:] == -1).all() and (pixels[s, count:] == 0).all()
     np.testing.assert_array_equal(pixels[s, :count, 0], np.arange(start, start + count))
   with pytest.raises(ValueError, match='need 80 patches, pixel_values has 104'):
-    batching.shard_images(np.where(np.arange(T) == 2, 0, ids), flat, 2)   # the first image token of the 6 rows with images gone
+    vision_layout.shard_images(np.where(np.arange(T) == 2, 0, ids), flat, 2)   # the first image token of the 6 rows with images gone
   with pytest.raises(ValueError, match='do not split into 3 shards'):
-    batching.shard_images(ids, flat, 3)
+    vision_layout.shard_images(ids, flat, 3)
 
 
 _COLLECTIVE = re.compile(r'=\s*(.*?)\s(?:all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)'

@@ -14,6 +14,7 @@ from flax import nnx
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.models.qwen3_vl import vision_layout
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.train import batching, grpo, metrics, policy, sft
@@ -181,7 +182,7 @@ def test_the_sft_patch_budget_fits_any_rows_of_the_dataset(trajectories):
   per_row = [sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories]
   assert per_row == [16, 16]   # one 64x64 image each: a 4x4 patch grid
   assert batching.patch_budget(trajectories, 2) == 32 and batching.patch_budget(trajectories, 3, multiple=12) == 48
-  placed = batching.shard_vision_inputs(
+  placed = vision_layout.shard_vision_inputs(
       np.concatenate([t.images[0].pixel_values for t in trajectories]),
       np.stack([t.images[0].grid_thw for t in trajectories]), np.array(per_row), 1,
       config_lib.Qwen3VLConfig.tiny().vision, batching.patch_budget(trajectories, 2))

@@ -25,6 +25,8 @@ from tools import base
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
 
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
     'image': 'img_1', 'x': 0, 'y': 0, 'width': 16, 'height': 16}})
 RIGHT = tj.render_assistant_text('It is Agra.', response='Agra')
@@ -45,7 +47,7 @@ def _trajectory(g: int, i: int) -> tj.Trajectory:
 
 def _cfg(**kw):
   base_cfg = dict(alpha=0.8, num_generations=2, fatal_mode='mask_clamp', delta=1e-6, eps_low=0.2, eps_high=0.28,
-                  beta=0.0, aggregation='seq_mean_token_mean', length_multiple=64, loss_multiple=16,
+                  beta=0.0, aggregation='seq_mean_token_mean', length_buckets=LENGTH_BUCKETS, loss_bucket=16,
                   mini_batch_prompts=0, ppo_epochs=1, micro_batch_size=0, tis_cap=None)
   return ml_collections.ConfigDict(dict(base_cfg, **kw))
 

@@ -61,7 +61,7 @@ class Qwen3VLModel(nnx.Module):
         slots cache_index[b] + arange(T) and attention reads all valid slots up to the causal frontier.
       cache_index: int32 [B] per-row write offset (required with a cache).
       vision_inputs: None (pixel_values flat), or with pixel_values [S, P, C*Tp*P*P] the dict of per-shard geometry
-        arrays of `batching.shard_vision_inputs` (`vision.GEOMETRY_FIELDS`: interp_indices int32 [S, P, 4],
+        arrays of `vision_layout.shard_vision_inputs` (`vision.GEOMETRY_FIELDS`: interp_indices int32 [S, P, 4],
         interp_weights float32 [S, P, 4], hw_positions int32 [S, P, 2], segment_ids int32 [S, P], -1 on padding;
         S divides B; shard s = rows [s*B/S, (s+1)*B/S)).
       router_stats: also return the MoE router-loss statistics (`text.Qwen3VLText`; None for a dense model), for

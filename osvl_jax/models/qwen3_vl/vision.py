@@ -12,7 +12,7 @@ for each frame, for each 2x2 block in raster order, its 4 patches in raster orde
 
 Per-shard layout (training on a mesh): `pixel_values` [S, P, D] holds, for each of the S batch shards (the row
 blocks of the ('data', 'fsdp') axes), that shard's patches, contiguous and zero-padded to P (a config budget), and
-`vision_inputs` that shard's host geometry as arrays (`batching.shard_vision_inputs`; `GEOMETRY_FIELDS`):
+`vision_inputs` that shard's host geometry as arrays (`vision_layout.shard_vision_inputs`; `GEOMETRY_FIELDS`):
 interp_indices int32 [S, P, 4], interp_weights float32 [S, P, 4], hw_positions int32 [S, P, 2] and segment_ids int32
 [S, P] (-1 on padding). Nothing grid-shaped is static, so one program runs whatever the batch's images; attention
 is masked by frame (`segment_ids`), not looped over static segments. Under a mesh (`sharding.use_mesh`) the shard
@@ -36,7 +36,7 @@ from osvl_jax.models.qwen3_vl.config import VisionConfig
 
 
 QUERY_BLOCK = 512  # patches per query block of the per-shard (masked) vision attention
-# The per-shard geometry arrays of `vision_inputs` (batch fields 'vision_<name>', `batching.shard_vision_inputs`).
+# The per-shard geometry arrays of `vision_inputs` (batch fields 'vision_<name>', `vision_layout.shard_vision_inputs`).
 GEOMETRY_FIELDS = ('interp_indices', 'interp_weights', 'hw_positions', 'segment_ids')
 
 
@@ -295,7 +295,7 @@ class Qwen3VLVision(nnx.Module):
         all images of the batch, in order. Unused (may be None) with `vision_inputs`.
       vision_inputs: None (flat), or a dict of the per-shard geometry arrays `GEOMETRY_FIELDS`:
         interp_indices int32 [S, P, 4], interp_weights float32 [S, P, 4], hw_positions int32 [S, P, 2],
-        segment_ids int32 [S, P] (-1 on padding) (`batching.shard_vision_inputs`); traced arrays under jit.
+        segment_ids int32 [S, P] (-1 on padding) (`vision_layout.shard_vision_inputs`); traced arrays under jit.
 
     Returns:
       embeds: [N / merge**2, out_hidden] merged image tokens, images concatenated in order; per-shard layout:
