@@ -104,8 +104,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.grad_clip = 1.0
   # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
   # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = derived from
-  # the dataset, its fullest row's patches x the rows per shard (`batching.patch_budget`): also one program.
+  # the dataset, its fullest row's patches x the rows per shard (`batching.sft_buckets`): also one program.
   c.sft.patches_per_shard = 0
+  # Tokens per row of the compiled SFT steps (batching.sft_buckets): a batch takes the smallest bucket holding its
+  # longest trajectory, one program per bucket used (the demo's 51 trajectories run 1,558-3,114 tokens; 4096 =
+  # rollout.max_total_tokens holds anything the pipeline builds); () = one bucket, the longest trajectory.
+  c.sft.length_buckets = (2304, 2816, 3328, 4096)
   # MoE router losses (policy.router_loss: + coef x HF's load-balancing loss, + coef x ST-MoE z-loss); 0 = off, and
   # ignored by a dense model (the demo's). The paper's 30B-A3B runs: 0.01 / 1e-3 (configs/qwen3vl_paper.py).
   c.sft.router_aux_loss_coef = 0.0

@@ -154,8 +154,10 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.sft.grad_clip = 1.0
   # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
   # step one compiled program whatever its images (a batch needing more fails, naming the need); 0 = derived from
-  # the dataset, its fullest row's patches x the rows per shard (`batching.patch_budget`): also one program.
+  # the dataset, its fullest row's patches x the rows per shard (`batching.sft_buckets`): also one program.
   c.sft.patches_per_shard = 0
+  # Tokens per row of the compiled SFT steps (batching.sft_buckets), the largest the 32,000-token cutoff.
+  c.sft.length_buckets = (8192, 16_384, 32_000)
   # PAPER.md Official run settings, Table 5's "MoE only" row (30B-A3B; for both stages here): auxiliary
   # (load-balancing) loss coefficient 0.01, router z-loss 1e-3. Dense sizes: 0 (no router).
   c.sft.router_aux_loss_coef = 0.01 if size == '30b_a3b' else 0.0

@@ -8,6 +8,8 @@ The model reads `trajectory.model_input_ids(token_ids, gen_mask)` (a vision id t
 the rollout's contexts: it can never break the pad/feature count); the loss targets are the emitted ids themselves.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from osvl_jax import trajectory as traj_lib
@@ -31,6 +33,69 @@ def padded_sizes(trajectories, length_multiple: int = 256, loss_multiple: int = 
   length = _round_up(max(len(t.token_ids) for t in trajectories), length_multiple)
   k = _round_up(max(num_loss_tokens(t) for t in trajectories), loss_multiple)
   return length, k
+
+
+class Bucket(NamedTuple):
+  """One compiled shape of the SFT step: T tokens per row, K loss positions per row, P image patches per batch
+  shard."""
+  length: int
+  num_loss: int
+  patches: int
+
+
+def sft_buckets(trajectories, length_buckets=(), rows_per_shard: int = 1, merge_size: int = 2,
+                patches_per_shard: int = 0, length_multiple: int = 256, loss_multiple: int = 64) -> list[Bucket]:
+  """The SFT run's shapes, fixed once from the config's length buckets and the dataset: one `Bucket` per configured
+  T that some trajectory fits (the smallest first), whose K and P hold every trajectory of at most T tokens (the
+  most loss tokens, rounded up to `loss_multiple` and at most T; the fullest row's patches times `rows_per_shard`,
+  or the fixed `patches_per_shard`). A batch takes the smallest bucket holding its longest row (`pick_bucket`), so
+  the run compiles one step per bucket, whatever its batches hold.
+
+  Args:
+    trajectories: the dataset's `Trajectory` records.
+    length_buckets: increasing ints (`sft.length_buckets`); () = one bucket, the longest trajectory rounded up to
+      `length_multiple` (`padded_sizes`).
+    rows_per_shard: rows of one batch shard (the micro-batch's rows / the data x fsdp devices).
+    merge_size: the vision tower's spatial_merge_size (P is a multiple of its square).
+    patches_per_shard: a fixed P for every bucket (`sft.patches_per_shard`), or 0.
+  Raises:
+    ValueError: no trajectories; a trajectory longer than the largest bucket (naming it and the budget: the data
+      must be rebuilt with a smaller cutoff, or the bucket raised).
+  """
+  if not trajectories:
+    raise ValueError('sft_buckets: trajectories is empty')
+  lengths = np.array([len(t.token_ids) for t in trajectories])
+  buckets = [int(b) for b in length_buckets] or [_round_up(int(lengths.max()), length_multiple)]
+  over = int(np.argmax(lengths))
+  if lengths[over] > buckets[-1]:
+    t = trajectories[over]
+    raise ValueError(f'SFT trajectory {t.prompt_id!r} (sample {t.sample_index}) has {int(lengths[over])} tokens, '
+                     f'over the largest length bucket {buckets[-1]} (sft.length_buckets={tuple(length_buckets)})')
+  loss = np.array([num_loss_tokens(t) for t in trajectories])
+  patches = np.array([sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories])
+  out = []
+  for length in buckets:
+    fits = lengths <= length
+    if not fits.any():
+      continue
+    k = min(length, _round_up(int(loss[fits].max()), loss_multiple))
+    fullest = int(patches[fits].max())
+    p = int(patches_per_shard) or (_round_up(fullest * int(rows_per_shard), merge_size ** 2) if fullest else 0)
+    out.append(Bucket(length, k, p))
+  return out
+
+
+def pick_bucket(buckets: list[Bucket], trajectories) -> Bucket:
+  """The smallest of `sft_buckets`' buckets that holds every one of `trajectories` (T, K and patches per row).
+
+  Raises:
+    ValueError: none does (a trajectory that was not in the dataset the buckets were made from).
+  """
+  longest = max(len(t.token_ids) for t in trajectories)
+  for bucket in buckets:
+    if bucket.length >= longest:
+      return bucket
+  raise ValueError(f'no SFT length bucket holds a row of {longest} tokens (buckets: {[b.length for b in buckets]})')
 
 
 def bucket_sizes(trajectories, length_buckets, max_loss_tokens: int | None = None,
@@ -117,10 +182,12 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
   for traj in trajectories:
     traj_lib.validate_trajectory(traj)
   batch = len(trajectories)
-  need_length, need_loss = padded_sizes(trajectories, length_multiple, loss_multiple)
-  if (length is not None and length < need_length) or (num_loss is not None and num_loss < need_loss):
+  longest = max(len(t.token_ids) for t in trajectories)
+  most = max(num_loss_tokens(t) for t in trajectories)
+  if (length is not None and length < longest) or (num_loss is not None and num_loss < most):
     raise ValueError(f'collate: fixed length={length} / num_loss={num_loss} is below the batch\'s '
-                     f'{need_length} / {need_loss}')
+                     f'{longest} tokens / {most} loss tokens')
+  need_length, need_loss = padded_sizes(trajectories, length_multiple, loss_multiple)
   length = length or need_length
   k = num_loss or need_loss
 
@@ -161,12 +228,3 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
       'loss_step': loss_step,
       'rollout_logprobs': rollout_logprobs,
   }
-
-
-def patch_budget(trajectories, rows_per_shard: int, multiple: int = 4) -> int:
-  """The image patches per batch shard that fit any `rows_per_shard` rows of `trajectories`: the fullest row's
-  patches (Σ t·h·w of its images' grids) × rows_per_shard, rounded up to `multiple` (spatial_merge_size**2); 0 when
-  no trajectory has an image. The SFT trainer's default for `sft.patches_per_shard`, so that, as T and K
-  (`padded_sizes`), the run's images take one shape: one compiled step whatever a batch's images."""
-  fullest = max((sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories), default=0)
-  return _round_up(fullest * int(rows_per_shard), multiple) if fullest else 0

@@ -66,7 +66,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps) (`checks.warmup_steps`: the message says
       which value fits), sft.weight_decay < 0, sft.grad_clip <= 0,
       sft.micro_batch_size (optional; 0 = the batch) not an int >= 0 dividing sft.batch_size, the micro-batch not a
-      multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int >= 0,
+      multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int >= 0, sft.length_buckets
+      (optional) not increasing ints >= 1,
       sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0.
   """
   check_model_config(config)
@@ -78,6 +79,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   checks.number(config, 'sft.weight_decay', low=0)
   checks.number(config, 'sft.grad_clip', low=0, low_open=True)
   checks.number(config, 'sft.patches_per_shard', integer=True, low=0, optional=True)
+  length_buckets = config.sft.get('length_buckets') or ()
+  if (not isinstance(length_buckets, (tuple, list))
+      or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in length_buckets)
+      or list(length_buckets) != sorted(set(length_buckets))):
+    raise ValueError(f'sft.length_buckets={length_buckets!r} must be increasing ints >= 1 (tokens per row; one '
+                     'compiled step per bucket), or () for one bucket, the longest trajectory')
   for field in policy.ROUTER_LOSS_FIELDS:
     checks.number(config, f'sft.{field}', low=0, optional=True)
   if config.sft.get('lr_schedule') is not None:
@@ -217,15 +224,29 @@ def make_step(cfg: ml_collections.ConfigDict, place: Callable[[list], dict]):
   return step
 
 
-def placer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config) -> Callable[[list], dict]:
-  """rows -> placed batch at the run's one shape, so one compiled step (`policy.host_batch`): T and K of the
-  dataset's longest trajectory (`batching.padded_sizes`), and the patches per batch shard `sft.patches_per_shard`,
-  or (0) the fullest row's patches times the rows of a batch shard (`batching.patch_budget`)."""
-  length, num_loss = batching.padded_sizes(trajectories)
+def buckets(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config) -> list:
+  """The run's compiled shapes (`batching.sft_buckets`): one (T, K, P) per `sft.length_buckets` entry that some
+  trajectory fits (() = one, the longest), K and P holding every trajectory of that length, P per batch shard from
+  `sft.patches_per_shard` or (0) the fullest row times the rows of a batch shard.
+
+  Raises:
+    ValueError: a trajectory longer than the largest bucket, naming it and the budget.
+  """
   rows_per_shard = (int(cfg.get('micro_batch_size', 0) or 0) or cfg.batch_size) // sharding.batch_shards(mesh, rules)
-  patches = (int(cfg.get('patches_per_shard', 0) or 0) or
-             batching.patch_budget(trajectories, rows_per_shard, vision_config.spatial_merge_size ** 2))
-  return lambda rows: policy.host_batch(rows, mesh, length, num_loss, rules, vision_config, patches)
+  return batching.sft_buckets(trajectories, tuple(cfg.get('length_buckets') or ()), rows_per_shard,
+                              vision_config.spatial_merge_size, int(cfg.get('patches_per_shard', 0) or 0))
+
+
+def placer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config) -> Callable[[list], dict]:
+  """rows -> placed batch (`policy.host_batch`) at the smallest of the run's `buckets` that holds them: one
+  compiled step per bucket. What `sft.train` and bench/compile_count.py step with."""
+  shapes = buckets(cfg, trajectories, mesh, rules, vision_config)
+
+  def place(rows):
+    b = batching.pick_bucket(shapes, rows)
+    return policy.host_batch(rows, mesh, b.length, b.num_loss, rules, vision_config, b.patches)
+
+  return place
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:

@@ -121,7 +121,7 @@ def _run(mesh_items: tuple) -> dict:
 def test_sharded_images_give_the_one_device_losses_and_gradients(mesh_kw):
   ref, got = _run(()), _run(tuple(mesh_kw.items()))
   shards = sharding.batch_shards(sharding.mesh_from_config(mesh_kw))
-  assert ref['pixel_values'].shape == (1, N, 1536)                    # one device: one shard
+  assert ref['pixel_values'].shape == (1, vision_layout.patch_slots(N, 4), 1536)   # one device: one shard, padded
   assert ref['sft_loss'] == pytest.approx(ref['flat_sft_loss'], rel=1e-5)   # = the flat (HF-parity) path
   assert _relative(_leaves(ref['flat_sft_grads']), _leaves(ref['sft_grads'])) <= 1e-5
   assert got['pixel_values'].shape[0] == shards and got['pixel_values'].ndim == 3
@@ -189,9 +189,16 @@ def test_each_device_encodes_only_its_own_rows_images(mesh_kw):
   shards = sharding.batch_shards(mesh)
   model, _ = policy.create(_config(), mesh, 'sft')
   batch = _batch()
-  placed = policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision)
+  # The budget is exactly the fullest shard's patches: widths no other array of the step has (the collective
+  # check below recognises the patch arrays by their shape).
+  fullest = {8: 28, 2: 52}[shards]
+  placed = policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision,
+                              patches_per_shard=fullest)
   width = placed['pixel_values'].shape[1]
-  assert width == {8: 28, 2: 52}[shards]                               # the fullest shard's patches
+  assert width == fullest
+  with pytest.raises(ValueError, match=f'needs {fullest} image patches, over the budget'):
+    policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision,
+                       patches_per_shard=fullest - 4)
   assert placed['pixel_values'].addressable_shards[0].data.shape == (1, width, 1536)
 
   encode_flat = nnx.jit(lambda m, pixels: m.visual(pixels, GRID)[0])

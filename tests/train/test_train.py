@@ -7,6 +7,7 @@ import sys
 
 import datasets
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -28,18 +29,23 @@ SEARCH = tj.render_assistant_text('Find the place.', tool_call={'name': 'text_se
 ANSWER = tj.render_assistant_text('It is Agra.', response='Agra')
 
 
-@pytest.fixture(scope='module')
-def trajectories():
-  """Two real two-step episodes (text_search then response) with a 64x64 image, from a scripted policy."""
+def _episodes(script, n=2):
+  """n real episodes of a scripted policy (the assistant turns `script`) on a 64x64 image, text_search available."""
   tokenizer = tj.load_tokenizer()
   env = tools_env.ToolEnv({'enabled': ('text_search',)})
   processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
   rng = np.random.default_rng(0)
   items = [{'prompt_id': f'q{i}', 'question': 'Which city is this?', 'answers': ['Agra'],
-            'image': rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)} for i in range(2)]
-  engine = engine_lib.ScriptedEngine([SEARCH, ANSWER], tokenizer)
+            'image': rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)} for i in range(n)]
+  engine = engine_lib.ScriptedEngine(list(script), tokenizer)
   return agent_loop.run_episodes(engine, env, lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas()),
                                  items, num_generations=1, max_turns=4)
+
+
+@pytest.fixture(scope='module')
+def trajectories():
+  """Two real two-step episodes (text_search then response) with a 64x64 image, from a scripted policy."""
+  return _episodes([SEARCH, ANSWER])
 
 
 def test_collate_gathers_exactly_the_emitted_next_tokens(trajectories):
@@ -176,18 +182,42 @@ def test_sft_refuses_a_dataset_made_with_another_system_prompt(trajectories, tmp
   sft.check_system_prompt(config, tj.system_prompt_text('agent_system_v2'), 'the dataset')
 
 
-def test_the_sft_patch_budget_fits_any_rows_of_the_dataset(trajectories):
-  """sft.patches_per_shard = 0: the budget is the fullest row's patches x the rows per shard (one program for the
-  run), so any batch of the dataset fits it; no images, no budget."""
-  per_row = [sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories]
-  assert per_row == [16, 16]   # one 64x64 image each: a 4x4 patch grid
-  assert batching.patch_budget(trajectories, 2) == 32 and batching.patch_budget(trajectories, 3, multiple=12) == 48
-  placed = vision_layout.shard_vision_inputs(
-      np.concatenate([t.images[0].pixel_values for t in trajectories]),
-      np.stack([t.images[0].grid_thw for t in trajectories]), np.array(per_row), 1,
-      config_lib.Qwen3VLConfig.tiny().vision, batching.patch_budget(trajectories, 2))
-  assert placed['pixel_values'].shape[:2] == (1, 32) and (placed['vision_segment_ids'] >= 0).all()
-  assert batching.patch_budget([dataclasses.replace(t, images=[]) for t in trajectories], 2) == 0
+def test_sft_buckets_fix_one_shape_per_length_bucket(trajectories):
+  """sft.length_buckets: one (T, K, P) per configured bucket some trajectory fits, K and P holding every trajectory
+  of at most T tokens (P = the fullest row's patches x the rows per shard, or the fixed budget); a batch takes the
+  smallest that holds it; a trajectory over the largest is refused naming it."""
+  short = _episodes([ANSWER], n=1)[0]             # one step: shorter, fewer loss tokens
+  data = list(trajectories) + [short]
+  per_row = [sum(int(np.prod(i.grid_thw)) for i in t.images) for t in data]
+  assert per_row == [16, 16, 16]   # one 64x64 image each: a 4x4 patch grid
+  n_short, n_long = len(short.token_ids), len(trajectories[0].token_ids)
+  k_short, k_long = batching.num_loss_tokens(short), batching.num_loss_tokens(trajectories[0])
+  assert n_short < n_long and k_short < k_long
+  up = lambda n, m: -(-n // m) * m
+  assert batching.sft_buckets(data, (), rows_per_shard=2) == [
+      batching.Bucket(up(n_long, 256), up(k_long, 64), 32)]                    # () = one bucket, the longest
+  buckets = batching.sft_buckets(data, (n_short, n_long, n_long + 100), rows_per_shard=3)
+  assert buckets == [batching.Bucket(n_short, min(n_short, up(k_short, 64)), 48),
+                     batching.Bucket(n_long, min(n_long, up(k_long, 64)), 48),
+                     batching.Bucket(n_long + 100, up(k_long, 64), 48)]
+  assert batching.sft_buckets(data, (n_long,), patches_per_shard=64)[0].patches == 64
+  assert batching.sft_buckets(data, (n_short - 1, n_long)) == batching.sft_buckets(data, (n_long,))  # none fits
+  assert batching.pick_bucket(buckets, [short]) == buckets[0]
+  assert batching.pick_bucket(buckets, [short, trajectories[1]]) == buckets[1]
+  with pytest.raises(ValueError, match=f"trajectory 'q0' .sample 0. has {n_long} tokens, over the largest length bucket "
+                                       f'{n_long - 1}'):
+    batching.sft_buckets(data, (n_short, n_long - 1))
+  assert batching.sft_buckets([dataclasses.replace(t, images=[]) for t in data], (n_long,))[0].patches == 0
+  # The placed batch of each bucket has its shape, whatever rows it holds.
+  mesh = sharding.make_mesh()
+  vision = config_lib.Qwen3VLConfig.tiny().vision
+  cfg = ml_collections.ConfigDict({'batch_size': 2, 'length_buckets': (n_short, n_long)})
+  place = sft.placer(cfg, data, mesh, sharding.LOGICAL_RULES, vision)
+  for rows, bucket in (([short, short], 0), ([trajectories[0], short], 1), (list(trajectories), 1)):
+    want = sft.buckets(cfg, data, mesh, sharding.LOGICAL_RULES, vision)[bucket]
+    placed = place(rows)
+    assert placed['input_ids'].shape == (2, want.length) and placed['loss_targets'].shape == (2, want.num_loss)
+    assert placed['pixel_values'].shape[:2] == (1, want.patches)
 
 
 def test_batch_indices_are_seeded_epochs():
