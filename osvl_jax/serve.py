@@ -48,6 +48,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_new_tokens', 512, 'max_new_tokens of a request that gives none.')
   flags.DEFINE_integer('max_len', 8192, 'cap on prompt + generated ids per row.')
   flags.DEFINE_integer('bucket', 128, 'prompt / cache lengths rounded up to a multiple of this (recompiles).')
+  flags.DEFINE_integer('patch_bucket', 256, 'image patches of a prefill padded to this x 2^k (compiled shapes; a '
+                       'multiple of 4).')
   flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')
   flags.DEFINE_integer('num_continuous_decode_steps', 8, 'decode steps per chunk at most (SGLang\'s flag): between two '
                        'chunks finished rows are answered and waiting ones join the running batch.')
@@ -82,7 +84,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
                   min_pixels: int | None = None, max_pixels: int | None = None,
                   served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1,
                   limits: dict | None = None, weights_root: tuple[str, ...] = (),
-                  num_continuous_decode_steps: int = 8):
+                  num_continuous_decode_steps: int = 8, patch_bucket: int = 256):
   """Loads the policy and returns a running `server.SamplerService` (arguments: the flags above; `limits`: the
   `request_limits.RequestLimits` fields but context_length, max_new_tokens_limit None = max_len).
 
@@ -124,7 +126,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   tokenizer = tj.load_tokenizer()
   sampler = jax_sampler.JaxSampler(model, tokenizer, image_processor=processor, max_new_tokens=max_new_tokens,
                                    temperature=1.0, seed=seed, max_len=max_len, bucket=bucket,
-                                   prefix_cache_slots=prefix_cache_slots)
+                                   prefix_cache_slots=prefix_cache_slots, patch_bucket=patch_bucket)
   return server.SamplerService(sampler, tokenizer, processor, model_path=meta['path'],
                                weight_version=weight_version, served_model_name=served_model_name,
                                max_batch=max_batch, batch_window_s=batch_window_s,
@@ -183,7 +185,7 @@ def main(argv) -> None:
                           {k: getattr(FLAGS, k) for k in ('max_new_tokens_limit', 'max_image_pixels',
                                                           'max_request_pixels', 'max_concurrent_decodes',
                                                           'max_body_bytes')},
-                          tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps)
+                          tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps, FLAGS.patch_bucket)
   api_key = FLAGS.api_key if FLAGS.api_key is not None else server_auth.api_key_from_env()
   fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port, api_key=api_key)
   logging.info('model %s; api key %s; weights roots %s', service.model_path, 'required' if api_key else 'off',

@@ -19,11 +19,14 @@ __all__ = ['GB', 'HBM_GIB', 'Plan', 'architecture', 'estimate', 'hbm_bytes', 'pa
 
 
 def step_shapes(config: ml_collections.ConfigDict) -> tuple[int, int]:
-  """(tokens per row, global rows of one micro-batch) of the step of `config.stage` ('sft' default, or 'grpo').
+  """(tokens per row, global rows of one micro-batch) of the step of `config.stage` ('sft' default, or 'grpo'): the
+  largest shape the trainer compiles.
 
-  SFT: data.max_length (else rollout.max_total_tokens) x sft.micro_batch_size (else sft.batch_size; the SFT
-  trainer takes one step per batch). GRPO: rollout.max_total_tokens x grpo.micro_batch_size (0 / unset = the
-  mini-batch: grpo.mini_batch_prompts (else prompts_per_step) x num_generations).
+  SFT: the largest of sft.length_buckets (`batching.sft_buckets`; else data.max_length, else
+  rollout.max_total_tokens) x sft.micro_batch_size (else sft.batch_size; the SFT trainer takes one step per batch).
+  GRPO: the largest of grpo.length_buckets (`batching.bucket_sizes`; else rollout.max_total_tokens) x
+  grpo.micro_batch_size (0 / unset = the mini-batch: grpo.mini_batch_prompts (else prompts_per_step) x
+  num_generations).
 
   Raises:
     ValueError: naming `stage` when it is neither 'sft' nor 'grpo'.
@@ -31,12 +34,14 @@ def step_shapes(config: ml_collections.ConfigDict) -> tuple[int, int]:
   stage = config.get('stage', 'sft')
   if stage == 'sft':
     length = config.data.get('max_length') if config.get('data') else None
-    return int(length or config.rollout.max_total_tokens), int(config.sft.get('micro_batch_size')
-                                                               or config.sft.batch_size)
+    buckets = config.sft.get('length_buckets') or ()
+    return int(max(buckets) if buckets else length or config.rollout.max_total_tokens), int(
+        config.sft.get('micro_batch_size') or config.sft.batch_size)
   if stage == 'grpo':
     g = config.grpo
     rows = g.get('micro_batch_size') or (g.get('mini_batch_prompts') or g.prompts_per_step) * g.num_generations
-    return int(config.rollout.max_total_tokens), int(rows)
+    buckets = g.get('length_buckets') or ()
+    return int(max(buckets) if buckets else config.rollout.max_total_tokens), int(rows)
   raise ValueError(f"stage={stage!r}: expected 'sft' or 'grpo'")
 
 

@@ -130,6 +130,7 @@ def test_last_line_and_fits():
   assert p.params + p.optimizer + p.gradients > plan.hbm_bytes('v5e')
   tiny = tiny_sft_config()
   tiny.data.max_length = 1024
+  tiny.sft.length_buckets = (1024,)   # the step the plan sizes: the largest bucket
   tiny.tpu = 'v5p-8'
   match = LAST_LINE.fullmatch(plan.run(tiny, chip='H200').splitlines()[-1])
   assert match and match.group(4) == 'true'
@@ -201,3 +202,15 @@ def test_compiled_tiny_step_memory_is_near_the_estimate():
   text = compile_check.report(xla, estimate)
   assert text.splitlines()[-1] == (f'xla_total_gb={xla["total"] / 1e9:.3f} estimate_gb={estimate.total / 1e9:.3f} '
                                    f'ratio={ratio:.3f}')
+
+
+def test_the_plan_sizes_the_largest_compiled_bucket():
+  """One source for the shapes: the plan's tokens per row are the trainers' largest length bucket."""
+  config = tiny_sft_config()
+  config.data.max_length = 1024
+  config.sft.length_buckets = (512, 2048)
+  assert plan.step_shapes(config)[0] == 2048
+  config.sft.length_buckets = ()
+  assert plan.step_shapes(config)[0] == 1024   # no buckets: the dataset's cutoff
+  grpo = load('grpo_qwen3vl_8b')
+  assert plan.step_shapes(grpo)[0] == max(grpo.grpo.length_buckets) == grpo.rollout.max_total_tokens == 71_680
