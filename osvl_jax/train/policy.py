@@ -161,13 +161,17 @@ def apply_grads(model, optimizer, grads) -> jax.Array:
   return optax.tree.norm(grads)
 
 
+LOSS_CHUNK = 2048  # loss positions per vocabulary projection (`chunked_token_logprobs`)
+
+
 def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0) -> jax.Array:
   """`loss_logprobs_and_router_stats` without the router statistics: [B, K] float32 log-probs."""
   return loss_logprobs_and_router_stats(model, batch, temperature)[0]
 
 
 def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0,
-                                   router_stats: bool = False) -> tuple[jax.Array, dict | None]:
+                                   router_stats: bool = False, chunk: int = LOSS_CHUNK
+                                   ) -> tuple[jax.Array, dict | None]:
   """Log-probs of the emitted tokens at the batch's loss positions, of the distribution at `temperature`, and
   (with `router_stats`, MoE) the router-loss statistics of the same forward pass.
 
@@ -180,6 +184,7 @@ def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, t
       π_θ and π_ref alike). 1.0 (SFT) leaves the logits as they are.
     router_stats: also return the MoE router statistics over the batch's real tokens (`attention_mask`):
       `moe.router_stats` summed over the sparse layers (None for a dense model). False: the forward as without.
+    chunk: loss positions per vocabulary projection (`chunked_token_logprobs`; K <= chunk: one projection).
   Returns:
     ([B, K] float32 log pi_T(token t+1 | tokens <= t) at `loss_positions`, garbage where `completion_mask` is 0;
     the router statistics or None).
@@ -189,10 +194,42 @@ def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, t
               vision_inputs=vision_inputs(batch), router_stats=router_stats)
   hidden, stats = out[0], (out[2] if router_stats else None)
   gathered = jnp.take_along_axis(hidden, batch['loss_positions'][..., None], axis=1)  # [B, K, H]
-  logits = model.logits(gathered)
-  if not (isinstance(temperature, (int, float)) and temperature == 1):
-    logits = logits / jnp.asarray(temperature, jnp.float32)
-  return losses.token_logprobs(logits, batch['loss_targets']), stats
+  return chunked_token_logprobs(gathered, model.output_table(gathered.dtype), batch['loss_targets'], temperature,
+                                chunk), stats
+
+
+def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int = LOSS_CHUNK) -> jax.Array:
+  """log softmax(hidden · tableᵀ / temperature)[targets], `chunk` loss positions at a time.
+
+  The [B, K, vocab] logits of a long budget do not fit (K = 71,680 positions of a 151,936-id vocabulary are 43 GB
+  per row in float32): K is cut into chunks of `chunk` positions, each projected, reduced to its log-probs and
+  dropped (`jax.lax.map`), and recomputed in the backward pass (`jax.checkpoint`), so the live logits are
+  [B, chunk, vocab]. K <= chunk (or chunk 0) is the one projection, exactly `losses.token_logprobs`.
+
+  Args:
+    hidden: [B, K, H] hidden states at the loss positions (compute dtype).
+    table: [V, H] output projection (`Qwen3VLModel.output_table`).
+    targets: int [B, K] token ids.
+    temperature: > 0, a Python float or float32 scalar (the logits are divided by it).
+    chunk: positions per projection, an int >= 0.
+  Returns:
+    float32 [B, K].
+  """
+  def project(h, t):
+    logits = jnp.einsum('bth,vh->btv', h, table, preferred_element_type=jnp.float32)
+    if not (isinstance(temperature, (int, float)) and temperature == 1):
+      logits = logits / jnp.asarray(temperature, jnp.float32)
+    return losses.token_logprobs(logits, t)
+
+  b, k = targets.shape
+  if not chunk or k <= chunk:
+    return project(hidden, targets)
+  n = -(-k // chunk)
+  pad = n * chunk - k
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)   # [n, B, C, H]
+  t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+  out = jax.lax.map(jax.checkpoint(lambda args: project(*args)), (h, t))                     # [n, B, C]
+  return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :k]
 
 
 ROUTER_LOSS_FIELDS = ('router_aux_loss_coef', 'router_z_loss_coef')

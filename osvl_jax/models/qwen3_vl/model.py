@@ -96,17 +96,22 @@ class Qwen3VLModel(nnx.Module):
                                router_stats)
 
   def logits(self, hidden):
-    """hidden [B, T, hidden] -> float32 logits [B, T, vocab] (lm_head, or the embedding when tied).
+    """hidden [B, T, hidden] -> float32 logits [B, T, vocab] (lm_head, or the embedding when tied;
+    `output_table`)."""
+    table = self.output_table(hidden.dtype)
+    return jnp.einsum('bth,vh->btv', hidden, table, preferred_element_type=jnp.float32)
 
-    A table wider than hidden's dtype (float32 parameters, bfloat16 compute) is cast first and the cast copy laid
-    out ('vocab', None) under a set mesh, so FSDP gathers it in the compute dtype."""
+  def output_table(self, dtype):
+    """The [vocab, hidden] output projection in the compute `dtype`: lm_head's kernel transposed, or the embedding
+    when tied. A table wider than `dtype` (float32 parameters, bfloat16 compute) is cast first and the cast copy
+    laid out ('vocab', None) under a set mesh, so FSDP gathers it in the compute dtype."""
     if self.config.tie_word_embeddings:
       table = self.language_model.embed_tokens.embedding[...]
     else:
       table = self.lm_head.kernel[...].T
-    if table.dtype.itemsize > hidden.dtype.itemsize:
-      table = sharding.constrain(table.astype(hidden.dtype), ('vocab', None))
-    return jnp.einsum('bth,vh->btv', hidden, table.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    if table.dtype.itemsize > jnp.dtype(dtype).itemsize:
+      table = sharding.constrain(table.astype(dtype), ('vocab', None))
+    return table.astype(dtype)
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
     """Empty KV cache {'k','v': [L, B, Hkv, max_len, D] (head-major), 'mask': bool [B, max_len]} (dtype defaults
