@@ -5,7 +5,7 @@ Trajectories are built by the real `TrajectoryBuilder` with the real tokenizer: 
 question's, then crops a tool returned), each side drawn in [64, --max_side] pixels (the demo's image processor:
 64x64 to 128x128 pixels), then answers. On the tiny Qwen3-VL (configs/demo.py's model, one device):
   * `--n` SFT steps (`sft.make_step` at the budgets `sft.placer` derives from the dataset, as `sft.train` runs),
-  * `--n` GRPO updates (`grpo.prepare_batch` on config.grpo's length buckets and ladders, `grpo_update`),
+  * `--n` GRPO updates (`grpo_batch.prepare_batch` on config.grpo's length buckets and ladders, `grpo_update`),
   * `--n` embedded-sampler calls (`JaxSampler.generate` on the rows' prompts, two rows a call).
 Programs are counted by name from JAX's own compile log (`jax.log_compiles`: one "Compiling jit(<name>)" per
 program built, compiled or read from a persistent cache) for each phase's step functions (`PHASES`). Prints
@@ -28,7 +28,7 @@ import numpy as np
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import jax_sampler
-from osvl_jax.train import batching, grpo, grpo_update, policy, sft
+from osvl_jax.train import batching, grpo_batch, grpo_update, policy, sft
 from tools.base import ToolResult
 
 sys.path.insert(0, 'configs')
@@ -131,7 +131,7 @@ def run(n: int, max_side: int, seed: int) -> dict:
   with compiled_names() as names:
     for i in range(n):
       part = data[rows * i:rows * (i + 1)]
-      batch, grid, _, _ = grpo.prepare_batch(part, cfg)
+      batch, grid, _, _ = grpo_batch.prepare_batch(part, cfg)
       shapes.add(batch['loss_targets'].shape)
       for key in ('rewards', 'fatal_steps'):
         batch.pop(key)

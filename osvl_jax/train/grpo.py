@@ -21,7 +21,6 @@ The policy starts from the latest checkpoint in `<workdir>/sft_ckpt` (or `config
 rerunning with the same workdir resumes from `<workdir>/grpo_ckpt`.
 """
 
-import collections
 import concurrent.futures
 import pathlib
 import pickle
@@ -40,47 +39,13 @@ from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.checkpoints import storage
-from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, data, grpo_update, metrics, policy, preflight, rollouts, sft
+from osvl_jax.train import data, grpo_batch, grpo_update, metrics, policy, preflight, rollouts, sft
 
-
-
-LOSS_BUCKET = 64  # the K ladder's first rung (`batching.bucket_sizes`) when grpo.loss_bucket is unset
-
-
-def check_budgets(config: ml_collections.ConfigDict) -> tuple[tuple[int, ...], int]:
-  """The update's compiled shapes from the config (`batching.bucket_sizes`): grpo.length_buckets (tokens per row,
-  increasing, the largest at least rollout.max_total_tokens, so every rollout fits one) and grpo.max_loss_tokens
-  (optional; None / 0 = T), at least what a rollout can emit, min(max_total_tokens, max_turns × max_new_tokens);
-  grpo.loss_bucket (optional, default `LOSS_BUCKET`), the first rung of the K ladder.
-
-  Returns:
-    (length_buckets, the emitted-token bound).
-  Raises:
-    ValueError: naming the field and the value that fits.
-  """
-  buckets = config.grpo.get('length_buckets')
-  if (not isinstance(buckets, (tuple, list)) or not buckets
-      or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in buckets)
-      or list(buckets) != sorted(set(buckets))):
-    raise ValueError(f'grpo.length_buckets={buckets!r} must be increasing ints >= 1 (tokens per row; one compiled '
-                     'update per bucket)')
-  total = int(config.rollout.max_total_tokens)
-  if buckets[-1] < total:
-    raise ValueError(f'grpo.length_buckets={tuple(buckets)}: the largest is below rollout.max_total_tokens={total}; '
-                     f'end them with {total} (or more) so every rollout fits one')
-  emitted = min(total, int(config.rollout.max_turns) * int(config.rollout.max_new_tokens))
-  k = checks.number(config, 'grpo.max_loss_tokens', integer=True, low=0, optional=True)
-  checks.number(config, 'grpo.loss_bucket', integer=True, low=1, optional=True)
-  if k and k < emitted:
-    raise ValueError(f'grpo.max_loss_tokens={k} is below what a rollout can emit, min(rollout.max_total_tokens, '
-                     f'max_turns x max_new_tokens) = {emitted}; set it to {emitted} (or 0: T)')
-  return tuple(buckets), emitted
 
 
 def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None = None) -> None:
@@ -92,9 +57,10 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       judge.model, on_error, temperature, prompts); grpo.steps / prompts_per_step / ckpt_every not ints >= 1,
       num_generations < 2 (a group of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay
       < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof
-      not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout max_turns / max_new_tokens / fatal_k < 1, max_total_tokens <
-      max_new_tokens; `check_budgets`' (grpo.length_buckets, grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's data x
-      fsdp size (`config.mesh`); the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
+      not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1]; rollout max_turns / max_new_tokens /
+      fatal_k < 1, max_total_tokens < max_new_tokens; `grpo_batch.check_budgets`' (grpo.length_buckets,
+      grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's
+      data x fsdp size (`config.mesh`); the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
       weights_dir — a gs:// `workdir` needs it set — weights_dtype, weights_keep); more than one JAX process without
       rollout.engine='sglang'.
   """
@@ -136,7 +102,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   total = checks.positive_int(config, 'rollout.max_total_tokens')
   if total < config.rollout.max_new_tokens:
     raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_new_tokens={config.rollout.max_new_tokens}')
-  check_budgets(config)
+  grpo_batch.check_budgets(config)
   grpo_update.check_update_config(config)  # mini_batch_prompts, ppo_epochs, tis_cap, max_staleness, micro-batch
   rollouts.check_engine_config(config, workdir)
   rows = (cfg.get('mini_batch_prompts') or cfg.prompts_per_step) * cfg.num_generations  # one mini-batch
@@ -149,95 +115,6 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     # dropped stale group), so only a group size that splits over the devices keeps every micro-batch placeable
     raise ValueError(f'grpo.num_generations={cfg.num_generations} is not a multiple of the {shards} data x fsdp '
                      'devices of config.mesh')
-
-
-def score_batch(trajectories: list, cfg: ml_collections.ConfigDict,
-                judge: judges_base.Judge | None = None) -> list[dict]:
-  """`rollouts.score_all` (Eq. 9) of `trajectories` with `cfg.alpha`; a remote judge gets its `max_concurrency`
-  threads."""
-  concurrency = int(judge.config.max_concurrency) if judge is not None and hasattr(judge, 'config') else 1
-  return rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge, max_concurrency=concurrency)
-
-
-def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: judges_base.Judge | None = None,
-                  scores: list[dict] | None = None) -> tuple[dict, tuple, list, dict]:
-  """Scores a rollout batch and builds the update's arrays (Eq. 9, 10, 11).
-
-  `cfg.fatal_mode` is resolved here, once: its `clamp_fatal_advantage` goes to `advantages.group_advantages` and
-  its `mask_fn` to `fatal.loss_mask`.
-
-  Groups (Eq. 11) are formed by `prompt_id`, never by row position: the rows may come in any order, and the
-  advantages equal those of each group computed alone. A group whose size is not `cfg.num_generations` (a prompt
-  drawn twice in one batch gives 2G samples of one prompt_id) is used as it is, over its own samples, and logged
-  as a warning.
-
-  Args:
-    trajectories: B trajectories (normally N prompts × G samples), in any order.
-    cfg: `config.grpo` (alpha, num_generations, fatal_mode, delta, length_buckets; optional estimator, std_ddof,
-      max_loss_tokens, loss_bucket): T and K come from the budgets (`batching.bucket_sizes`).
-    judge: r_acc / r_query judge (`osvl_jax.judges.registry`); None = the offline rule judge.
-    scores: the trajectories' `score_batch`, when already computed (a multi-host job scores on process 0 and
-      sends the scores to every host); None = score here with `judge`.
-  Returns:
-    (batch, grid, scores, advantage stats): `batch` is `batching.collate`'s dict plus loss_mask [B, K] float32
-    (Eq. 10 at the loss positions), advantages [B] float32 (Eq. 11), rewards [B], fatal_steps [B] int32 (-1 =
-    not fatal); `grid` the images' grids, a tuple of (t, h, w) (host data for `grpo_update`'s row splits); `scores` the per-trajectory reward components.
-  """
-  scores = score_batch(trajectories, cfg, judge) if scores is None else scores
-  if len(scores) != len(trajectories):
-    raise ValueError(f'scores has {len(scores)} entries for {len(trajectories)} trajectories')
-  fatal_mode = fatal_lib.FATAL_MODES.get(cfg.fatal_mode)
-  rewards = np.array([s['reward'] for s in scores], np.float32)
-  fatal_steps = fatal_lib.fatal_step_array([t.fatal_step for t in trajectories])
-  prompt_ids = [t.prompt_id for t in trajectories]
-  sizes = collections.Counter(prompt_ids)
-  odd = {pid: n for pid, n in sizes.items() if n != cfg.num_generations}
-  if odd:  # e.g. a prompt drawn twice in one batch, across an epoch boundary: one group of 2G
-    logging.warning('groups whose size is not num_generations=%d (prompt_id: size): %s', cfg.num_generations,
-                    dict(list(odd.items())[:8]))
-  adv, adv_stats = advantages_lib.group_advantages_by_id(
-      rewards, fatal_steps != fatal_lib.NOT_FATAL, prompt_ids, clamp=fatal_mode.clamp_fatal_advantage,
-      estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1))
-  length, num_loss = batching.bucket_sizes(trajectories, cfg.length_buckets, cfg.get('max_loss_tokens'),
-                                           cfg.get('loss_bucket') or LOSS_BUCKET)
-  batch = batching.collate(trajectories, length=length, num_loss=num_loss)  # programs: batching.program_bound
-  grids = batch.pop('image_grid_thw')  # host data: the update lays the images out per shard (no static grid)
-  grid = tuple(map(tuple, grids.tolist())) if grids is not None else ()
-  batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['completion_mask'], batch['loss_step'], fatal_steps,
-                                                      fatal_mode.mask_fn))
-  batch['advantages'] = np.asarray(adv, np.float32)
-  batch['rewards'], batch['fatal_steps'] = rewards, fatal_steps
-  return batch, grid, scores, adv_stats
-
-
-def rollout_metrics(trajectories: list, scores: list[dict], fatal_steps: np.ndarray, adv_stats: dict,
-                    loss_mask: np.ndarray) -> dict:
-  """Per-step rollout metrics: reward components, fatal / clamped / kept fractions, turns, tool calls by tool."""
-  fatal = fatal_steps != fatal_lib.NOT_FATAL
-  stats = {k: float(v) for k, v in jax.device_get(adv_stats).items()}
-  tool_calls = collections.Counter(s.action.name for t in trajectories for s in t.steps
-                                   if s.action.kind == 'tool_call')
-  tool_errors = collections.Counter(s.result.error_kind for t in trajectories for s in t.steps
-                                    if s.result is not None and s.result.is_execution_error)
-  mean = lambda key: float(np.mean([s[key] for s in scores]))
-  return {
-      'mean_reward': mean('reward'),
-      'r_fmt': mean('r_fmt'),
-      'r_acc': mean('r_acc'),
-      'r_query': mean('r_query'),
-      'judge_errors': int(sum(s.get('judge_errors', 0) for s in scores)),
-      'fatal_fraction': float(np.mean(fatal)),
-      # of the fatal samples: clamped (r̃ < 0; Â = 0 under mask_clamp) vs preserved (r̃ >= 0, Â = r̃)
-      'fatal_clamped_fraction': stats['fatal_clamped_frac'],
-      'fatal_kept_fraction': stats['fatal_kept_frac'],
-      'fatal_kept_rtilde_mean': stats['fatal_kept_rtilde_mean'],
-      **stats,
-      'unmasked_tokens': int(np.asarray(loss_mask).sum()),
-      'mean_turns': float(np.mean([len(t.steps) for t in trajectories])),
-      'mean_tool_calls': float(sum(tool_calls.values()) / max(len(trajectories), 1)),
-      'tool_calls': dict(tool_calls),
-      'tool_errors': dict(tool_errors),
-  }
 
 
 def prompt_indices(step: int, prompts_per_step: int, num_prompts: int, seed: int) -> np.ndarray:
@@ -351,7 +228,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   rollout.engine (embedded | sglang, `rollouts.RolloutRunner`).
 
   Versions: the policy version is the number of GRPO steps whose update has been applied (0 = the SFT policy;
-  a step of several mini-batches counts once). It is published to the rollout engine before the first rollout and after each step's update.
+  a step of several mini-batches counts once). It is published to the rollout engine before the first rollout
+  and after each step's update.
   max_staleness 0: step s rolls out with version s, then updates. max_staleness >= 1: the rollout of step s + 1
   runs in a background thread (with version s) while step s updates, and is awaited before version s + 1 is
   published; so from the second step on each batch is one version behind the update. Trajectories older than
@@ -404,7 +282,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
         pending = pool.submit(rollout, step + 1) if max_staleness and step + 1 < cfg.steps else None
         versions = sorted({int(t.policy_version) for t in trajectories})
         trajectories, stale = drop_stale(trajectories, step, max_staleness)
-        rollout_batch = {'trajectories': trajectories, 'scores': score_batch(trajectories, cfg, judge),
+        rollout_batch = {'trajectories': trajectories, 'scores': grpo_batch.score_batch(trajectories, cfg, judge),
                          'policy_versions': versions, 'stale': stale, 'rollout_seconds': rollout_seconds}
         if cfg.get('dump_rollouts'):
           dump_rollout_batch(workdir, step + 1, {**rollout_batch, 'fatal_mode': cfg.fatal_mode})
@@ -412,14 +290,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
       trajectories = rollout_batch['trajectories']
       out = {}
       if trajectories:
-        batch, grid, scores, adv_stats = prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
+        batch, grid, scores, adv_stats = grpo_batch.prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
         batch['on_policy_rows'] = np.array([int(t.policy_version) == step for t in trajectories])  # the alarm's rows
         batch.pop('rewards')
         fatal_steps = batch.pop('fatal_steps')
         with sharding.use_mesh(mesh, rules):  # activation constraints on
           # π_old once for the whole batch, then one optimizer step per mini-batch (grpo_update, DESIGN.md §6)
           out, _ = update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)
-        out.update(rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']))
+        out.update(grpo_batch.rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']))
       else:
         logging.warning('grpo step %d: every trajectory is staler than max_staleness=%d; no update', step,
                         max_staleness)

@@ -27,7 +27,6 @@ from typing import Callable
 import jax
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 
 from osvl_jax import config_checks as checks
@@ -90,7 +89,7 @@ def take_rows(batch: dict, grid: tuple, rows, merge_size: int = 2,
   Args:
     batch: `batching.collate` fields (+ per-row loss arrays [B, ...]) as host numpy arrays, without image_grid_thw;
       position_ids [3, B, T] (rows on axis 1), pixel_values [P, D], scalars and None kept as they are.
-    grid: the batch's image grids, a tuple of (t, h, w) (`grpo.prepare_batch`).
+    grid: the batch's image grids, a tuple of (t, h, w) (`grpo_batch.prepare_batch`).
     rows: int row indices (any order, no repeats needed).
   Returns:
     (part, part grid); T and K stay the batch's, so all parts share compiled shapes.
@@ -140,7 +139,7 @@ def mini_batch_rows(prompt_ids, mini_batch_prompts: int) -> list[np.ndarray]:
 
   Groups are taken in the order of their first row; within a mini-batch rows stay in batch order (so one
   mini-batch of everything is the batch itself). A prompt drawn twice in one batch is one group of 2G
-  (`grpo.prepare_batch`), so a mini-batch then holds more rows than the others.
+  (`grpo_batch.prepare_batch`), so a mini-batch then holds more rows than the others.
 
   Args:
     prompt_ids: [B] the prompt id of each row.
@@ -374,7 +373,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       cfg.patches_per_shard)`, host arrays.
   Returns:
     update(model, optimizer, batch, grid, prompt_ids, ref_model=None) -> (metrics, step_metrics):
-      batch / grid as `grpo.prepare_batch` returns them (without rewards / fatal_steps; host numpy; optionally
+      batch / grid as `grpo_batch.prepare_batch` returns them (without rewards / fatal_steps; host numpy; optionally
       `on_policy_rows` bool [B], the rows rolled out by the weights being updated: the mismatch alarm's rows,
       `check_mismatch`), prompt_ids [B] the prompt of each row, ref_model π_ref (needed when beta > 0). The model
       and optimizer are updated in place.

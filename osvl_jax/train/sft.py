@@ -71,7 +71,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0.
   """
   check_model_config(config)
-  steps = checks.positive_int(config, 'sft.steps')
+  checks.positive_int(config, 'sft.steps')
   for field in ('batch_size', 'log_every', 'ckpt_every'):
     checks.positive_int(config, f'sft.{field}')
   checks.number(config, 'sft.lr', low=0, low_open=True)

@@ -24,7 +24,7 @@ from PIL import Image
 from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import sharding, weights
 from osvl_jax.rollout import sglang_client as sc
-from osvl_jax.train import grpo, grpo_update, metrics, policy
+from osvl_jax.train import grpo, grpo_batch, grpo_update, metrics, policy
 from tests.distributed import conftest
 from tests.serve.conftest import healthy_server
 
@@ -138,7 +138,7 @@ def test_two_processes_run_grpo_against_a_server_with_the_one_process_update(ser
     rollout_batch = pickle.loads((pod / 'rollouts' / f'{step:08d}.pkl').read_bytes())
     trajectories = rollout_batch['trajectories']
     assert len(trajectories) == 4
-    batch, grid, _, _ = grpo.prepare_batch(trajectories, c.grpo, scores=rollout_batch['scores'])
+    batch, grid, _, _ = grpo_batch.prepare_batch(trajectories, c.grpo, scores=rollout_batch['scores'])
     batch.pop('rewards'), batch.pop('fatal_steps')
     batch['on_policy_rows'] = np.array([t.policy_version == step - 1 for t in trajectories])  # as the trainer
     expected.append(update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)[0])

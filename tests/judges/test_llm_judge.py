@@ -15,10 +15,10 @@ import pytest
 from osvl_jax import trajectory as tj
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import llm, registry, rule
-from osvl_jax.train import grpo, rollouts
+from osvl_jax.train import grpo, grpo_batch, rollouts
 from tools import base
 
-LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
 
 
 class FakeChatServer:
@@ -329,5 +329,5 @@ def test_rollout_score_and_prepare_batch_use_the_configured_judge(serve):
   assert s['judge_errors'] == 2 and s['r_acc'] == 1.0
   cfg = grpo.ml_collections.ConfigDict(dict(alpha=0.8, num_generations=2, fatal_mode='mask_clamp', delta=1e-6,
                                             length_buckets=LENGTH_BUCKETS, loss_bucket=32))
-  _, _, scores, _ = grpo.prepare_batch([traj, traj], cfg, _judge(down, max_retries=0, max_concurrency=2))
+  _, _, scores, _ = grpo_batch.prepare_batch([traj, traj], cfg, _judge(down, max_retries=0, max_concurrency=2))
   assert [x['judge_errors'] for x in scores] == [2, 2]

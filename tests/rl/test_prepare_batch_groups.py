@@ -1,4 +1,4 @@
-"""`grpo.prepare_batch` forms the advantage groups by prompt_id, never by row position (DESIGN.md §6, Eq. 11).
+"""`grpo_batch.prepare_batch` forms the advantage groups by prompt_id, never by row position (DESIGN.md §6, Eq. 11).
 
 Two prompts of G = 4 samples with different rewards; their rows interleaved p0, p1, p0, p1, ... (or shuffled)
 must get the advantages each group gets alone, and the per-row arrays (loss mask, rewards, fatal steps) stay in
@@ -14,13 +14,13 @@ import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rl import advantages
-from osvl_jax.train import grpo
+from osvl_jax.train import grpo_batch
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
 
-LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
 
 SEARCH = tj.render_assistant_text('Look.', tool_call={'name': 'text_search', 'arguments': {'query': 'Agra'}})
 BAD = tj.render_assistant_text('Try.', tool_call={'name': 'browse', 'arguments': {'url': 'x'}})
@@ -66,14 +66,14 @@ def _rows(batch, key, order):
 def test_rows_in_any_order_equal_each_group_alone(groups, estimator, order):
   g0, g1 = groups
   cfg = _cfg(estimator=estimator)
-  alone0, alone1 = (grpo.prepare_batch(g, cfg)[0] for g in (g0, g1))
+  alone0, alone1 = (grpo_batch.prepare_batch(g, cfg)[0] for g in (g0, g1))
   want_adv = np.concatenate([alone0['advantages'], alone1['advantages']])
   want_r = np.concatenate([alone0['rewards'], alone1['rewards']])
   assert np.ptp(alone0['advantages']) > 0 and not np.allclose(alone0['rewards'], alone1['rewards'])
   everything = g0 + g1
   perm = ([0, 4, 1, 5, 2, 6, 3, 7] if order == 'interleaved'
           else list(np.random.default_rng(3).permutation(8)))
-  batch, _, _, stats = grpo.prepare_batch([everything[i] for i in perm], cfg)
+  batch, _, _, stats = grpo_batch.prepare_batch([everything[i] for i in perm], cfg)
   np.testing.assert_array_equal(batch['rewards'], want_r[perm])
   np.testing.assert_allclose(batch['advantages'], want_adv[perm], rtol=1e-6, atol=1e-7)
   # the hand formula (Eq. 11) on p0's rewards, as in tests/train/test_grpo_config.py
@@ -96,7 +96,7 @@ def test_group_of_another_size_is_used_as_it_is(groups, caplog):
   g0, g1 = groups
   trajs = g0 + [dataclasses.replace(t, sample_index=t.sample_index + 4) for t in g0] + g1[:1]
   with caplog.at_level('WARNING'):
-    batch, _, _, _ = grpo.prepare_batch(trajs, _cfg())
+    batch, _, _, _ = grpo_batch.prepare_batch(trajs, _cfg())
   assert "'p0': 8" in caplog.text and "'p1': 1" in caplog.text
   r = batch['rewards']
   fatal = batch['fatal_steps'] >= 0

@@ -12,7 +12,7 @@ from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.train import batching
 from tools import env as tools_env
 
-LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
 
 ANSWER = tj.render_assistant_text('I know it now.', response='Agra')
 
@@ -182,10 +182,10 @@ def test_a_refused_prompt_image_ends_only_its_own_trajectories(tokenizer, env, m
     assert (ok.stop_reason, ok.final_response, ok.error) == ('response', 'Agra', None)
     assert ok.token_ids.tolist() == alone.token_ids.tolist() and len(ok.images) == 2
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from osvl_jax.train import grpo  # pylint: disable=g-import-not-at-top
+  from osvl_jax.train import grpo_batch  # pylint: disable=g-import-not-at-top
   cfg = ml_collections.ConfigDict(dict(alpha=0.8, delta=1e-6, fatal_mode='mask_clamp', estimator='grpo',
                                        std_ddof=1, num_generations=2, length_buckets=LENGTH_BUCKETS, loss_bucket=16))
-  batch, _, scores, _ = grpo.prepare_batch(trajs, cfg)
+  batch, _, scores, _ = grpo_batch.prepare_batch(trajs, cfg)
   assert [s['r_fmt'] for s in scores[:2]] == [0.0, 0.0]
   np.testing.assert_array_equal(batch['advantages'][:2], [0, 0])
   assert not batch['loss_mask'][:2].any() and batch['loss_mask'][2:].any()

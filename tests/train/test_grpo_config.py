@@ -19,13 +19,13 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import grpo, grpo_update, policy
+from osvl_jax.train import grpo, grpo_batch, grpo_update, policy
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
 
-LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
 
 SEARCH = tj.render_assistant_text('Look.', tool_call={'name': 'text_search', 'arguments': {'query': 'Agra'}})
 BAD = tj.render_assistant_text('Try.', tool_call={'name': 'browse', 'arguments': {'url': 'x'}})
@@ -96,7 +96,7 @@ def test_check_config_rejects_micro_batches_that_do_not_shard():
 @pytest.mark.parametrize('mode', ['none', 'hard', 'mask', 'mask_clamp'])
 @pytest.mark.parametrize('estimator', ['grpo', 'rloo'])
 def test_prepare_batch_follows_fatal_mode_and_estimator(group, mode, estimator):
-  batch, _, scores, stats = grpo.prepare_batch(group, _cfg(fatal_mode=mode, estimator=estimator))
+  batch, _, scores, stats = grpo_batch.prepare_batch(group, _cfg(fatal_mode=mode, estimator=estimator))
   r = np.array([s['reward'] for s in scores])
   assert r[1] == r[3] == 0.0 and 0 < r[2] < r[0]  # fatal at 0: empty prefix; fatal at 1: r_acc = 0
   if estimator == 'grpo':
@@ -117,14 +117,14 @@ def test_prepare_batch_follows_fatal_mode_and_estimator(group, mode, estimator):
 
 
 def test_population_std_reaches_the_advantages(group):
-  a1 = grpo.prepare_batch(group, _cfg(fatal_mode='none'))[0]['advantages']
-  a0 = grpo.prepare_batch(group, _cfg(fatal_mode='none', std_ddof=0))[0]['advantages']
+  a1 = grpo_batch.prepare_batch(group, _cfg(fatal_mode='none'))[0]['advantages']
+  a0 = grpo_batch.prepare_batch(group, _cfg(fatal_mode='none', std_ddof=0))[0]['advantages']
   np.testing.assert_allclose(a0, a1 * np.sqrt(4 / 3), rtol=1e-4)
 
 
 def test_rollout_metrics_by_hand(group):
-  batch, _, scores, stats = grpo.prepare_batch(group, _cfg())
-  m = grpo.rollout_metrics(group, scores, batch['fatal_steps'], stats, batch['loss_mask'])
+  batch, _, scores, stats = grpo_batch.prepare_batch(group, _cfg())
+  m = grpo_batch.rollout_metrics(group, scores, batch['fatal_steps'], stats, batch['loss_mask'])
   assert m['fatal_fraction'] == 0.5
   assert m['fatal_clamped_fraction'] == 1.0 and m['fatal_kept_fraction'] == 0.0  # both fatal r̃ < 0
   assert m['fatal_kept_rtilde_mean'] == 0.0

@@ -17,10 +17,10 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo, grpo_update, policy
+from osvl_jax.train import grpo_batch, grpo_update, policy
 from tools import base
 
-LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
 
 GROUPS, G = 8, 2
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
@@ -59,7 +59,7 @@ def setup():
   cfg = ml_collections.ConfigDict(dict(
       alpha=0.8, num_generations=G, fatal_mode='mask_clamp', delta=1e-6, eps_low=0.2, eps_high=0.28, beta=0.0,
       aggregation='seq_mean_token_mean', length_buckets=LENGTH_BUCKETS, loss_bucket=16))
-  batch, grid, _, stats = grpo.prepare_batch(trajectories, cfg)
+  batch, grid, _, stats = grpo_batch.prepare_batch(trajectories, cfg)
   batch.pop('rewards'), batch.pop('fatal_steps')
   assert float(stats['num_fatal']) == GROUPS // 2 and np.any(batch['advantages'] != 0)
   # fixed old log-probs (ρ ≠ 1, so clipping is exercised), identical for every way of splitting the batch

@@ -15,10 +15,9 @@ from flax import nnx
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.models.qwen3_vl import vision_layout
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.train import batching, grpo, metrics, policy, sft
+from osvl_jax.train import batching, grpo_batch, metrics, policy, sft
 from tools import env as tools_env
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -250,7 +249,7 @@ def test_grpo_batch_masks_post_fatal_tokens_and_clamps_fatal_advantages():
   assert [t.fatal_step for t in trajs] == [None, None, 0, 1]
   cfg = demo_config.get_config().grpo
   cfg.num_generations = 4
-  batch, _, scores, stats = grpo.prepare_batch(trajs, cfg)
+  batch, _, scores, stats = grpo_batch.prepare_batch(trajs, cfg)
 
   # Eq. 9 by hand: r = r_fmt * (0.8 r_acc + 0.2 r_query); fatal0 has an empty prefix (r = 0).
   assert [s['r_fmt'] for s in scores] == [1.0, 1.0, 0.0, 1.0]

@@ -19,13 +19,13 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import grpo, grpo_update, policy
+from osvl_jax.train import grpo_batch, grpo_update, policy
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
 
-LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets: T on a ladder (batching.bucket_sizes)
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
 
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
     'image': 'img_1', 'x': 0, 'y': 0, 'width': 16, 'height': 16}})
@@ -55,7 +55,7 @@ def _cfg(**kw):
 @pytest.fixture(scope='module')
 def setup():
   trajectories = [_trajectory(g, i) for i in range(2) for g in range(2)]  # rows: p0, p1, p0, p1
-  batch, grid, _, _ = grpo.prepare_batch(trajectories, _cfg())
+  batch, grid, _, _ = grpo_batch.prepare_batch(trajectories, _cfg())
   batch.pop('rewards'), batch.pop('fatal_steps')
   assert np.all(batch['advantages'] != 0)
   model = model_lib.Qwen3VLModel(config_lib.Qwen3VLConfig.tiny(), rngs=nnx.Rngs(0))
