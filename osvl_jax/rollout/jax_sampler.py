@@ -133,14 +133,14 @@ class JaxSampler(engine_lib.Engine):
     self.progress = progress
     self.decode_steps = _check_int('decode_steps', decode_steps, 1)
     self.patch_bucket = _check_int('patch_bucket', patch_bucket, 1)
-    merge2 = getattr(getattr(getattr(model, 'config', None), 'vision', None), 'spatial_merge_size', 1) ** 2
-    if self.patch_bucket % merge2:
-      raise ValueError(f'patch_bucket={patch_bucket} is not a multiple of spatial_merge_size**2={merge2}')
     self._key = jax.random.key(_check_int('seed', seed, 0))
     slots = _check_int('prefix_cache_slots', prefix_cache_slots, 0)
     self.prefix_cache = (prefix_cache_lib.PrefixCache(slots, prefill_inputs.round_up(self.max_len, self.bucket))
                          if slots else None)
     self.set_model(model)
+    merge2 = self.vision_config.spatial_merge_size ** 2 if self.vision_config is not None else 1
+    if self.patch_bucket % merge2:
+      raise ValueError(f'patch_bucket={patch_bucket} is not a multiple of spatial_merge_size**2={merge2}')
     self.stats: dict[str, float] = {}
     self.cached_tokens: list[int] = []   # per context of the last `generate`: prompt ids reused from the cache
 

@@ -124,10 +124,13 @@ def vision_arrays(inputs: PrefillInputs, vision_config, patch_bucket: int,
     None without images; else {'pixel_values': float32 [1, P, D], 'vision_inputs': {interp_indices int32 [1, P, 4],
     interp_weights float32 [1, P, 4], hw_positions int32 [1, P, 2], segment_ids int32 [1, P] (-1 on padding)}}.
   Raises:
-    ValueError: the pad tokens and the images disagree on the patch count; P not a multiple of merge_size**2.
+    ValueError: images for a model without a vision tower (`vision_config` None); the pad tokens and the images
+      disagree on the patch count; P not a multiple of merge_size**2.
   """
   if inputs.pixel_values is None:
     return None
+  if vision_config is None:
+    raise ValueError(f'{len(inputs.grids)} image(s) in the prefill, but the model has no vision tower')
   merge = vision_config.spatial_merge_size
   per_row = vision_layout.row_patches(inputs.input_ids, merge, image_token_id)
   budget = vision_layout.patch_slots(int(inputs.pixel_values.shape[0]), patch_bucket)

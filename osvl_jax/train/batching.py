@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from osvl_jax import trajectory as traj_lib
-from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import rope, vision_layout
 
 PAD_ID = traj_lib.ENDOFTEXT_ID  # <|endoftext|>
 
@@ -134,23 +134,21 @@ def bucket_sizes(trajectories, length_buckets, max_loss_tokens: int | None = Non
 
 
 def ladder(n: int, base: int) -> int:
-  """`base` times the smallest power of two whose product holds n (n >= 1; `base` for n <= base)."""
-  blocks = max(1, -(-int(n) // int(base)))
-  return int(base) * (1 << (blocks - 1).bit_length())
+  """`base` times the smallest power of two whose product holds n (n >= 1; `base` for n <= base): the K rung, on
+  the same ladder as the vision patches (`vision_layout.patch_slots`)."""
+  return vision_layout.patch_slots(max(1, int(n)), int(base))
 
 
 def program_bound(length_buckets, max_loss_tokens: int | None = None, loss_bucket: int = 64) -> int:
-  """The most (T, K) pairs `bucket_sizes` can return for these budgets: the update programs a run can compile."""
+  """The most (T, K) pairs `bucket_sizes` can return for these budgets: the update programs a run can compile.
+  Per T: the rungs loss_bucket x 2^i below the cap min(T, max_loss_tokens), plus the cap itself."""
   total = 0
   for length in length_buckets:
-    cap, k = min(length, int(max_loss_tokens)) if max_loss_tokens else length, 1
-    sizes = set()
-    while True:
-      sizes.add(min(cap, ladder(k, loss_bucket)))
-      if ladder(k, loss_bucket) >= cap:
-        break
-      k = ladder(k, loss_bucket) + 1
-    total += len(sizes)
+    cap = min(int(length), int(max_loss_tokens)) if max_loss_tokens else int(length)
+    rung = int(loss_bucket)
+    total += 1
+    while rung < cap:
+      total, rung = total + 1, rung * 2
   return total
 
 

@@ -389,3 +389,14 @@ def test_prefill_compiles_once_for_images_of_different_grids(model, tokenizer):
   before = _compiles()
   sampler.generate([(ids, two)])
   assert _compiles() - before >= 1
+
+
+def test_images_for_a_model_without_a_vision_tower_are_refused_naming_it():
+  """`vision_arrays` with no vision config and images: a ValueError naming the images, not an AttributeError."""
+  from osvl_jax.rollout import prefill_inputs  # pylint: disable=g-import-not-at-top
+  inputs = prefill_inputs.PrefillInputs(np.zeros((1, 8), np.int32), np.zeros((3, 1, 8), np.int32),
+                                        np.ones((1, 8), bool), np.zeros(1, np.int32),
+                                        np.zeros((16, 1536), np.float32), ((1, 4, 4),))
+  with pytest.raises(ValueError, match=r'1 image\(s\) in the prefill, but the model has no vision tower'):
+    prefill_inputs.vision_arrays(inputs, None, 256)
+  assert prefill_inputs.vision_arrays(inputs._replace(pixel_values=None, grids=()), None, 256) is None

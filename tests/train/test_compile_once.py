@@ -104,3 +104,13 @@ def test_a_batch_over_the_patch_budget_fails_naming_the_budget():
     policy.shard_batch(batch, mesh, vision_config=vision, patches_per_shard=40)
   with pytest.raises(ValueError, match='needs the vision config'):
     policy.shard_batch(batch, mesh)
+
+
+def test_program_bound_counts_the_k_rungs_of_each_length_bucket():
+  """By hand: T 2048 and 4096 with K capped at 1280 on rungs of 256 take K in {256, 512, 1024, 1280} each (8);
+  without a cap, T 2048 takes {256, ..., 2048} (4) and T 4096 one more (5); a cap below the first rung is one K."""
+  from osvl_jax.train import batching  # pylint: disable=g-import-not-at-top
+  assert batching.program_bound((2048, 4096), 1280, 256) == 8
+  assert batching.program_bound((2048, 4096), None, 256) == 9
+  assert batching.program_bound((100,), None, 256) == 1
+  assert [batching.ladder(n, 256) for n in (0, 1, 256, 257, 1025)] == [256, 256, 256, 512, 2048]
