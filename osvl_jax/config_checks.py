@@ -60,6 +60,19 @@ def positive_int(config: ml_collections.ConfigDict, path: str) -> int:
   return number(config, path, integer=True, low=1)
 
 
+def length_buckets(config: ml_collections.ConfigDict, path: str, *, empty_ok: bool, meaning: str) -> tuple[int, ...]:
+  """The strictly increasing ints >= 1 at `path` (tokens per row of each compiled shape: `sft.length_buckets`,
+  `grpo.length_buckets`); a missing or empty value is () when `empty_ok`. Raises ValueError naming `path`, what
+  the buckets are, and (`meaning`) what an empty value would mean."""
+  value = get(config, path) or ()
+  if (not isinstance(value, (tuple, list)) or (not value and not empty_ok)
+      or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in value)
+      or list(value) != sorted(set(value))):
+    raise ValueError(f'{path}={get(config, path)!r} must be increasing ints >= 1 (tokens per row; one compiled '
+                     f'program per bucket){meaning}')
+  return tuple(value)
+
+
 def choice(config: ml_collections.ConfigDict, path: str, choices) -> object:
   """The value at `path`, which must be one of `choices`. Raises ValueError naming `path` and the choices."""
   value = get(config, path)

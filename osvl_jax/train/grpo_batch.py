@@ -31,12 +31,7 @@ def check_budgets(config: ml_collections.ConfigDict) -> tuple[tuple[int, ...], i
   Raises:
     ValueError: naming the field and the value that fits.
   """
-  buckets = config.grpo.get('length_buckets')
-  if (not isinstance(buckets, (tuple, list)) or not buckets
-      or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in buckets)
-      or list(buckets) != sorted(set(buckets))):
-    raise ValueError(f'grpo.length_buckets={buckets!r} must be increasing ints >= 1 (tokens per row; one compiled '
-                     'update per bucket)')
+  buckets = checks.length_buckets(config, 'grpo.length_buckets', empty_ok=False, meaning='')
   total = int(config.rollout.max_total_tokens)
   if buckets[-1] < total:
     raise ValueError(f'grpo.length_buckets={tuple(buckets)}: the largest is below rollout.max_total_tokens={total}; '

@@ -79,12 +79,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   checks.number(config, 'sft.weight_decay', low=0)
   checks.number(config, 'sft.grad_clip', low=0, low_open=True)
   checks.number(config, 'sft.patches_per_shard', integer=True, low=0, optional=True)
-  length_buckets = config.sft.get('length_buckets') or ()
-  if (not isinstance(length_buckets, (tuple, list))
-      or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in length_buckets)
-      or list(length_buckets) != sorted(set(length_buckets))):
-    raise ValueError(f'sft.length_buckets={length_buckets!r} must be increasing ints >= 1 (tokens per row; one '
-                     'compiled step per bucket), or () for one bucket, the longest trajectory')
+  checks.length_buckets(config, 'sft.length_buckets', empty_ok=True,
+                        meaning=', or () for one bucket, the longest trajectory')
   for field in policy.ROUTER_LOSS_FIELDS:
     checks.number(config, f'sft.{field}', low=0, optional=True)
   if config.sft.get('lr_schedule') is not None:

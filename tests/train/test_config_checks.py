@@ -14,7 +14,7 @@ from osvl_jax import demo
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo, grpo_update, policy, sft
+from osvl_jax.train import grpo, grpo_batch, grpo_update, policy, sft
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
@@ -40,6 +40,9 @@ def _set(config, path, value):
     ('mesh.expert', 4096, 'mesh.expert'), ('mesh.pipeline', 2, 'mesh.pipeline: unknown mesh axis'),
     ('sft.router_aux_loss_coef', -0.01, 'sft.router_aux_loss_coef=-0.01'),
     ('sft.router_z_loss_coef', -1.0, 'sft.router_z_loss_coef=-1.0'),
+    ('sft.length_buckets', (4096, 2048), r'sft.length_buckets=\(4096, 2048\) must be increasing ints >= 1'),
+    ('sft.length_buckets', (2048, 2048), 'sft.length_buckets'), ('sft.length_buckets', (0, 64), 'sft.length_buckets'),
+    ('sft.length_buckets', (True, 64), 'sft.length_buckets'),
 ])
 def test_sft_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
@@ -71,6 +74,9 @@ def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():
     ('rollout.max_total_tokens', 64, 'rollout.max_total_tokens=64 < rollout.max_new_tokens=128'),
     ('grpo.router_aux_loss_coef', -1.0, 'grpo.router_aux_loss_coef=-1.0'),
     ('grpo.router_z_loss_coef', -1e-3, 'grpo.router_z_loss_coef=-0.001'),
+    ('grpo.length_buckets', (), r'grpo.length_buckets=\(\) must be increasing ints >= 1'),
+    ('grpo.length_buckets', (4096, 2048), 'grpo.length_buckets'), ('grpo.length_buckets', (2.5e3,), 'grpo.length_b'),
+    ('grpo.length_buckets', (1024, 2048), 'the largest is below rollout.max_total_tokens=4096'),
 ])
 def test_grpo_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
@@ -241,3 +247,13 @@ def test_grpo_rollouts_parse_and_run_a_call_in_the_official_tool_schema_profile(
   assert (step.action.name, step.action.arguments) == ('text_search', {'query': 'Taj Mahal Agra'})
   assert step.result.ok and 'Taj Mahal' in step.result.text and step.format_ok
   assert traj.stop_reason == 'response' and traj.final_response == 'Agra'
+
+
+def test_sft_length_buckets_may_be_empty_and_grpo_reads_them_back():
+  """The neighbours of the refusals: sft.length_buckets () is one bucket (the longest trajectory); a list is read
+  as the tuple of its ints."""
+  c = demo_config.get_config()
+  c.sft.length_buckets = ()
+  sft.check_config(c)
+  c.grpo.length_buckets = [2048, 4096]
+  assert grpo_batch.check_budgets(c)[0] == (2048, 4096)
