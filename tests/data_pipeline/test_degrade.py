@@ -1,7 +1,6 @@
 """Stage `degrade`: the seeded subset, recorded parameters that reproduce the saved image, and real repairs."""
 
 import json
-import pathlib
 
 import cv2
 import numpy as np

@@ -10,7 +10,6 @@ a `<stage>.tmp` folder behind; the test plants such a half-written folder before
 """
 
 import json
-import os
 import pathlib
 import signal
 import subprocess

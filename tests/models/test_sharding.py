@@ -84,9 +84,9 @@ def test_every_matrix_parameter_is_sharded_by_a_rule(config, scan):
         continue
     named = [axis for axis in sharding.logical_to_spec(axes) if axis is not None]
     if path.endswith(HALF_SHARDED):
-      assert len(named) == len(shape) - 1, (path, spec)
+      assert len(named) == len(shape) - 1, (path, axes, named)
     else:
-      assert len(named) == len(shape), (path, spec)
+      assert len(named) == len(shape), (path, axes, named)
 
 
 def test_stacked_layer_rules_hold_under_a_prefix_and_constrain_checks_its_axes():

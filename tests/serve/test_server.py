@@ -1,7 +1,6 @@
 """The server over an in-process JaxSampler (uvicorn in a thread): SGLang API parity, batching, chat, refusals,
 the prefix cache (`cached_tokens`, `/flush_cache`, emptied by a weight update)."""
 
-import concurrent.futures
 
 import httpx
 import jax

@@ -14,7 +14,7 @@ from osvl_jax import demo
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo, grpo_batch, grpo_update, policy, sft
+from osvl_jax.train import grpo, grpo_batch, policy, sft
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402

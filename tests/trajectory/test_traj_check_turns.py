@@ -7,10 +7,8 @@ data pipeline writes them (`data_pipeline.build._save`, the writer of `<dataset>
 """
 
 import dataclasses
-import json
 
 import numpy as np
-import pytest
 
 from data_pipeline import build
 from osvl_jax import trajectory as tj
