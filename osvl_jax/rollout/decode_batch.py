@@ -6,11 +6,12 @@ that finished and admits the rows that arrived meanwhile (a simple form of conti
 does not wait for a long one.
 
 Shapes stay fixed while the batch runs: its KV cache is [L, B, Hkv, C, D] with B slots (a power of two) and C
-cache slots (a multiple of the sampler's bucket), both from the rows' budgets (prompt + max_new_tokens, capped at
-max_len), so a chunk compiles once per (B, C). An admission prefills the new rows as a sub-batch of the same cache
-length (`JaxSampler._prefill_fn`, after their prefix-cache match) and scatters them into free slots; when there are
-too few slots or C is too short, the batch grows (the cache is padded: rows keep their slots and KV). A row's
-positions, cache index and limit are its own, so its ids do not depend on what runs beside it.
+cache slots (`prefill_inputs.length_rung`: the sampler's bucket times a power of two), both from the rows'
+budgets (prompt + max_new_tokens, capped at max_len), so a chunk compiles once per (B, C). An admission prefills
+the new rows as a sub-batch of the same cache length (`JaxSampler._prefill_fn`, after their prefix-cache match)
+and scatters them into free slots; when there are too few slots or C is too short, the batch grows (the cache is
+padded: rows keep their slots and KV). A row's positions, cache index and limit are its own, so its ids do not
+depend on what runs beside it.
 
 Stopping: on device at an end-of-sequence id or the row's limit; on the host, after each chunk, at a stop string
 (`finish_reason`) or one of the row's extra stop ids, cut exactly at the completing id.
@@ -166,8 +167,9 @@ class DecodeBatch:
     sub = (next_pow2(n) if s.pad_batch_pow2 else n) if first else next_pow2(n)
     pad = sub - n
     inputs = prefill_inputs.build(contexts, sub, np.concatenate([prefix, np.zeros(pad, np.int32)]), s.bucket,
-                                  rope_kw)
-    cache_len = prefill_inputs.round_up(int(np.minimum(lengths + np.asarray(limits), s.max_len).max()), s.bucket)
+                                  s.max_len, rope_kw)
+    cache_len = prefill_inputs.length_rung(int(np.minimum(lengths + np.asarray(limits), s.max_len).max()), s.bucket,
+                                           s.max_len)
     cache_len = max(cache_len, inputs.input_ids.shape[1], 0 if first else self.cache['mask'].shape[1])
     free = [i for i, slot in enumerate(self.slots) if slot is None]
     if not first and (len(free) < n or cache_len > self.cache['mask'].shape[1]):

@@ -49,6 +49,16 @@ def round_up(n: int, multiple: int) -> int:
   return max(multiple, -(-n // multiple) * multiple)
 
 
+def length_rung(n: int, bucket: int, limit: int) -> int:
+  """Tokens a prefill suffix or a KV cache of n tokens is padded to: `bucket` times the smallest power of two that
+  holds n, capped at the sampler's slot length `round_up(limit, bucket)` (and never below n rounded up to
+  `bucket`). A sampler therefore compiles O(log2(limit / bucket)) lengths whatever its contexts hold, not one per
+  multiple of `bucket` (a multi-turn rollout's context grows every turn); the padding costs at most 2x the
+  suffix's prefill, as the power-of-two prefill buckets of TPU serving stacks (JetStream, vLLM TPU).
+  """
+  return max(round_up(n, bucket), min(vision_layout.patch_slots(max(1, int(n)), bucket), round_up(limit, bucket)))
+
+
 def check_image_pads(contexts: Sequence[Any], image_token_id: int = IMAGE_PAD_ID) -> None:
   """Every context holds as many `<|image_pad|>` ids as its images need (`ImageRef.num_tokens` each).
 
@@ -62,7 +72,8 @@ def check_image_pads(contexts: Sequence[Any], image_token_id: int = IMAGE_PAD_ID
       raise ValueError(f'context {b}: {n_pads} <|image_pad|> tokens but its {len(c.images)} image(s) need {need}')
 
 
-def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, rope_kw: dict) -> PrefillInputs:
+def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, limit: int,
+          rope_kw: dict) -> PrefillInputs:
   """The prefill inputs of `contexts` (n <= batch rows; rows n.. are dummy one-`PAD_ID` rows).
 
   Args:
@@ -70,7 +81,8 @@ def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, 
     batch: padded batch size B >= n.
     starts: int [B], the cached prefix length of each row (0: none); starts[b] < len(prompt_ids) and never
       inside an image run.
-    bucket: the suffix length T is rounded up to a multiple of this.
+    bucket, limit: the suffix length T is `length_rung(longest suffix, bucket, limit)` (limit: the sampler's
+      max_len).
     rope_kw: `image_token_id` / `spatial_merge_size` for `rope.get_rope_index` (empty: its defaults).
   Raises:
     ValueError: a start that cuts an image run or leaves no token to prefill.
@@ -82,7 +94,7 @@ def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, 
   suffix = np.asarray([len(ids) for ids, _ in rows]) - starts
   if (suffix < 1).any():
     raise ValueError(f'starts leave no token to prefill in rows {np.flatnonzero(suffix < 1).tolist()}')
-  pad_len = round_up(int(suffix.max()), bucket)
+  pad_len = length_rung(int(suffix.max()), bucket, limit)
   input_ids = np.full((batch, pad_len), PAD_ID, np.int32)
   position_ids = np.zeros((3, batch, pad_len), np.int32)
   attention_mask = np.zeros((batch, pad_len), bool)

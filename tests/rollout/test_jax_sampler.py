@@ -12,7 +12,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import jax_sampler
+from osvl_jax.rollout import jax_sampler, prefill_inputs
 
 IM_END = 151645
 NEW = 6  # decode length in these tests: small, the CPUs are shared.
@@ -393,10 +393,39 @@ def test_prefill_compiles_once_for_images_of_different_grids(model, tokenizer):
 
 def test_images_for_a_model_without_a_vision_tower_are_refused_naming_it():
   """`vision_arrays` with no vision config and images: a ValueError naming the images, not an AttributeError."""
-  from osvl_jax.rollout import prefill_inputs  # pylint: disable=g-import-not-at-top
   inputs = prefill_inputs.PrefillInputs(np.zeros((1, 8), np.int32), np.zeros((3, 1, 8), np.int32),
                                         np.ones((1, 8), bool), np.zeros(1, np.int32),
                                         np.zeros((16, 1536), np.float32), ((1, 4, 4),))
   with pytest.raises(ValueError, match=r'1 image\(s\) in the prefill, but the model has no vision tower'):
     prefill_inputs.vision_arrays(inputs, None, 256)
   assert prefill_inputs.vision_arrays(inputs._replace(pixel_values=None, grids=()), None, 256) is None
+
+
+def test_length_rungs_by_hand():
+  """`prefill_inputs.length_rung`: bucket x 2^k, capped at max_len rounded up to the bucket, never below n."""
+  got = [prefill_inputs.length_rung(n, 16, 200) for n in (1, 16, 17, 33, 64, 65, 129, 200)]
+  assert got == [16, 16, 32, 64, 64, 128, 208, 208]
+  assert prefill_inputs.length_rung(300, 16, 200) == 304   # over the cap (never asked by the sampler): n's multiple
+
+
+def test_a_growing_context_compiles_a_logarithmic_number_of_programs(model, tokenizer):
+  """A multi-turn context grows every turn: prompts of 20, 36, ..., 164 tokens (10 lengths, 10 multiples of the
+  bucket 16) with max_len 200 pad to the rungs 32, 64, 128, 208 (suffix and cache alike), so the 10 calls build
+  at most 4 rungs' programs; the outputs equal the unpadded greedy reference."""
+  sampler = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=4, temperature=0.0, max_len=200, bucket=16)
+  lengths = list(range(20, 165, 16))
+  built = []
+  for i, n in enumerate(lengths):
+    before = _compiles()
+    gen = sampler.generate([(_text_prompt(i, n), [])])[0]
+    built.append(_compiles() - before)
+    if i in (0, 5):
+      ref_ids, ref_lp = _reference_greedy(model, _text_prompt(i, n), [], 4)
+      assert gen.ids.tolist() == ref_ids
+      np.testing.assert_allclose(gen.logprobs, ref_lp, atol=1e-4)
+  rung = lambda n: prefill_inputs.length_rung(n, 16, 200)
+  rungs = {(rung(n), rung(min(n + 4, 200))) for n in lengths}
+  assert len(rungs) == 4, rungs
+  new_shapes = [i for i, b in enumerate(built) if b]
+  assert built[0] >= 1 and len(new_shapes) <= 4, built   # a multiple-of-16 ladder would build 10
+
