@@ -47,8 +47,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer('port', 30000, 'port.')
   flags.DEFINE_integer('max_new_tokens', 512, 'max_new_tokens of a request that gives none.')
   flags.DEFINE_integer('max_len', 8192, 'cap on prompt + generated ids per row.')
-  flags.DEFINE_integer('bucket', 128, 'prompt / cache lengths padded to this x 2^k, capped at '
-                       '--max_len (compiled shapes: prefill_inputs.length_rung).')
+  flags.DEFINE_integer('bucket', 128, 'prompt / cache lengths padded to this x 2^k up to 4x this, '
+                       'then its steps, capped at --max_len (compiled shapes: prefill_inputs.length_rung).')
   flags.DEFINE_integer('patch_bucket', 256, 'image patches of a prefill padded to this x 2^k (compiled shapes; a '
                        'multiple of 4).')
   flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')

@@ -6,7 +6,7 @@ that finished and admits the rows that arrived meanwhile (a simple form of conti
 does not wait for a long one.
 
 Shapes stay fixed while the batch runs: its KV cache is [L, B, Hkv, C, D] with B slots (a power of two) and C
-cache slots (`prefill_inputs.length_rung`: the sampler's bucket times a power of two), both from the rows'
+cache slots (`prefill_inputs.length_rung`: the sampler's bucket x 2^k, then steps of 4 buckets), both from the rows'
 budgets (prompt + max_new_tokens, capped at max_len), so a chunk compiles once per (B, C). An admission prefills
 the new rows as a sub-batch of the same cache length (`JaxSampler._prefill_fn`, after their prefix-cache match)
 and scatters them into free slots; when there are too few slots or C is too short, the batch grows (the cache is

@@ -1,9 +1,9 @@
 """The embedded JAX sampler: batched prefill into a KV cache, then jitted batched decode (CPU/TPU, tests, demo).
 
 One `generate` call:
-  1. Right-pads the B prompts to a common length rung (`bucket` times a power of two, capped at max_len:
-     `prefill_inputs.length_rung`) and the batch to a power of two, so that repeated calls, and the turns of a
-     growing multi-turn context, reuse compiled programs.
+  1. Right-pads the B prompts to a common length rung (`prefill_inputs.length_rung`: `bucket` x 2^k up to 4
+     buckets, then steps of 4 buckets, capped at max_len) and the batch to a power of two, so that repeated
+     calls, and the turns of a growing multi-turn context, reuse compiled programs.
   2. Prefills all rows in one forward pass into a batched KV cache (`model.init_cache`), vision features
      included; 3-D MRoPE positions come from `rope.get_rope_index` on each row alone (no padding convention to
      agree on), the single source of truth shared with training (`prefill_inputs`). With a prefix cache
@@ -105,8 +105,8 @@ class JaxSampler(engine_lib.Engine):
       seed: integer PRNG seed; each `generate` call advances the sampler's key.
       max_len: cap on prompt + emitted ids per row, an integer >= 1 (rows whose prompt already fills it emit
         nothing).
-      bucket: prompt (suffix) lengths and cache lengths are padded to this times a power of two, capped at max_len
-        rounded up to it (`prefill_inputs.length_rung`), an integer >= 1.
+      bucket: prompt (suffix) lengths and cache lengths are padded on `prefill_inputs.length_rung`'s ladder (this
+        x 2^k up to 4 x this, then its steps, capped at max_len rounded up to it), an integer >= 1.
       stop: default stop strings, non-empty (besides `<|im_end|>` and `<|endoftext|>`, which always stop).
       cache_dtype: KV-cache dtype (None: the model's default in `init_cache`).
       pad_batch_pow2: pad the batch to a power of two with dummy rows (fewer recompiles as episodes finish).

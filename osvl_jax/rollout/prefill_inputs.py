@@ -44,19 +44,25 @@ class PrefillInputs(NamedTuple):
   grids: tuple
 
 
+RUNG_GAP = 4   # `length_rung`: powers of two up to 4 buckets, then steps of 4 buckets
+
+
 def round_up(n: int, multiple: int) -> int:
   """The smallest positive multiple of `multiple` >= n (at least `multiple`)."""
   return max(multiple, -(-n // multiple) * multiple)
 
 
 def length_rung(n: int, bucket: int, limit: int) -> int:
-  """Tokens a prefill suffix or a KV cache of n tokens is padded to: `bucket` times the smallest power of two that
-  holds n, capped at the sampler's slot length `round_up(limit, bucket)` (and never below n rounded up to
-  `bucket`). A sampler therefore compiles O(log2(limit / bucket)) lengths whatever its contexts hold, not one per
-  multiple of `bucket` (a multi-turn rollout's context grows every turn); the padding costs at most 2x the
-  suffix's prefill, as the power-of-two prefill buckets of TPU serving stacks (JetStream, vLLM TPU).
+  """Tokens a prefill suffix or a KV cache of n tokens is padded to (the vLLM TPU runner's token paddings):
+  `bucket` times a power of two up to `RUNG_GAP` buckets, then multiples of that gap, capped at the sampler's slot
+  length `round_up(limit, bucket)` (and never below n rounded up to `bucket`). A sampler therefore compiles
+  log2(RUNG_GAP) + limit / (RUNG_GAP x bucket) lengths whatever its contexts hold, not one per multiple of
+  `bucket` (a multi-turn rollout's context grows every turn), and pads at most RUNG_GAP x bucket tokens (a
+  power-of-two ladder alone would double the work of a context just past a rung).
   """
-  return max(round_up(n, bucket), min(vision_layout.patch_slots(max(1, int(n)), bucket), round_up(limit, bucket)))
+  gap = RUNG_GAP * bucket
+  rung = vision_layout.patch_slots(max(1, int(n)), bucket) if n <= gap else round_up(n, gap)
+  return max(round_up(n, bucket), min(rung, round_up(limit, bucket)))
 
 
 def check_image_pads(contexts: Sequence[Any], image_token_id: int = IMAGE_PAD_ID) -> None:

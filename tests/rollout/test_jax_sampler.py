@@ -402,15 +402,16 @@ def test_images_for_a_model_without_a_vision_tower_are_refused_naming_it():
 
 
 def test_length_rungs_by_hand():
-  """`prefill_inputs.length_rung`: bucket x 2^k, capped at max_len rounded up to the bucket, never below n."""
+  """`prefill_inputs.length_rung`: bucket x 2^k up to 4 buckets (64), then steps of 64, capped at max_len rounded
+  up to the bucket (208), never below n."""
   got = [prefill_inputs.length_rung(n, 16, 200) for n in (1, 16, 17, 33, 64, 65, 129, 200)]
-  assert got == [16, 16, 32, 64, 64, 128, 208, 208]
+  assert got == [16, 16, 32, 64, 64, 128, 192, 208]
   assert prefill_inputs.length_rung(300, 16, 200) == 304   # over the cap (never asked by the sampler): n's multiple
 
 
 def test_a_growing_context_compiles_a_logarithmic_number_of_programs(model, tokenizer):
   """A multi-turn context grows every turn: prompts of 20, 36, ..., 164 tokens (10 lengths, 10 multiples of the
-  bucket 16) with max_len 200 pad to the rungs 32, 64, 128, 208 (suffix and cache alike), so the 10 calls build
+  bucket 16) with max_len 200 pad to the rungs 32, 64, 128, 192 (suffix and cache alike), so the 10 calls build
   at most 4 rungs' programs; the outputs equal the unpadded greedy reference."""
   sampler = jax_sampler.JaxSampler(model, tokenizer, max_new_tokens=4, temperature=0.0, max_len=200, bucket=16)
   lengths = list(range(20, 165, 16))

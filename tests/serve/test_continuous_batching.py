@@ -99,7 +99,7 @@ def test_rows_joining_a_running_batch_decode_as_they_do_alone(tiny_model, tokeni
   assert batch.live == 2 and batch.capacity == 2                # both still running after one chunk
   got.update((t, g) for t, g, _ in batch.admit(joining, [limits[2], limits[3], limits[4]], [2, 3, 4],
                                                 [frozenset(), frozenset(), stop_ids[4]]))
-  assert batch.capacity == 8 and batch.cache['mask'].shape[1] == 128   # grown: 2 + 3 rows; 30 + 40 ids: rung 16x8
+  assert batch.capacity == 8 and batch.cache['mask'].shape[1] == 128   # grown: 2 + 3 rows; 30 + 40 ids: 2 x 64
   while batch.live:
     got.update((t, g) for t, g, _ in batch.step())
   for tag, c in enumerate(first + joining):   # ids equal; log-probs to float32 rounding (other cache length, slots)
