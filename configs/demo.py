@@ -84,6 +84,11 @@ def get_config() -> ml_collections.ConfigDict:
   # sglang-router), updated at `admin_urls` (default: the urls; behind a router: its workers) from HF folders
   # exported under `weights_dir` ('' = <workdir>/weights; must be a local folder the servers can read).
   c.rollout.engine = 'embedded'
+  # The embedded sampler's prefix cache (osvl_jax/rollout/prefix_cache.py): each turn of an episode re-sends its
+  # whole context; with slots the sampler prefills only what follows the longest prefix an earlier turn computed
+  # (images included). A slot holds max_total_tokens + max_new_tokens of KV (4.3 MB for the demo model); 32 > the
+  # demo's 16 concurrent eval episodes. 0 = off (SGLang servers keep their own, RadixAttention).
+  c.rollout.prefix_cache_slots = 32
   # One URL or a list (either type may be set here or on the command line).
   c.rollout.urls = ml_collections.config_dict.placeholder(object)
   c.rollout.admin_urls = ml_collections.config_dict.placeholder(object)

@@ -70,6 +70,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.fatal_index = 'first'
   c.rollout.temperature = 0.0  # greedy: Pass@1 of one deterministic sample
   c.rollout.top_p = 1.0
+  # The embedded sampler's prefix cache (slots of max_total_tokens + max_new_tokens of KV; configs/demo.py): 0 = off.
+  c.rollout.prefix_cache_slots = 0
   c.batch_size = 4  # items rolled out together; results are appended after each item is judged
 
   # Agent prompts (osvl_jax/judges/prompts): a versioned file name, or 'builder_default' for the trainer's

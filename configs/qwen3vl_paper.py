@@ -133,6 +133,9 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout.max_seconds = ml_collections.config_dict.placeholder(float)  # per episode; None = no wall-clock limit
   # Rollout engine (osvl_jax/train/rollouts.py): 'sglang' with the servers' URLs for the multi-host runs.
   c.rollout.engine = 'embedded'
+  # The embedded sampler's prefix cache: off. A slot holds 75,776 tokens of KV (~11 GB for the 8B in bfloat16);
+  # SGLang servers keep their own (RadixAttention).
+  c.rollout.prefix_cache_slots = 0
   c.rollout.urls = ml_collections.config_dict.placeholder(object)
   c.rollout.admin_urls = ml_collections.config_dict.placeholder(object)
   c.rollout.weights_dir = ''  # '' = <workdir>/weights (must be local: set it for a gs:// workdir)

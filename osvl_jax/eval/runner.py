@@ -118,7 +118,8 @@ class Evaluator:
       r = config.rollout
       engine = jax_sampler.JaxSampler(model, self.tokenizer, self.processor, max_new_tokens=r.max_new_tokens,
                                       temperature=r.temperature, top_p=r.top_p, seed=config.seed,
-                                      max_len=r.max_total_tokens + r.max_new_tokens)
+                                      max_len=r.max_total_tokens + r.max_new_tokens,
+                                      prefix_cache_slots=int(r.get('prefix_cache_slots') or 0))
     self.engine = engine
     self.rejected: dict[str, list[bench_lib.Rejected]] = {}
     self.rejudged = 0

@@ -46,15 +46,18 @@ def url_list(config: ml_collections.ConfigDict, field: str) -> list[str]:
 def check_engine_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None = None) -> None:
   """Checks the rollout engine fields (called by `grpo.check_config`).
 
-  Fields (config.rollout): engine ('embedded' default | 'sglang'); with 'sglang': urls (one URL or a list,
-  required), admin_urls (optional list), weights_dir (local folder; default `<workdir>/weights`), weights_dtype
-  ('bfloat16' default | 'float32'), weights_keep (int >= 1, default 2).
+  Fields (config.rollout): engine ('embedded' default | 'sglang'); with 'embedded': prefix_cache_slots (optional
+  int >= 0, default 0: the embedded sampler's prefix cache, `jax_sampler.JaxSampler(prefix_cache_slots=...)`);
+  with 'sglang': urls (one URL or a list, required), admin_urls (optional list), weights_dir (local folder; default
+  `<workdir>/weights`), weights_dtype ('bfloat16' default | 'float32'), weights_keep (int >= 1, default 2).
 
   Raises:
-    ValueError: naming the field: an unknown engine; 'sglang' without urls, or a url that is not http(s)://;
-      a bad weights_dtype / weights_keep; weights_dir a URL, or unset while `workdir` is a URL (gs://...).
+    ValueError: naming the field: an unknown engine; prefix_cache_slots not an int >= 0; 'sglang' without urls,
+      or a url that is not http(s)://; a bad weights_dtype / weights_keep; weights_dir a URL, or unset while
+      `workdir` is a URL (gs://...).
   """
   engine = checks.choice(config, 'rollout.engine', ENGINES) if config.rollout.get('engine') else 'embedded'
+  checks.number(config, 'rollout.prefix_cache_slots', integer=True, low=0, optional=True)
   if engine != 'sglang':
     return
   if not url_list(config, 'urls'):
@@ -116,7 +119,8 @@ class RolloutRunner:
     else:
       self.engine = jax_sampler.JaxSampler(model, self.tokenizer, self.image_processor,
                                            max_new_tokens=r.max_new_tokens,
-                                           max_len=r.max_total_tokens + r.max_new_tokens)
+                                           max_len=r.max_total_tokens + r.max_new_tokens,
+                                           prefix_cache_slots=int(r.get('prefix_cache_slots') or 0))
     self.sync = weight_sync.WeightSync(self.engine, root=weights_dir(config, workdir) if remote else None,
                                        min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels,
                                        dtype=r.get('weights_dtype') or 'bfloat16', keep=r.get('weights_keep') or 2)
