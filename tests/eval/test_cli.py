@@ -29,6 +29,7 @@ def _evaluate(workdir, *flags, timeout=600, config='configs/eval.py'):
     (['--config.benchmarks=a,b'], "unknown benchmark(s) ['a', 'b']"),
     (['--config.benchmarks=fvqa', '--config.modes=agentic,sideways'], "eval mode 'sideways' is not one of"),
     (['--config.benchmarks=fvqa', '--config.budgets=2,x'], "tool-call budget 'x' is not an integer"),
+    (['--config.benchmarks=fvqa', '--config.rollout.prefix_cache_slots=-1'], 'rollout.prefix_cache_slots=-1'),
 ])
 def test_bad_names_exit_non_zero_before_anything_is_built(tmp_path, flags, named):
   out = _evaluate(tmp_path / 'w', *flags, timeout=300)
