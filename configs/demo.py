@@ -173,6 +173,9 @@ def get_config() -> ml_collections.ConfigDict:
   # batch rolls out (one version behind) while this one updates (one rollout is in flight at most, so larger values
   # act as 1).
   c.grpo.max_staleness = 0
+  # The rl split's last prompts held out of GRPO training (train.data.load_prompts; bench/learning.py evaluates on
+  # them); 0 = train on every RL prompt.
+  c.grpo.heldout_prompts = 0
   c.grpo.init_from = ''  # workdir holding sft_ckpt (policy init and π_ref); '' = this workdir
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0

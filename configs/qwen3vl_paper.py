@@ -214,6 +214,7 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   # tokens exceeds this stops the run (an SGLang server in bf16 agrees to a few hundredths of a nat per token).
   c.grpo.max_logprob_mismatch = 0.5
   c.grpo.max_staleness = 0  # strictly on-policy
+  c.grpo.heldout_prompts = 0  # RL prompts held out of training (train.data.load_prompts); the paper trains on all
   c.grpo.init_from = '/path/to/sft_workdir'  # set: the SFT run's workdir (its sft_ckpt)
   c.grpo.temperature = 0.7  # Table 5: train sampling temperature 0.7, top-p 1.0 (the trainer's log-probs at 0.7)
   c.grpo.top_p = 1.0

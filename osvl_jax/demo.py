@@ -8,8 +8,10 @@ Stages (each resumes from the workdir when rerun):
   3. eval   sample the SFT'd policy on the RL prompts (split rl)      -> <workdir>/eval_sft.json
   4. grpo   fatal-aware GRPO (fatal_mode from config)                  -> <workdir>/grpo_ckpt
 Metrics of every stage go to <workdir>/metrics.jsonl (and TensorBoard under <workdir>/tb).
-The last line printed is
+The GRPO reward and turns per step are plotted to <workdir>/grpo_reward.png. The last line printed is
   demo: sft_format_ok=<f> grpo_steps=<n> grpo_group_size=<G> mean_reward=<r> fatal_fraction=<f>
+        grpo_reward_first=<x> grpo_reward_last=<y>
+(on one line; grpo_reward_first / _last: the mean batch reward of the first and last `report_window` GRPO steps).
 """
 
 import json
@@ -25,8 +27,13 @@ from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.checkpoints import storage
-from osvl_jax.train import data, grpo, metrics, rollouts, sft
+from osvl_jax.train import curves, data, grpo, metrics, rollouts, sft
 
+
+
+def report_window(steps: int) -> int:
+  """GRPO steps averaged for grpo_reward_first / grpo_reward_last: a quarter of the run, 1 to 5 steps."""
+  return min(5, max(1, steps // 4))
 
 
 def _stage(name: str, index: int):
@@ -94,14 +101,26 @@ def run(config, workdir: str | pathlib.Path) -> str:
   print(f"demo: sft_format_ok={evaluation['sft_format_ok']:.3f} over {evaluation['num_steps']} steps", flush=True)
   _stage(f'grpo (fatal_mode={config.grpo.fatal_mode})', 4)
   grpo.train(config, workdir)
-  records = metrics.read_metrics(workdir, 'grpo')
-  by_step = {r['step']: r for r in records}  # the last record of each step (a resumed step is rewritten)
-  steps = [by_step[s] for s in sorted(by_step)]
-  print(f'demo: finished in {time.time() - t0:.0f} s', flush=True)
-  return (f"demo: sft_format_ok={evaluation['sft_format_ok']:.3f} grpo_steps={len(steps)} "
+  print(f'demo: finished in {time.time() - t0:.0f} s; GRPO curves: {workdir / "grpo_reward.png"}', flush=True)
+  return summary(config, evaluation, metrics.read_metrics(workdir, 'grpo'), workdir)
+
+
+def summary(config, evaluation: dict, records: list[dict], workdir: pathlib.Path) -> str:
+  """The demo's last line from the eval result and the GRPO metric records (a resumed step's last record counts,
+  `curves.series`); plots the GRPO reward and turns per step to `<workdir>/grpo_reward.png`.
+
+  grpo_reward_first / grpo_reward_last: the mean batch reward over the first / last `report_window` steps.
+  """
+  reward, fatal = curves.series(records, 'mean_reward'), curves.series(records, 'fatal_fraction')
+  first, last = curves.window_means(reward, report_window(len(reward)))
+  mode = config.grpo.fatal_mode
+  curves.plot_panels([({mode: [reward]}, 'mean batch reward', 'GRPO reward'),
+                      ({mode: [curves.series(records, 'mean_turns')]}, 'turns per rollout', 'GRPO turns')],
+                     workdir / 'grpo_reward.png')
+  return (f"demo: sft_format_ok={evaluation['sft_format_ok']:.3f} grpo_steps={len(reward)} "
           f'grpo_group_size={config.grpo.num_generations} '
-          f"mean_reward={np.mean([r['mean_reward'] for r in steps]):.4f} "
-          f"fatal_fraction={np.mean([r['fatal_fraction'] for r in steps]):.4f}")
+          f'mean_reward={reward.mean():.4f} fatal_fraction={fatal.mean():.4f} '
+          f'grpo_reward_first={first:.4f} grpo_reward_last={last:.4f}')
 
 
 def main(argv):

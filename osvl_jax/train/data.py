@@ -44,7 +44,27 @@ def build_system_prompt(config: ml_collections.ConfigDict, workdir: str | pathli
   return traj_lib.system_prompt_text(json.loads(path.read_text()).get('system_prompt') or traj_lib.BUILDER_DEFAULT)
 
 
-def load_prompts(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> list[dict]:
+PARTS = ('train', 'heldout')
+
+
+def load_prompts(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, part: str = 'train') -> list[dict]:
   """RL prompts (the `rl` split: items with no SFT trajectory): dicts with prompt_id, question, image (uint8
-  [H, W, 3]), answers."""
-  return pipeline_data.load_prompts(_check(dataset_dir(config, workdir)))
+  [H, W, 3]), answers, in the split's order.
+
+  `config.grpo.heldout_prompts` (optional int >= 0, default 0) holds the split's last prompts out of training: `part`
+  'train' (what GRPO trains on) is every prompt but those, 'heldout' only those (bench/learning.py evaluates on
+  them).
+
+  Raises:
+    ValueError: an unknown `part`, or grpo.heldout_prompts not an int in [0, number of RL prompts) (naming both).
+    FileNotFoundError: no dataset or no `rl` split there.
+  """
+  if part not in PARTS:
+    raise ValueError(f'part={part!r}: expected one of {PARTS}')
+  prompts = pipeline_data.load_prompts(_check(dataset_dir(config, workdir)))
+  held = (config.get('grpo') or {}).get('heldout_prompts', 0) or 0
+  if isinstance(held, bool) or not isinstance(held, int) or not 0 <= held < len(prompts):
+    raise ValueError(f'grpo.heldout_prompts={held!r}: must be an int in [0, {len(prompts)}) (the dataset has '
+                     f'{len(prompts)} RL prompts; at least one must stay for training)')
+  cut = len(prompts) - held
+  return prompts[:cut] if part == 'train' else prompts[cut:]

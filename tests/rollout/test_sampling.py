@@ -106,3 +106,38 @@ def test_zero_weight_ids_are_never_drawn_even_where_the_cumsum_rounds_up(monkeyp
   monkeypatch.setattr(jax.random, 'uniform', lambda key, shape, dtype=jnp.float32: jnp.asarray(
       [[[0.5]], [[(1.0 + 5e-4) / (2.0 + 1e-3)]]], jnp.float32))
   assert int(sampling.categorical(jax.random.key(0), logits)[0]) == 5
+
+
+def _sorted_nucleus_threshold(logits: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+  """The sorted definition in float64 (HF TopPLogitsWarper): descending order, keep while the mass before an id is
+  below top_p; per row the smallest kept logit and the distance of the nearest mass-before to top_p."""
+  s = np.sort(logits.astype(np.float64), axis=-1)[:, ::-1]
+  probs = np.exp(s - s[:, :1])
+  probs /= probs.sum(-1, keepdims=True)
+  before = np.cumsum(probs, -1) - probs
+  return np.array([row[b < top_p].min() for row, b in zip(s, before)]), np.abs(before - top_p).min(-1)
+
+
+def test_the_nucleus_threshold_is_the_sorted_definitions_smallest_kept_logit():
+  """Bisection over the float order, no sort: the same smallest kept logit as sorting (ties, -inf ids, peaked and
+  flat rows), away from masses within float32 rounding of top_p."""
+  rng = np.random.default_rng(0)
+  compared = 0
+  for trial in range(24):
+    logits = (rng.standard_normal((6, 3000)) * [0.1, 1.0, 3.0, 10.0][trial % 4]).astype(np.float32)
+    if trial % 3 == 0:
+      logits[:, :50] = -np.inf
+    if trial % 2 == 0:
+      logits = np.round(logits)   # ties
+    top_p = [0.1, 0.5, 0.8, 0.95][trial % 4 - 1]
+    got = np.asarray(sampling.nucleus_threshold(jnp.asarray(logits), jnp.float32(top_p)))[:, 0]
+    want, margin = _sorted_nucleus_threshold(logits, top_p)
+    clear = margin > 1e-5
+    np.testing.assert_array_equal(got[clear], want[clear].astype(np.float32))
+    compared += int(clear.sum())
+  assert compared >= 100   # of 144 rows
+  # by hand: probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.7 keeps {0.5, 0.3}; 0.85 also 0.15; 0.5 only the first
+  logits = jnp.log(jnp.asarray([[0.15, 0.5, 0.05, 0.3]], jnp.float32))
+  for top_p, kept in ((0.7, 0.3), (0.85, 0.15), (0.5, 0.5), (0.3, 0.5)):
+    np.testing.assert_allclose(np.exp(np.asarray(sampling.nucleus_threshold(logits, jnp.float32(top_p)))), [[kept]],
+                               rtol=1e-6)
