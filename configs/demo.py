@@ -8,7 +8,8 @@ Run:
 Stages: build the dataset from the Wikispeedia graph + landmark photos (data_pipeline), SFT on the oracle
 expert's trajectories, sample the SFT'd policy on the training prompts (expected: sft_format_ok >= 0.8),
 then GRPO with fatal_mode='mask_clamp'. Expected last line:
-  demo: sft_format_ok=<>=0.8> grpo_steps=10 grpo_group_size=4 mean_reward=<r> fatal_fraction=<f>
+  demo: sft_format_ok=<>=0.8> grpo_steps=10 grpo_group_size=4 mean_reward=<r> fatal_fraction=<f> \
+        grpo_reward_first=<x> grpo_reward_last=<y>   (one line; the GRPO curve: <workdir>/grpo_reward.png)
 """
 
 import ml_collections
