@@ -82,9 +82,9 @@ def run_config(base, mode: str, seed: int, workdir: pathlib.Path, out: pathlib.P
   return config
 
 
-def greedy_accuracy(config, model, prompts: list[dict]) -> dict:
-  """Greedy decoding (temperature 0) of `model` on `prompts`, one episode each: mean r_acc, reward, turns."""
-  runner = rollouts.RolloutRunner(config, model)
+def greedy_accuracy(config, runner: rollouts.RolloutRunner, prompts: list[dict]) -> dict:
+  """Greedy decoding (temperature 0) with `runner`'s policy on `prompts`, one episode each: mean r_acc, reward,
+  turns."""
   trajectories = runner.run(prompts, num_generations=1, temperature=0.0, top_p=1.0, seed=config.seed)
   scores = [rollouts.score(t, alpha=config.grpo.alpha) for t in trajectories]
   return {'accuracy': float(np.mean([s['r_acc'] for s in scores])),
@@ -93,8 +93,9 @@ def greedy_accuracy(config, model, prompts: list[dict]) -> dict:
 
 
 def evaluate(config, model) -> dict:
-  """`greedy_accuracy` on the held-out and on the training prompts of `config`'s dataset."""
-  return {part: greedy_accuracy(config, model, data.load_prompts(config, None, part)) for part in data.PARTS}
+  """`greedy_accuracy` on the held-out and on the training prompts of `config`'s dataset (one rollout engine)."""
+  runner = rollouts.RolloutRunner(config, model)
+  return {part: greedy_accuracy(config, runner, data.load_prompts(config, None, part)) for part in data.PARTS}
 
 
 def fatal_rtildes(run_dir: pathlib.Path, cfg) -> dict[str, list[float]]:

@@ -5,6 +5,7 @@ import pathlib
 
 import ml_collections
 
+from osvl_jax import config_checks as checks
 from osvl_jax.checkpoints import storage
 from osvl_jax.data import pipeline as pipeline_data
 
@@ -62,9 +63,9 @@ def load_prompts(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   if part not in PARTS:
     raise ValueError(f'part={part!r}: expected one of {PARTS}')
   prompts = pipeline_data.load_prompts(_check(dataset_dir(config, workdir)))
-  held = (config.get('grpo') or {}).get('heldout_prompts', 0) or 0
-  if isinstance(held, bool) or not isinstance(held, int) or not 0 <= held < len(prompts):
-    raise ValueError(f'grpo.heldout_prompts={held!r}: must be an int in [0, {len(prompts)}) (the dataset has '
-                     f'{len(prompts)} RL prompts; at least one must stay for training)')
+  held = checks.number(config, 'grpo.heldout_prompts', integer=True, low=0, optional=True) or 0
+  if held >= len(prompts):
+    raise ValueError(f'grpo.heldout_prompts={held!r}: must be < {len(prompts)} (the dataset has {len(prompts)} RL '
+                     'prompts; at least one must stay for training)')
   cut = len(prompts) - held
   return prompts[:cut] if part == 'train' else prompts[cut:]

@@ -82,9 +82,10 @@ def test_heldout_prompts_are_the_rl_splits_last_and_never_trained_on(monkeypatch
   assert [p['prompt_id'] for p in data.load_prompts(config, None, 'heldout')] == ['p3', 'p4']
   config.grpo.heldout_prompts = 0
   assert len(data.load_prompts(config, None)) == 5 and data.load_prompts(config, None, 'heldout') == []
-  for bad in (5, -1, 1.5):
+  for bad, why in ((5, 'must be < 5 .the dataset has 5 RL prompts'), (-1, 'must be >= 0'),
+                   (1.5, 'expected a finite int')):
     config = ml_collections.ConfigDict({'data': {'dir': '/unused'}, 'grpo': {'heldout_prompts': bad}})
-    with pytest.raises(ValueError, match=rf'grpo.heldout_prompts={bad}: must be an int in \[0, 5\)'):
+    with pytest.raises(ValueError, match=rf'grpo.heldout_prompts={bad}: {why}'):
       data.load_prompts(config, None)
   with pytest.raises(ValueError, match="part='test'"):
     data.load_prompts(config, None, 'test')
