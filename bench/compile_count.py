@@ -5,6 +5,7 @@ Trajectories are built by the real `TrajectoryBuilder` with the real tokenizer: 
 question's, then crops a tool returned), each side drawn in [64, --max_side] pixels (the demo's image processor:
 64x64 to 128x128 pixels), then answers. On the tiny Qwen3-VL (configs/demo.py's model, one device):
   * `--n` SFT steps (`sft.make_step` at the budgets `sft.placer` derives from the dataset, as `sft.train` runs),
+    then `--n` packed ones (`sft.packer`, sft.pack_rows = 1: one program for the micro-batches, whatever they hold),
   * `--n` GRPO updates (`grpo_batch.prepare_batch` on config.grpo's length buckets and ladders, `grpo_update`),
   * `--n` embedded-sampler calls (`JaxSampler.generate` on the rows' prompts, two rows a call).
 Programs are counted by name from JAX's own compile log (`jax.log_compiles`: one "Compiling jit(<name>)" per
@@ -38,7 +39,8 @@ CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'argument
     'image': 'img_1', 'x': 0, 'y': 0, 'width': 48, 'height': 40}})
 ANSWER = tj.render_assistant_text('It is Agra.', response='Agra')
 # The step functions each phase compiles (the names `jax.jit` / `nnx.jit` give them).
-PHASES = {'sft': ('train_step',), 'grpo': ('grad_fn', 'logprob_fn', 'apply_grads'), 'sampler': ('prefill', 'decode')}
+PHASES = {'sft': ('train_step',), 'sft_packed': ('grad_step', 'add_grads', 'apply_grads'),
+          'grpo': ('grad_fn', 'logprob_fn', 'apply_grads'), 'sampler': ('prefill', 'decode')}
 _COMPILING = re.compile(r'Compiling (?:jit\()?([\w.<>-]+)\)?')
 
 
@@ -124,6 +126,19 @@ def run(n: int, max_side: int, seed: int) -> dict:
   out['sft_bound'] = 1
   out['steady_step_s'] = float(np.mean(times[1:])) if n > 1 else float('nan')
 
+  # Packed (sft.pack_rows = 1, rows of the longest trajectory): a step runs 1-2 micro-batches of one program, the
+  # accumulation and the optimizer step, whatever the lengths and images.
+  config.sft.update(pack_rows=1, length_buckets=())
+  packed, _ = sft.packer(config.sft, data, mesh, rules, model.config.vision)
+  micro = []
+  with compiled_names() as names:
+    for i in range(n):
+      with sharding.use_mesh(mesh, rules):
+        micro.append(jax.device_get(packed(model, optimizer, data[rows * i:rows * (i + 1)]))['micro_batches'])
+  out['sft_packed_programs'] = sum(names[k] for k in PHASES['sft_packed'])
+  out['sft_packed_bound'] = len(PHASES['sft_packed'])
+  out['sft_packed_micro_batches'] = sorted(set(micro))
+
   cfg = config.grpo
   update = grpo_update.make_update_fn(cfg, place=lambda b: policy.shard_batch(b, mesh, rules, model.config.vision,
                                                                               int(cfg.patches_per_shard or 0)))
@@ -169,8 +184,8 @@ def main(argv=None) -> dict:
   out = run(args.n, args.max_side, args.seed)
   print(' '.join(f'{k}={out[k]}' for k in ('sft_programs', 'grpo_programs', 'sampler_programs',
                                             'distinct_image_grids')) + f" steady_step_s={out['steady_step_s']:.3f}")
-  print(' '.join(f'{k}={v}' for k, v in out.items() if k.endswith('_bound') or k in ('grpo_shapes',
-                                                                                     'images_per_row')))
+  print(' '.join(f'{k}={v}' for k, v in out.items() if k.endswith('_bound') or k in (
+      'grpo_shapes', 'images_per_row', 'sft_packed_programs', 'sft_packed_micro_batches')))
   return out
 
 

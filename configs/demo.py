@@ -116,6 +116,13 @@ def get_config() -> ml_collections.ConfigDict:
   # longest trajectory, one program per bucket used (the demo's 51 trajectories run 1,558-3,114 tokens; 4096 =
   # rollout.max_total_tokens holds anything the pipeline builds); () = one bucket, the longest trajectory.
   c.sft.length_buckets = (2304, 2816, 3328, 4096)
+  # Packing (dynamic batch size, sft.make_packed_step): > 0 packs each step's trajectories into rows of the largest
+  # length bucket (batching.pack) and runs them this many rows per micro-batch, one compiled program whatever the
+  # lengths; the loss and gradient are the unpacked step's. 0 = one trajectory per row (the demo: its batch of 2
+  # long trajectories gains nothing from packing, BENCHMARKS.md). max_loss_tokens: loss positions per packed row;
+  # 0 = the bound any full row meets (batching.pack_budget).
+  c.sft.pack_rows = 0
+  c.sft.max_loss_tokens = 0
   # MoE router losses (policy.router_loss: + coef x HF's load-balancing loss, + coef x ST-MoE z-loss); 0 = off, and
   # ignored by a dense model (the demo's). The paper's 30B-A3B runs: 0.01 / 1e-3 (configs/qwen3vl_paper.py).
   c.sft.router_aux_loss_coef = 0.0

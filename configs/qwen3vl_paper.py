@@ -161,6 +161,11 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.sft.patches_per_shard = 0
   # Tokens per row of the compiled SFT steps (batching.sft_buckets), the largest the 32,000-token cutoff.
   c.sft.length_buckets = (8192, 16_384, 32_000)
+  # Table 4: batch 1 per device, no packing named; sft.pack_rows > 0 packs the step's trajectories into 32,000-token
+  # rows, that many rows per micro-batch (dynamic batch size, configs/demo.py), with loss positions per row
+  # max_loss_tokens (0 = the bound any full row meets).
+  c.sft.pack_rows = 0
+  c.sft.max_loss_tokens = 0
   # PAPER.md Official run settings, Table 5's "MoE only" row (30B-A3B; for both stages here): auxiliary
   # (load-balancing) loss coefficient 0.01, router z-loss 1e-3. Dense sizes: 0 (no router).
   c.sft.router_aux_loss_coef = 0.01 if size == '30b_a3b' else 0.0

@@ -23,7 +23,8 @@ def step_shapes(config: ml_collections.ConfigDict) -> tuple[int, int]:
   largest shape the trainer compiles.
 
   SFT: the largest of sft.length_buckets (`batching.sft_buckets`; else data.max_length, else
-  rollout.max_total_tokens) x sft.micro_batch_size (else sft.batch_size; the SFT trainer takes one step per batch).
+  rollout.max_total_tokens) x sft.pack_rows (packed rows, `sft.make_packed_step`), else sft.micro_batch_size, else
+  sft.batch_size (the SFT trainer takes one step per batch).
   GRPO: the largest of grpo.length_buckets (`batching.bucket_sizes`; else rollout.max_total_tokens) x
   grpo.micro_batch_size (0 / unset = the mini-batch: grpo.mini_batch_prompts (else prompts_per_step) x
   num_generations).
@@ -36,7 +37,7 @@ def step_shapes(config: ml_collections.ConfigDict) -> tuple[int, int]:
     length = config.data.get('max_length') if config.get('data') else None
     buckets = config.sft.get('length_buckets') or ()
     return int(max(buckets) if buckets else length or config.rollout.max_total_tokens), int(
-        config.sft.get('micro_batch_size') or config.sft.batch_size)
+        config.sft.get('pack_rows') or config.sft.get('micro_batch_size') or config.sft.batch_size)
   if stage == 'grpo':
     g = config.grpo
     rows = g.get('micro_batch_size') or (g.get('mini_batch_prompts') or g.prompts_per_step) * g.num_generations

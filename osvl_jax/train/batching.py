@@ -85,6 +85,37 @@ def sft_buckets(trajectories, length_buckets=(), rows_per_shard: int = 1, merge_
   return out
 
 
+def pack_budget(trajectories, length_buckets=(), rows_per_shard: int = 1, merge_size: int = 2,
+                max_loss_tokens: int = 0, patches_per_shard: int = 0, loss_multiple: int = 64,
+                length_multiple: int = 256) -> Bucket:
+  """The one compiled shape of a packed run (`pack`): T the largest length bucket (() = the longest trajectory
+  rounded up to `length_multiple`); K and P from the config when set, else bounds that any row of at most T tokens
+  meets: K = T x the largest share of loss tokens of a trajectory, P = rows_per_shard x T x the largest image
+  patches per token, rounded up (to `loss_multiple`, at most T; to merge_size**2). A row packed to T tokens then
+  never runs out of K or P; with a fixed budget `pack` also keeps each row within it.
+
+  Args:
+    trajectories: the dataset's `Trajectory` records.
+    length_buckets: increasing ints (`sft.length_buckets`), or ().
+    rows_per_shard: packed rows of one batch shard (the packed micro-batch's rows / the data x fsdp devices).
+    merge_size: the vision tower's spatial_merge_size.
+    max_loss_tokens: a fixed K (`sft.max_loss_tokens`), or 0.
+    patches_per_shard: a fixed P (`sft.patches_per_shard`), or 0.
+  Raises:
+    ValueError: no trajectories; a trajectory longer than T (naming it and the budget).
+  """
+  (bucket,) = sft_buckets(trajectories, tuple(length_buckets)[-1:], rows_per_shard, merge_size, patches_per_shard,
+                          length_multiple, loss_multiple)
+  length = bucket.length
+  lengths = np.array([max(len(t.token_ids), 1) for t in trajectories], np.float64)
+  loss = np.array([num_loss_tokens(t) for t in trajectories]) / lengths
+  patches = np.array([sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories]) / lengths
+  k = int(max_loss_tokens) or min(length, _round_up(int(np.ceil(loss.max() * length)), loss_multiple))
+  per_row = int(np.ceil(patches.max() * length))
+  p = int(patches_per_shard) or (_round_up(per_row, merge_size ** 2) * int(rows_per_shard) if per_row else 0)
+  return Bucket(length, k, p)
+
+
 def pick_bucket(buckets: list[Bucket], trajectories) -> Bucket:
   """The smallest of `sft_buckets`' buckets that holds every one of `trajectories` (T, K and patches per row).
 
@@ -152,26 +183,72 @@ def program_bound(length_buckets, max_loss_tokens: int | None = None, loss_bucke
   return total
 
 
+def pack(trajectories, length: int, num_loss: int, patches_per_row: int = 0) -> list[list[int]]:
+  """Packs trajectories into rows of a fixed token budget (dynamic batch size, DESIGN.md §3): first-fit decreasing
+  by token count, so short trajectories share a row instead of each padding one to T.
+
+  A row holds whole trajectories only (never cut), at most `length` tokens, `num_loss` loss tokens
+  (`num_loss_tokens`) and, with `patches_per_row` > 0, that many image patches. Deterministic: ties keep the
+  input order, and each row lists its trajectories in input order.
+
+  Args:
+    trajectories: `Trajectory` records.
+    length, num_loss: T and K of a packed row, ints >= 1.
+    patches_per_row: the image patches a row may hold, or 0 (no limit).
+  Returns:
+    rows: lists of indices into `trajectories`, every index exactly once, the fullest rows first.
+  Raises:
+    ValueError: a trajectory over a budget on its own (naming it, its size and the budget).
+  """
+  sizes = []
+  for i, t in enumerate(trajectories):
+    need = (len(t.token_ids), num_loss_tokens(t), sum(int(np.prod(im.grid_thw)) for im in t.images))
+    for got, budget, name in zip(need, (length, num_loss, patches_per_row or None), ('tokens', 'loss tokens',
+                                                                                      'image patches')):
+      if budget is not None and got > budget:
+        raise ValueError(f'trajectory {t.prompt_id!r} (sample {t.sample_index}) has {got} {name}, over the packed '
+                         f'row budget of {budget}')
+    sizes.append(need)
+  budget = np.array([length, num_loss, patches_per_row or np.iinfo(np.int64).max], np.int64)
+  rows, used = [], []
+  for i in sorted(range(len(sizes)), key=lambda i: -sizes[i][0]):
+    for r, total in enumerate(used):
+      if np.all(total + sizes[i] <= budget):
+        rows[r].append(i)
+        used[r] = total + sizes[i]
+        break
+    else:
+      rows.append([i])
+      used.append(np.array(sizes[i], np.int64))
+  return [sorted(r) for r in rows]
+
+
 def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64, length: int | None = None,
-            num_loss: int | None = None) -> dict[str, np.ndarray]:
-  """Pads a list of `Trajectory` into model inputs and gathered loss targets.
+            num_loss: int | None = None, rows: list[list[int]] | None = None) -> dict[str, np.ndarray]:
+  """Pads a list of `Trajectory` into model inputs and gathered loss targets, one trajectory per row or packed.
 
   Args:
     trajectories: `osvl_jax.trajectory.Trajectory` records (token_ids, gen_mask, step_of_token, images).
     length_multiple: T is padded up to a multiple of this (limits recompiles).
     loss_multiple: K (loss positions per row) is padded up to a multiple of this.
     length, num_loss: fixed T and K instead (one compiled program for a whole run), at least the batch's own.
+    rows: None (row b = trajectory b), or packed rows (`pack`): row r holds the trajectories rows[r] one after
+      the other (an empty list = an all-padding row, to fill a fixed row count); every trajectory at most once.
   Returns:
     input_ids [B, T] int32 (`trajectory.model_input_ids` of each row, right padded with <|endoftext|>),
-    attention_mask [B, T] bool,
-    position_ids [3, B, T] int32 (3-D MRoPE positions, `rope.get_rope_index`),
-    pixel_values [N, 1536] float32 (all images of all rows, in order), image_grid_thw [I, 3] int32,
+    attention_mask [B, T]: bool (True = real token) one trajectory per row; int32 segment ids when packed (0 on
+      padding, j + 1 on the tokens of the row's j-th trajectory: each attends only within itself),
+    position_ids [3, B, T] int32 (3-D MRoPE positions, `rope.get_rope_index` of each trajectory on its own, so
+      they restart at every packed trajectory; 0 on padding),
+    pixel_values [N, 1536] float32 (all images of all rows, in row order), image_grid_thw [I, 3] int32,
     loss_positions [B, K] int32 (t such that token t+1 was emitted by the policy; 0 on padding),
     loss_targets [B, K] int32 (token t+1), completion_mask [B, K] bool (M_gen at the loss positions: True on the
     policy's emitted tokens, False on padding), loss_step [B, K] int32 (step of token t+1; -1 on padding),
-    rollout_logprobs [B, K] float32 (0 where unknown).
+    rollout_logprobs [B, K] float32 (0 where unknown). A row's loss positions are those of its trajectories in
+    order, so a loss (summed over the tokens, `losses.sft_loss`) is the same packed or not.
   Raises:
-    ValueError: on an empty list, or a fixed `length` / `num_loss` smaller than the batch needs.
+    ValueError: on an empty list, a fixed `length` / `num_loss` smaller than the batch needs, rows that name a
+      trajectory twice or none that exists.
     trajectory.TrajectoryError: (a ValueError) when a trajectory breaks an invariant (`validate_trajectory`:
       pads per image, gen_mask only on assistant tokens, step_of_token order, ...); nothing is repaired here.
   """
@@ -179,47 +256,59 @@ def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64
     raise ValueError('collate: trajectories is empty')
   for traj in trajectories:
     traj_lib.validate_trajectory(traj)
-  batch = len(trajectories)
-  longest = max(len(t.token_ids) for t in trajectories)
-  most = max(num_loss_tokens(t) for t in trajectories)
+  packed = rows is not None
+  rows = [[i] for i in range(len(trajectories))] if rows is None else [[int(i) for i in r] for r in rows]
+  flat = [i for r in rows for i in r]
+  if len(set(flat)) != len(flat) or any(not 0 <= i < len(trajectories) for i in flat):
+    raise ValueError(f'collate: rows {rows} must name each of the {len(trajectories)} trajectories at most once')
+  batch = len(rows)
+  longest = max(sum(len(trajectories[i].token_ids) for i in r) for r in rows)
+  most = max(sum(num_loss_tokens(trajectories[i]) for i in r) for r in rows)
   if (length is not None and length < longest) or (num_loss is not None and num_loss < most):
     raise ValueError(f'collate: fixed length={length} / num_loss={num_loss} is below the batch\'s '
-                     f'{longest} tokens / {most} loss tokens')
-  need_length, need_loss = padded_sizes(trajectories, length_multiple, loss_multiple)
-  length = length or need_length
-  k = num_loss or need_loss
+                     f'{longest} tokens / {most} loss tokens per row')
+  length = length or _round_up(longest, length_multiple)
+  k = num_loss or _round_up(most, loss_multiple)
 
   input_ids = np.full((batch, length), PAD_ID, np.int32)
-  attention_mask = np.zeros((batch, length), bool)
+  attention_mask = np.zeros((batch, length), np.int32 if packed else bool)
+  position_ids = np.zeros((3, batch, length), np.int32)
   loss_positions = np.zeros((batch, k), np.int32)
   loss_targets = np.zeros((batch, k), np.int32)
   completion_mask = np.zeros((batch, k), bool)
   loss_step = np.full((batch, k), -1, np.int32)
   rollout_logprobs = np.zeros((batch, k), np.float32)
   pixel_values, grids = [], []
-  for i, traj in enumerate(trajectories):
-    ids = np.asarray(traj.token_ids, np.int32)
-    input_ids[i, :len(ids)] = traj_lib.model_input_ids(ids, traj.gen_mask)
-    attention_mask[i, :len(ids)] = True
-    targets = np.nonzero(np.asarray(traj.gen_mask, bool)[1:])[0] + 1  # emitted tokens (index >= 1)
-    n = len(targets)
-    loss_positions[i, :n] = targets - 1
-    loss_targets[i, :n] = ids[targets]
-    completion_mask[i, :n] = True
-    loss_step[i, :n] = np.asarray(traj.step_of_token)[targets]
-    if traj.rollout_logprobs is not None:
-      rollout_logprobs[i, :n] = np.asarray(traj.rollout_logprobs)[targets]
-    for image in traj.images:
-      pixel_values.append(np.asarray(image.pixel_values, np.float32))
-      grids.append(np.asarray(image.grid_thw, np.int32))
-  image_grid_thw = np.stack(grids).astype(np.int32) if grids else np.zeros((0, 3), np.int32)
-  position_ids, _ = rope.get_rope_index(input_ids, image_grid_thw if grids else None, attention_mask)
+  for b, row in enumerate(rows):
+    offset, n = 0, 0   # tokens and loss positions of the row so far
+    for j, i in enumerate(row):
+      traj = trajectories[i]
+      ids = np.asarray(traj.token_ids, np.int32)
+      span = slice(offset, offset + len(ids))
+      model_ids = traj_lib.model_input_ids(ids, traj.gen_mask)
+      input_ids[b, span] = model_ids
+      attention_mask[b, span] = j + 1 if packed else True
+      own = np.stack([np.asarray(im.grid_thw, np.int32) for im in traj.images]) if traj.images else None
+      position_ids[:, b, span] = rope.get_rope_index(np.asarray(model_ids)[None], own)[0][:, 0]
+      targets = np.nonzero(np.asarray(traj.gen_mask, bool)[1:])[0] + 1  # emitted tokens (index >= 1)
+      span = slice(n, n + len(targets))
+      loss_positions[b, span] = offset + targets - 1
+      loss_targets[b, span] = ids[targets]
+      completion_mask[b, span] = True
+      loss_step[b, span] = np.asarray(traj.step_of_token)[targets]
+      if traj.rollout_logprobs is not None:
+        rollout_logprobs[b, span] = np.asarray(traj.rollout_logprobs)[targets]
+      for image in traj.images:
+        pixel_values.append(np.asarray(image.pixel_values, np.float32))
+        grids.append(np.asarray(image.grid_thw, np.int32))
+      offset, n = offset + len(ids), n + len(targets)
+  image_grid_thw = np.stack(grids).astype(np.int32) if grids else None
   return {
       'input_ids': input_ids,
       'attention_mask': attention_mask,
-      'position_ids': np.asarray(position_ids, np.int32),
+      'position_ids': position_ids,
       'pixel_values': np.concatenate(pixel_values) if pixel_values else None,
-      'image_grid_thw': image_grid_thw if grids else None,
+      'image_grid_thw': image_grid_thw,
       'loss_positions': loss_positions,
       'loss_targets': loss_targets,
       'completion_mask': completion_mask,

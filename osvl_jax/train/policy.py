@@ -367,7 +367,7 @@ def shard_batch(batch: dict, mesh: jax.sharding.Mesh, rules=sharding.LOGICAL_RUL
 
 
 def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_loss: int, rules=None,
-               vision_config=None, patches_per_shard: int = 0) -> dict:
+               vision_config=None, patches_per_shard: int = 0, rows: list[list[int]] | None = None) -> dict:
   """The global training batch of `trajectories`, of which this host collates only its own rows.
 
   Text fields (ids, masks, positions, loss gathers) are collated from this host's rows alone and become global
@@ -378,12 +378,14 @@ def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_los
   process this is `collate` + `shard_batch`.
 
   Args:
-    trajectories: the B rows of the global batch, the same list on every host.
+    trajectories: the global batch's trajectories, the same list on every host.
     mesh: the trainer's mesh (`sharding.mesh_from_config`).
-    length, num_loss: the run's fixed T and K (`batching.padded_sizes`).
+    length, num_loss: the run's fixed T and K (`batching.sft_buckets`, `batching.pack`'s budgets).
     rules: logical rules (`sharding.rules_from_config`); None = `sharding.LOGICAL_RULES`.
     vision_config: the policy's `VisionConfig` (needed when a trajectory has images or a patch budget is set).
     patches_per_shard: the patch budget P (`sft.patches_per_shard`); 0 = the fullest shard of this batch.
+    rows: None (row b = trajectory b), or the packed rows (`batching.pack`, empty lists padding the row count):
+      the batch's B rows, each a list of indices into `trajectories` (`batching.collate`).
   Returns:
     the batch of jax arrays (no image_grid_thw: nothing of it is static under jit).
   Raises:
@@ -391,14 +393,19 @@ def host_batch(trajectories: list, mesh: jax.sharding.Mesh, length: int, num_los
   """
   rules = sharding.LOGICAL_RULES if rules is None else rules
   if jax.process_count() == 1:
-    batch = batching.collate(trajectories, length=length, num_loss=num_loss)
+    batch = batching.collate(trajectories, length=length, num_loss=num_loss, rows=rows)
     return shard_batch(batch, mesh, rules, vision_config, patches_per_shard)
-  size = len(trajectories)
-  local = batching.collate(trajectories[distributed.host_rows(mesh, size, rules)], length=length, num_loss=num_loss)
+  packed = rows is not None
+  rows = rows if packed else [[i] for i in range(len(trajectories))]
+  size = len(rows)
+  mine = rows[distributed.host_rows(mesh, size, rules)]
+  local = (batching.collate(trajectories, length=length, num_loss=num_loss, rows=mine) if packed else
+           batching.collate([trajectories[r[0]] for r in mine], length=length, num_loss=num_loss))
   local.pop('image_grid_thw')
   local.pop('pixel_values')
-  images = [image for traj in trajectories for image in traj.images]
-  per_row = np.array([sum(int(np.prod(i.grid_thw)) for i in traj.images) for traj in trajectories], np.int64)
+  images = [image for row in rows for i in row for image in trajectories[i].images]
+  per_row = np.array([sum(int(np.prod(im.grid_thw)) for i in row for im in trajectories[i].images) for row in rows],
+                     np.int64)
   vision = layout_lib.shard_vision_inputs(
       np.concatenate([np.asarray(i.pixel_values, np.float32) for i in images]) if images else None,
       np.array([np.asarray(i.grid_thw) for i in images], np.int32).reshape(-1, 3), per_row,

@@ -68,7 +68,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       sft.micro_batch_size (optional; 0 = the batch) not an int >= 0 dividing sft.batch_size, the micro-batch not a
       multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int >= 0, sft.length_buckets
       (optional) not increasing ints >= 1,
-      sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0.
+      sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0, sft.pack_rows (optional; 0 = no packing) not
+      an int >= 0 or not a multiple of the data x fsdp devices, or set beside sft.micro_batch_size,
+      sft.max_loss_tokens (optional) not an int >= 0.
   """
   check_model_config(config)
   checks.positive_int(config, 'sft.steps')
@@ -89,6 +91,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.sft.batch_size % micro:
     raise ValueError(f'sft.micro_batch_size={micro} does not divide sft.batch_size={config.sft.batch_size}')
   shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
+  checks.number(config, 'sft.max_loss_tokens', integer=True, low=0, optional=True)
+  pack_rows = checks.number(config, 'sft.pack_rows', integer=True, low=0, optional=True)
+  if pack_rows:
+    if config.sft.get('micro_batch_size'):
+      raise ValueError(f'sft.pack_rows={pack_rows} packs the step into micro-batches of that many rows: leave '
+                       f'sft.micro_batch_size={config.sft.micro_batch_size} at 0')
+    if pack_rows % shards:
+      raise ValueError(f'sft.pack_rows={pack_rows} does not split over the {shards} data x fsdp devices of '
+                       'config.mesh')
+    return
   if micro % shards:
     field = 'micro_batch_size' if config.sft.get('micro_batch_size') else 'batch_size'
     raise ValueError(f'sft.{field}={micro} (rows per step or micro-batch) does not split over the {shards} '
@@ -188,6 +200,49 @@ def _grad_step(coefs: tuple[float, float]):
   return grad_step
 
 
+def make_packed_step(cfg: ml_collections.ConfigDict, place: Callable[[list, list], dict], budget: batching.Bucket,
+                     patches_per_row: int = 0):
+  """One optimizer step over a list of trajectories, packed (dynamic batch size, `sft.pack_rows`): step(model,
+  optimizer, trajectories) -> metrics.
+
+  The step's trajectories are packed into rows of the budget (`batching.pack`: T tokens, K loss tokens,
+  `patches_per_row` patches), the rows taken `sft.pack_rows` at a time (the last micro-batch padded with empty
+  rows), each micro-batch's gradient (`make_grad_step`, normalised by the whole step's Σ M) summed, then one
+  optimizer step: the loss and gradient of the step taken at once, unpacked (Eq. 8 sums over tokens), from one
+  compiled program whatever the lengths; the number of micro-batches follows the step's real tokens.
+
+  Args:
+    cfg: config.sft (pack_rows, router coefficients).
+    place: (trajectories, rows) -> placed batch at the budget (`policy.host_batch(..., rows=rows)`).
+    budget: the packed shape (`batching.pack_budget`).
+    patches_per_row: the image patches one row may hold (the shard budget / its rows), or 0.
+  Returns:
+    step: metrics loss, nll_sum, num_tokens (the step's), router metrics (MoE), grad_norm (before clipping),
+    micro_batches (packed micro-batches run) and packed_rows (rows holding trajectories).
+  """
+  grad_step = make_grad_step(cfg)
+  per_micro = int(cfg.pack_rows)
+  f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
+
+  def step(model, optimizer, trajectories):
+    rows = batching.pack(trajectories, budget.length, budget.num_loss, patches_per_row)
+    num_tokens = f32(sum(batching.num_loss_tokens(t) for t in trajectories))
+    grads, parts = None, []
+    for start in range(0, len(rows), per_micro):
+      part = rows[start:start + per_micro]
+      members = [i for row in part for i in row]
+      local = {i: n for n, i in enumerate(members)}
+      batch = place([trajectories[i] for i in members],
+                    [[local[i] for i in row] for row in part] + [[]] * (per_micro - len(part)))
+      g, m = grad_step(model, batch, num_tokens, f32(len(members) / len(trajectories)))
+      grads = g if grads is None else policy.add_grads(grads, g)
+      parts.append(distributed.to_host(m))
+    grad_norm = policy.apply_grads(model, optimizer, grads)
+    return dict(metrics.reduce_metrics(parts), grad_norm=grad_norm, micro_batches=len(parts), packed_rows=len(rows))
+
+  return step
+
+
 def make_step(cfg: ml_collections.ConfigDict, place: Callable[[list], dict]):
   """One optimizer step over a list of trajectories: step(model, optimizer, rows) -> metrics.
 
@@ -245,6 +300,20 @@ def placer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, visi
   return place
 
 
+def packer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config):
+  """The packed run's step (`sft.pack_rows` > 0): `make_packed_step` at the one budget
+  (`batching.pack_budget`: T the largest of `sft.length_buckets`, K `sft.max_loss_tokens` or its bound, P
+  `sft.patches_per_shard` or its bound for pack_rows / shards rows), placing with `policy.host_batch`. Returns
+  (step, budget)."""
+  rows_per_shard = int(cfg.pack_rows) // sharding.batch_shards(mesh, rules)
+  budget = batching.pack_budget(trajectories, tuple(cfg.get('length_buckets') or ()), rows_per_shard,
+                                vision_config.spatial_merge_size, int(cfg.get('max_loss_tokens') or 0),
+                                int(cfg.get('patches_per_shard') or 0))
+  place = lambda part, rows: policy.host_batch(part, mesh, budget.length, budget.num_loss, rules, vision_config,
+                                               budget.patches, rows=rows)
+  return make_packed_step(cfg, place, budget, budget.patches // rows_per_shard), budget
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
   """Runs (or resumes) SFT; returns the trained model. Checkpoints in `<workdir>/sft_ckpt`.
 
@@ -272,7 +341,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   if start:
     print(f'sft: resumed at step {start}', flush=True)
   writer = metrics.MetricWriter(workdir, 'sft')
-  train_step = make_step(cfg, placer(cfg, trajectories, mesh, rules, model.config.vision))
+  if cfg.get('pack_rows'):
+    train_step, budget = packer(cfg, trajectories, mesh, rules, model.config.vision)
+    print(f'sft: packed rows of {budget.length} tokens, {budget.num_loss} loss tokens, {budget.patches} patches per '
+          f'batch shard, {cfg.pack_rows} rows per micro-batch', flush=True)
+  else:
+    train_step = make_step(cfg, placer(cfg, trajectories, mesh, rules, model.config.vision))
   t0, tokens = time.time(), 0
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
                           disable=not distributed.is_main()):

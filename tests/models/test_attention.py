@@ -110,3 +110,37 @@ def test_per_layer_remat_keeps_loss_and_gradients():
   assert abs(float(got_loss) - float(ref_loss)) <= 1e-6
   for g, r in zip(jax.tree.leaves(got_grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize('block', [16, 128])
+def test_packed_segments_attend_only_within_themselves(block):
+  """Packed rows (int segment ids, 0 = padding): each packed sequence's outputs and its q/k/v gradients are those of
+  the sequence attended alone, and the blockwise path equals the dense one with `attention.segment_mask`."""
+  q, k, v = _inputs(b=2, t=77)
+  spans = [[(0, 30), (30, 50), (50, 77)], [(0, 40), (40, 65)]]          # row 1: 12 padding tokens at the end
+  seg = np.zeros((2, 77), np.int32)
+  for r, row in enumerate(spans):
+    for j, (s, e) in enumerate(row):
+      seg[r, s:e] = j + 1
+  seg = jnp.asarray(seg)
+  cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+  cotangent = cotangent * (seg > 0)[:, :, None, None, None]                # the loss reads real tokens only
+  packed_fn = lambda q, k, v: jnp.sum(attention.causal_attention(q, k, v, seg, block) * cotangent)  # noqa: E731
+  out = jax.jit(lambda q, k, v: attention.causal_attention(q, k, v, seg, block))(q, k, v)
+  grads = jax.jit(jax.grad(packed_fn, argnums=(0, 1, 2)))(q, k, v)
+  dense = jax.jit(lambda q, k, v: attention.dense_attention(q, k, v, attention.segment_mask(seg)))(q, k, v)
+  np.testing.assert_allclose(out, dense, atol=TOL, rtol=0)
+  for r, row in enumerate(spans):
+    for s, e in row:
+      part = lambda x: x[r:r + 1, s:e]  # noqa: E731
+      alone = attention.causal_attention(part(q), part(k), part(v), None, block)
+      np.testing.assert_allclose(out[r:r + 1, s:e], alone, atol=TOL, rtol=0)
+      alone_grads = jax.grad(lambda q, k, v: jnp.sum(attention.causal_attention(q, k, v, None, block)
+                                                     * part(cotangent)), argnums=(0, 1, 2))(part(q), part(k), part(v))
+      for g, g_alone in zip(grads, alone_grads):
+        np.testing.assert_allclose(g[r:r + 1, s:e], g_alone, atol=TOL, rtol=TOL)
+  # A bool mask is the one-segment case: the same mask as segment ids 0 / 1.
+  key_mask = _key_mask('both', 2, 77)
+  np.testing.assert_array_equal(attention.segment_mask(key_mask), attention.segment_mask(key_mask.astype(jnp.int32)))
+  np.testing.assert_array_equal(attention.segment_mask(key_mask),
+                                jnp.tril(jnp.ones((77, 77), bool))[None] & key_mask[:, None, :])

@@ -43,6 +43,8 @@ def _set(config, path, value):
     ('sft.length_buckets', (4096, 2048), r'sft.length_buckets=\(4096, 2048\) must be increasing ints >= 1'),
     ('sft.length_buckets', (2048, 2048), 'sft.length_buckets'), ('sft.length_buckets', (0, 64), 'sft.length_buckets'),
     ('sft.length_buckets', (True, 64), 'sft.length_buckets'),
+    ('sft.pack_rows', -1, 'sft.pack_rows=-1'),
+    ('sft.max_loss_tokens', -64, 'sft.max_loss_tokens=-64'),
 ])
 def test_sft_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
@@ -50,6 +52,23 @@ def test_sft_check_config_names_the_field(path, value, match):
   _set(c, path, value)
   with pytest.raises(ValueError, match=match):
     sft.check_config(c)
+
+
+def test_sft_pack_rows_refuses_micro_batches_beside_it_and_rows_that_do_not_split():
+  """sft.pack_rows sets the packed micro-batch's rows: an sft.micro_batch_size beside it is refused (one meaning of
+  a micro-batch), and so are rows that do not split over the mesh's batch shards; its neighbours pass."""
+  c = demo_config.get_config()
+  c.sft.pack_rows = 3
+  sft.check_config(c)                 # one device: any row count splits
+  c.sft.micro_batch_size = 1
+  with pytest.raises(ValueError, match='sft.pack_rows=3 packs .* leave sft.micro_batch_size=1 at 0'):
+    sft.check_config(c)
+  c.sft.micro_batch_size = 0
+  c.mesh.fsdp = 2
+  with pytest.raises(ValueError, match='sft.pack_rows=3 does not split over the 2 data x fsdp devices'):
+    sft.check_config(c)
+  c.sft.pack_rows = 4
+  sft.check_config(c)
 
 
 def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():

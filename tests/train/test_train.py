@@ -4,6 +4,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+import types
 
 import datasets
 import jax
@@ -162,6 +163,106 @@ def test_sft_gradient_accumulation_is_the_step_taken_at_once(trajectories):
                              rtol=1e-5)
   scale = max(np.abs(g).max() for g in whole_g)
   assert max(np.abs(a - b).max() for a, b in zip(whole_g, parts_g)) <= 1e-5 * scale
+
+
+def _sized(name, tokens, loss, patches):
+  """A record with only what `batching.pack` reads: token count, emitted tokens (gen_mask), image grids."""
+  gen = np.zeros(tokens, bool)
+  gen[1:loss + 1] = True
+  images = [types.SimpleNamespace(grid_thw=(1, 2, patches // 2))] if patches else []
+  return types.SimpleNamespace(prompt_id=name, sample_index=0, token_ids=np.zeros(tokens, np.int32), gen_mask=gen,
+                               images=images)
+
+
+def test_pack_is_first_fit_decreasing_within_every_budget():
+  """batching.pack by hand: longest first, each into the first row with room for its tokens, loss tokens and
+  patches; rows list their trajectories in input order; a trajectory over a budget on its own is refused."""
+  t = [_sized('a', 60, 10, 4), _sized('b', 50, 40, 4), _sized('c', 45, 5, 4), _sized('d', 30, 5, 0),
+       _sized('e', 20, 5, 4)]
+  # a -> row 0; b: 110 tokens with a -> row 1; c: 95 tokens and 45 loss with b -> row 1; d: 90 with a -> row 0;
+  # e: 110 with row 0, 115 with row 1 -> row 2.
+  assert batching.pack(t, 100, 64) == [[0, 3], [1, 2], [4]]
+  # K = 44: c's 5 loss tokens do not fit beside b's 40 -> row 2; e joins c (65 tokens, 10 loss).
+  assert batching.pack(t, 100, 44) == [[0, 3], [1], [2, 4]]
+  # 4 patches per row: c cannot join b's image -> row 2; d (no image) joins a; e fits beside no image-holding row.
+  assert batching.pack(t, 100, 64, patches_per_row=4) == [[0, 3], [1], [2], [4]]
+  with pytest.raises(ValueError, match=r"trajectory 'b' .sample 0. has 40 loss tokens, over the packed row budget of "
+                                       r'39'):
+    batching.pack(t, 100, 39)
+  with pytest.raises(ValueError, match=r"trajectory 'a' .sample 0. has 60 tokens, over the packed row budget of 59"):
+    batching.pack(t, 59, 64)
+
+
+def test_packed_rows_give_every_trajectory_its_unpacked_logprobs(trajectories):
+  """Packing changes no real log-prob: three trajectories (images included) packed into one row have, at their loss
+  positions, the log-probs of the same trajectories one per padded row; positions restart at each trajectory; the
+  segment ids number the trajectories of the row."""
+  data = [trajectories[0], _episodes([ANSWER], n=1)[0], trajectories[1]]
+  lengths = [len(t.token_ids) for t in data]
+  counts = [batching.num_loss_tokens(t) for t in data]
+  config = _config('unused', 2)
+  mesh = sharding.make_mesh()
+  model, _ = policy.create(config, mesh, 'sft')
+  vision = model.config.vision
+  packed = policy.host_batch(data, mesh, sum(lengths) + 7, sum(counts) + 5, vision_config=vision, rows=[[0, 1, 2]])
+  plain = policy.host_batch(data, mesh, max(lengths), max(counts), vision_config=vision)
+  seg = np.asarray(packed['attention_mask'])[0]
+  np.testing.assert_array_equal(seg, np.repeat([1, 2, 3, 0], lengths + [7]))
+  with sharding.use_mesh(mesh):
+    fn = nnx.jit(policy.loss_logprobs)
+    got, want = np.asarray(fn(model, packed))[0], np.asarray(fn(model, plain))
+  offset, n = 0, 0
+  for i, (length, count) in enumerate(zip(lengths, counts)):
+    np.testing.assert_array_equal(np.asarray(packed['position_ids'])[:, 0, offset:offset + length],
+                                  np.asarray(plain['position_ids'])[:, i, :length])
+    # Log-probs ~ -12 (log V at init): 2e-5 is ~15 float32 ulps of them (another attention block order).
+    np.testing.assert_allclose(got[n:n + count], want[i, :count], atol=2e-5, rtol=0)
+    offset, n = offset + length, n + count
+  assert not np.asarray(packed['completion_mask'])[0, n:].any()
+
+
+def test_sft_packed_step_is_the_unpacked_step(trajectories):
+  """sft.pack_rows (dynamic batch size): a step whose three trajectories are packed into two one-row micro-batches
+  (two trajectories share a row, the other has one with padding) has the loss, token count, gradient and norm of
+  the unpacked step taken at once (Eq. 8 over the step's tokens), and `pack_budget`'s bounds hold any full row."""
+  data = [trajectories[0], _episodes([ANSWER], n=1)[0], trajectories[1]]
+  lengths = [len(t.token_ids) for t in data]
+  counts = [batching.num_loss_tokens(t) for t in data]
+  config = _config('unused', 2)
+  config.sft.update(batch_size=3, pack_rows=1)
+  config.model.text.num_hidden_layers = 1
+  sft.check_config(config)
+  mesh = sharding.make_mesh()
+  model, optimizer = policy.create(config, mesh, 'sft')
+  vision = model.config.vision
+  budget = batching.Bucket(lengths[0] + lengths[1], counts[0] + counts[1], 32)
+  assert batching.pack(data, budget.length, budget.num_loss, 32) == [[0, 1], [2]]
+  place = lambda part, rows: policy.host_batch(part, mesh, budget.length, budget.num_loss, vision_config=vision,
+                                               patches_per_shard=budget.patches, rows=rows)
+  with sharding.use_mesh(mesh):
+    at_once = nnx.jit(lambda m, b: nnx.value_and_grad(sft.loss_fn, has_aux=True)(m, b))
+    (loss, whole), grads = jax.device_get(at_once(model, policy.host_batch(data, mesh, max(lengths), max(counts),
+                                                                           vision_config=vision)))
+    grad_step = sft.make_grad_step(config.sft)   # the packed step's micro-batches, summed on the host
+    parts = [jax.device_get(grad_step(model, place(part, rows), np.float32(sum(counts)), np.float32(len(part) / 3))[0])
+             for part, rows in (([data[0], data[1]], [[0, 1]]), ([data[2]], [[0]]))]
+    parts = jax.tree.map(lambda *g: np.sum(g, axis=0), *parts)
+    out = jax.device_get(sft.make_packed_step(config.sft, place, budget, 32)(model, optimizer, data))
+  whole_g, parts_g = jax.tree.leaves(grads), jax.tree.leaves(parts)
+  scale = max(np.abs(g).max() for g in whole_g)
+  assert max(np.abs(a - b).max() for a, b in zip(whole_g, parts_g)) <= 1e-5 * scale
+  assert out['micro_batches'] == out['packed_rows'] == 2
+  assert out['num_tokens'] == whole['num_tokens'] == sum(counts)
+  np.testing.assert_allclose([out['loss'], out['nll_sum']], [loss, whole['nll_sum']], rtol=1e-5)
+  whole_norm = np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in jax.tree.leaves(grads)))
+  np.testing.assert_allclose(out['grad_norm'], whole_norm, rtol=1e-5)
+  # The bounds of an unset budget: K and P hold any row of T tokens (the largest share per token, times T).
+  bucket = batching.pack_budget(data, (), rows_per_shard=2)
+  t = -(-max(lengths) // 256) * 256
+  k = min(t, -(-int(np.ceil(max(c / n for c, n in zip(counts, lengths)) * t)) // 64) * 64)
+  p = -(-int(np.ceil(max(16 / n for n in lengths) * t)) // 4) * 4 * 2
+  assert bucket == batching.Bucket(t, k, p)
+  assert batching.pack_budget(data, (4096,), max_loss_tokens=700, patches_per_shard=64) == (4096, 700, 64)
 
 
 def test_sft_refuses_a_dataset_made_with_another_system_prompt(trajectories, tmp_path):

@@ -6,12 +6,19 @@ Shapes: q [B, T, Hkv, G, D] (G = query heads per kv head), k/v [B, S, Hkv, D]; o
   reference.
 * `cache_attention`: the same over a KV cache held head-major, k/v [B, Hkv, S, D] (prefill into a cache, decode):
   XLA:CPU then reads the cache in place instead of transposing it to (batch, head)-major for every call.
-* `causal_attention`: causal + key-padding mask given as key_mask [B, T] (S = T, no cache). Static loop over
-  query blocks with a FlashAttention-style custom VJP; block i only sees keys [0, end_i), so the upper triangle is
-  never computed and the live score tensor is at most [B, Hkv, G, block, T]; nothing of size T x T is saved for
-  the backward pass. Same numerics as `dense_attention` with mask = tril & key_mask[:, None, :], including rows
-  with no visible key (left padding), which get the uniform average of all S values exactly as the dense softmax
-  over all-`finfo.min` scores does.
+* `causal_attention`: causal + key-padding mask given as key_mask [B, T] (S = T, no cache), or causal within
+  packed sequences given as int segment ids [B, T] (`segment_mask`). Static loop over query blocks with a
+  FlashAttention-style custom VJP; block i only sees keys [0, end_i), so the upper triangle is never computed and
+  the live score tensor is at most [B, Hkv, G, block, T]; nothing of size T x T is saved for the backward pass.
+  Same numerics as `dense_attention` with mask = `segment_mask(key_mask)`, including rows with no visible key
+  (left padding), which get the uniform average of all S values exactly as the dense softmax over all-`finfo.min`
+  scores does.
+
+Packed rows (DESIGN.md §3, dynamic batch size): segment ids [B, T] int, 0 on padding and 1, 2, ... for the
+sequences packed into a row (MaxText's `decoder_segment_ids`). A token of segment k > 0 attends to the earlier
+tokens of segment k only; a padding token (0) attends to every earlier real token, as a bool key mask's padding
+query does (its output is never read). A bool mask is the one-segment case: the same mask, the same program as
+before packing.
 """
 
 from __future__ import annotations
@@ -59,17 +66,33 @@ def cache_attention(q, k, v, mask):
   return jnp.einsum('bkgts,bksd->btkgd', probs, v)
 
 
-def _block_mask(key_mask, start: int, rows: int):
-  """bool [B, 1, 1, rows, S]: query rows start..start+rows-1 may see keys s <= row that are real."""
-  cols = jnp.arange(key_mask.shape[1])[None, :]
+def segment_mask(segments, start: int = 0, rows: int | None = None):
+  """bool [B, rows, S]: query rows start..start+rows-1 may see key s <= row when the key is real (segment > 0)
+  and, for a real query, of the query's own segment.
+
+  Args:
+    segments: bool [B, S] key mask (True = real: one segment) or int [B, S] segment ids (0 = padding).
+    start, rows: the query rows (default all S).
+  """
+  rows = segments.shape[1] - start if rows is None else rows
+  seg = segments.astype(jnp.int32)
+  cols = jnp.arange(seg.shape[1])[None, :]
   causal = cols <= start + jnp.arange(rows)[:, None]
-  return causal[None, None, None] & key_mask[:, None, None, None, :]
+  query = seg[:, start:start + rows, None]                                               # [B, rows, 1]
+  key = seg[:, None, :]                                                                  # [B, 1, S]
+  return causal[None] & (key > 0) & ((query == key) | (query == 0))
 
 
-def _block_scores(q, k, key_mask, start):
-  """Masked float32 scores [B, Hkv, G, t, s] of query block q [B, Hkv, G, t, D] (pre-scaled), keys [B, Hkv, s, D]."""
+def _block_mask(segments, start: int, rows: int):
+  """bool [B, 1, 1, rows, S] (`segment_mask` of the block's query rows, broadcast over the heads)."""
+  return segment_mask(segments, start, rows)[:, None, None]
+
+
+def _block_scores(q, k, segments, start):
+  """Masked float32 scores [B, Hkv, G, t, s] of query block q [B, Hkv, G, t, D] (pre-scaled) at rows start..,
+  keys [B, Hkv, s, D] (s = start + t), segments int32 [B, >= s] (`segment_mask`)."""
   scores = jnp.einsum('bkgtd,bksd->bkgts', q, k, preferred_element_type=jnp.float32)
-  return jnp.where(_block_mask(key_mask, start, q.shape[3]), scores, _NEG)
+  return jnp.where(_block_mask(segments[:, :k.shape[2]], start, q.shape[3]), scores, _NEG)
 
 
 def _flash_forward(q, k, v, key_mask, block):
@@ -77,7 +100,7 @@ def _flash_forward(q, k, v, key_mask, block):
   outs, lses = [], []
   for start in range(0, q.shape[3], block):
     end = min(start + block, q.shape[3])
-    scores = _block_scores(q[:, :, :, start:end], k[:, :, :end], key_mask[:, :end], start)
+    scores = _block_scores(q[:, :, :, start:end], k[:, :, :end], key_mask, start)
     m = jnp.max(scores, axis=-1, keepdims=True)
     p = jnp.exp(scores - m)
     denom = jnp.sum(p, axis=-1, keepdims=True)
@@ -112,7 +135,7 @@ def _flash_bwd(block, residuals, d_out):
     end = min(start + block, q.shape[3])
     rows = slice(start, end)
     qb, do = q[:, :, :, rows], d_out[:, :, :, rows]
-    p = jnp.exp(_block_scores(qb, k[:, :, :end], key_mask[:, :end], start) - lse[:, :, :, rows, None])
+    p = jnp.exp(_block_scores(qb, k[:, :, :end], key_mask, start) - lse[:, :, :, rows, None])
     dp = jnp.einsum('bkgtd,bksd->bkgts', do, v[:, :, :end], preferred_element_type=jnp.float32)
     delta = jnp.sum(do.astype(jnp.float32) * out[:, :, :, rows].astype(jnp.float32), axis=-1, keepdims=True)
     ds = (p * (dp - delta)).astype(q.dtype)
@@ -133,9 +156,11 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def causal_attention(q, k, v, key_mask=None, block: int = 128):
-  """Causal self-attention with key padding, computed in query blocks with causal block skipping.
+  """Causal self-attention with key padding or packed segments, computed in query blocks with causal block
+  skipping.
 
-  Equal (up to float32 rounding) to `dense_attention(q, k, v, tril(T, T) & key_mask[:, None, :])`. Forward and
+  Equal (up to float32 rounding) to `dense_attention(q, k, v, segment_mask(key_mask))` (for a bool key_mask:
+  tril(T, T) & key_mask[:, None, :]). Forward and
   backward are blockwise (FlashAttention's recurrence, Dao et al. 2022, as a `jax.custom_vjp`): query block i only
   sees keys [0, end_i), so the upper triangle is never computed; the backward recomputes each block's
   probabilities from the saved row log-sum-exp instead of storing them, and uses
@@ -143,7 +168,8 @@ def causal_attention(q, k, v, key_mask=None, block: int = 128):
 
   Args:
     q: [B, T, Hkv, G, D]; k, v: [B, T, Hkv, D].
-    key_mask: bool [B, T] (True = real token; left or right padding) or None (all real).
+    key_mask: bool [B, T] (True = real token; left or right padding), int [B, T] segment ids of packed rows
+      (0 = padding; module docstring), or None (all real).
     block: query block length (T need not be a multiple).
 
   Returns:
@@ -157,11 +183,11 @@ def causal_attention(q, k, v, key_mask=None, block: int = 128):
   b, t = q.shape[:2]
   if key_mask is None:
     key_mask = jnp.ones((b, t), bool)
-  key_mask = key_mask.astype(bool)
+  key_mask = key_mask.astype(jnp.int32)
   qh = (q * q.shape[-1] ** -0.5).transpose(0, 2, 3, 1, 4)                  # [B, Hkv, G, T, D], pre-scaled
   kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)                # [B, Hkv, T, D]
   out = _flash(qh, kh, vh, key_mask, block).transpose(0, 3, 1, 2, 4)       # [B, T, Hkv, G, D]
   # Rows with no visible key: dense softmax over all-masked scores is uniform over all S keys.
-  any_visible = jnp.cumsum(key_mask.astype(jnp.int32), axis=1) > 0      # [B, T]
+  any_visible = jnp.cumsum((key_mask > 0).astype(jnp.int32), axis=1) > 0      # [B, T]
   mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)     # [B, Hkv, D]
   return jnp.where(any_visible[:, :, None, None, None], out, mean_v[:, None, :, None, :])

@@ -53,7 +53,9 @@ class Qwen3VLModel(nnx.Module):
     Args:
       input_ids: int32 [B, T].
       position_ids: int32 [3, B, T] from `rope.get_rope_index` (prefill) or `rope.text_position_ids` (decode).
-      attention_mask: bool/int [B, T] (True = real token; padding may be left or right) or None.
+      attention_mask: bool/int [B, T] (True / 1 = real token; padding may be left or right), int segment ids of
+        packed rows (0 = padding, 1, 2, ... one per sequence; each attends only within itself, `text.Qwen3VLText`;
+        its position_ids restart per sequence, `batching.collate(rows=...)`), or None.
       pixel_values: float32 [N, C*Tp*P*P] patches of all images in the batch, or None.
       image_grid_thw: concrete [I, 3] grids (numpy/tuple; static under jit), or None (always with
         `vision_inputs`).

@@ -206,16 +206,16 @@ def init_cache(config: TextConfig, batch: int, max_len: int, dtype=jnp.float32) 
 
 
 def attention_mask_for(attention_mask, batch: int, length: int, cache=None, cache_index=None):
-  """bool [B, T, S]: causal + padding (no cache, S = T) or cache-slot validity + causal (S = cache length).
+  """bool [B, T, S]: causal + padding, or causal within packed segments for int segment ids (no cache, S = T;
+  `attention.segment_mask`), or cache-slot validity + causal (S = cache length; bool attention_mask only).
 
   Returns (mask, new_cache_mask or None).
   """
   if attention_mask is None:
     attention_mask = jnp.ones((batch, length), bool)
+  if cache is None:   # causal within each packed segment (`attention.segment_mask`; a bool mask is one segment)
+    return attention_lib.segment_mask(jnp.asarray(attention_mask)), None
   attention_mask = jnp.asarray(attention_mask).astype(bool)
-  if cache is None:
-    causal = jnp.tril(jnp.ones((length, length), bool))
-    return causal[None] & attention_mask[:, None, :], None
   slot_mask = _write_rows(cache['mask'], attention_mask, cache_index)      # [B, S]
   slots = jnp.arange(slot_mask.shape[1])
   frontier = cache_index[:, None] + jnp.arange(length)[None, :]          # [B, T]
@@ -271,7 +271,8 @@ class Qwen3VLText(nnx.Module):
     Args:
       inputs_embeds: [B, T, hidden] (image features already scattered in).
       position_ids: int [3, B, T].
-      attention_mask: [B, T] (True = real token) or None.
+      attention_mask: [B, T] bool (True = real token), int segment ids of packed rows (0 = padding, 1, 2, ...
+        the sequences of a row: each attends within itself; `attention.segment_mask`; no cache), or None.
       visual_pos_mask: bool [B, T] image-token positions (for DeepStack) or None.
       deepstack: sequence of [N_img_tokens, hidden] added at `visual_pos_mask` after layers 0, 1, ...
         (HF `Qwen3VLTextModel._deepstack_process`).
@@ -289,7 +290,7 @@ class Qwen3VLText(nnx.Module):
     cos, sin = rope.mrope_cos_sin(position_ids, c.head_dim, c.rope_theta, c.mrope_section, c.mrope_interleaved,
                                   dtype=x.dtype)
     if cache is None and self.attention_impl == 'blockwise':
-      mask = jnp.ones((b, t), bool) if attention_mask is None else jnp.asarray(attention_mask).astype(bool)
+      mask = jnp.ones((b, t), bool) if attention_mask is None else _key_mask(attention_mask)
       slot_mask = None
     elif self.attention_impl in ('blockwise', 'dense'):
       mask, slot_mask = attention_mask_for(attention_mask, b, t, cache, cache_index)
@@ -301,7 +302,7 @@ class Qwen3VLText(nnx.Module):
     router_mask = None
     if router_stats and any(c.is_sparse_layer(i) for i in range(c.num_hidden_layers)):
       router_mask = (jnp.ones((b, t), jnp.float32) if attention_mask is None
-                     else jnp.asarray(attention_mask).astype(jnp.float32))
+                     else (jnp.asarray(attention_mask) > 0).astype(jnp.float32))
     if self.scan_layers:
       x, kv_all, stats = self._scan(x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask)
     else:
@@ -355,6 +356,12 @@ class Qwen3VLText(nnx.Module):
     (x, kv_all, total), _ = jax.lax.scan(body, (x, kv_all, total),
                                          (stacked, jnp.arange(self.config.num_hidden_layers)))
     return x, kv_all, total
+
+
+def _key_mask(attention_mask):
+  """The blockwise path's mask: bool as given, any integer mask as int32 segment ids."""
+  mask = jnp.asarray(attention_mask)
+  return mask if mask.dtype == jnp.bool_ else mask.astype(jnp.int32)
 
 
 def _gather_index(pos_mask, n: int):
