@@ -166,6 +166,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.loss_bucket = 256
   c.grpo.patches_per_shard = 0
   c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
+  # Packing (dynamic batch size, grpo_update.Packing): > 0 packs each mini-batch's trajectories whole into rows of the
+  # largest length bucket (max_loss_tokens loss positions, 0 = T), this many rows per micro-batch (micro_batch_size
+  # then 0); the losses and gradients are the unpacked ones. 0 = one trajectory per row.
+  c.grpo.pack_rows = 0
   c.grpo.router_aux_loss_coef = 0.0  # MoE router losses, as sft.router_aux_loss_coef / router_z_loss_coef
   c.grpo.router_z_loss_coef = 0.0
   # Update schedule (osvl_jax/train/grpo_update.py): prompts' groups per mini-batch = per optimizer step; 0 = the

@@ -28,8 +28,8 @@ What the tables do not fix, chosen here (override on the command line, e.g. `--c
     ml_collections references: overriding epochs, num_examples or batch_size recomputes steps and warmup
     (10% of steps); overriding sft.steps itself fixes it.
   * rollout.max_total_tokens = 71,680 (70 x 1024, for the 70k response budget) for GRPO; the SFT cutoff for SFT.
-  * grpo.micro_batch_size: rows per gradient-accumulation micro-batch = the batch shards of the mesh (one row per
-    data-parallel shard); grpo.steps = 200 (the paper's training-dynamics run).
+  * grpo.pack_rows: packed rows per gradient-accumulation micro-batch = the batch shards of the mesh (one 71,680-token
+    row per data-parallel shard: Table 5's dynamic batch size); grpo.steps = 200 (the paper's training-dynamics run).
   * image.min_pixels = 1,024 (LLaMA-Factory's default image_min_pixels).
 Placeholders the user sets: model.hf_path (the released weights), data.dir (the built / converted dataset),
 grpo.init_from (the SFT run's workdir); `model.hf_config` names the architecture for shapes-only tools
@@ -185,7 +185,11 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   # Table 5: PPO mini-batch 64 prompts (8B), 128 (30B-A3B); 32B: as 8B, chosen here (the table has two columns).
   c.grpo.mini_batch_prompts = 128 if size == '30b_a3b' else 64
   c.grpo.ppo_epochs = 1
-  c.grpo.micro_batch_size = batch_shards  # rows per gradient-accumulation micro-batch (one per batch shard)
+  # Table 5: micro-batch 1 per GPU, dynamic batch size (a token budget per GPU): each mini-batch's trajectories are
+  # packed whole into 71,680-token rows (the largest length bucket), one row per batch shard per micro-batch
+  # (grpo_update.Packing); the number of micro-batches follows the real tokens. micro_batch_size = 0 (packing sets it).
+  c.grpo.pack_rows = batch_shards
+  c.grpo.micro_batch_size = 0
   c.grpo.lr = 1e-6
   c.grpo.warmup_steps = 0  # Table 5: constant lr (verl's default), no warmup
   c.grpo.lr_schedule = 'constant'

@@ -26,8 +26,8 @@ def step_shapes(config: ml_collections.ConfigDict) -> tuple[int, int]:
   rollout.max_total_tokens) x sft.pack_rows (packed rows, `sft.make_packed_step`), else sft.micro_batch_size, else
   sft.batch_size (the SFT trainer takes one step per batch).
   GRPO: the largest of grpo.length_buckets (`batching.bucket_sizes`; else rollout.max_total_tokens) x
-  grpo.micro_batch_size (0 / unset = the mini-batch: grpo.mini_batch_prompts (else prompts_per_step) x
-  num_generations).
+  grpo.pack_rows (packed rows, `grpo_update.Packing`), else grpo.micro_batch_size (0 / unset = the mini-batch:
+  grpo.mini_batch_prompts (else prompts_per_step) x num_generations).
 
   Raises:
     ValueError: naming `stage` when it is neither 'sft' nor 'grpo'.
@@ -40,7 +40,8 @@ def step_shapes(config: ml_collections.ConfigDict) -> tuple[int, int]:
         config.sft.get('pack_rows') or config.sft.get('micro_batch_size') or config.sft.batch_size)
   if stage == 'grpo':
     g = config.grpo
-    rows = g.get('micro_batch_size') or (g.get('mini_batch_prompts') or g.prompts_per_step) * g.num_generations
+    rows = g.get('pack_rows') or g.get('micro_batch_size') or (
+        (g.get('mini_batch_prompts') or g.prompts_per_step) * g.num_generations)
     buckets = g.get('length_buckets') or ()
     return int(max(buckets) if buckets else config.rollout.max_total_tokens), int(rows)
   raise ValueError(f"stage={stage!r}: expected 'sft' or 'grpo'")

@@ -26,13 +26,14 @@ from osvl_jax.plan import estimate
 from osvl_jax.train import policy, sft
 
 
-def batch_shapes(mesh: Mesh, rows: int, seq_len: int, loss_tokens: int, rule_table) -> dict:
+def batch_shapes(mesh: Mesh, rows: int, seq_len: int, loss_tokens: int, rule_table, packed: bool = False) -> dict:
   """Text-only SFT batch (`batching.collate` fields) as ShapeDtypeStructs, rows split over the 'batch' axes:
-  input_ids int32 [B, T], attention_mask bool [B, T], position_ids int32 [3, B, T], loss_positions /
-  loss_targets int32 [B, K], completion_mask bool [B, K]."""
+  input_ids int32 [B, T], attention_mask [B, T] (bool; int32 segment ids when `packed`: `sft.pack_rows`),
+  position_ids int32 [3, B, T], loss_positions / loss_targets int32 [B, K], completion_mask bool [B, K]."""
   def sds(shape, dtype, batch_dim=0):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.data_sharding(mesh, len(shape), batch_dim, rule_table))
-  return {'input_ids': sds((rows, seq_len), jnp.int32), 'attention_mask': sds((rows, seq_len), jnp.bool_),
+  return {'input_ids': sds((rows, seq_len), jnp.int32),
+          'attention_mask': sds((rows, seq_len), jnp.int32 if packed else jnp.bool_),
           'position_ids': sds((3, rows, seq_len), jnp.int32, 1),
           'loss_positions': sds((rows, loss_tokens), jnp.int32), 'loss_targets': sds((rows, loss_tokens), jnp.int32),
           'completion_mask': sds((rows, loss_tokens), jnp.bool_)}
@@ -59,7 +60,7 @@ def compile_sft_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: int
   with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
   params_in = jax.tree.map(with_sharding, params, param_sh)
   opt_in = jax.tree.map(with_sharding, opt_state, opt_sh)
-  batch = batch_shapes(mesh, rows, seq_len, loss_tokens, rule_table)
+  batch = batch_shapes(mesh, rows, seq_len, loss_tokens, rule_table, packed=bool(cfg.get('pack_rows')))
 
   router_coefs = policy.router_loss_coefs(cfg)
 

@@ -61,7 +61,10 @@ def sft_loss(logprobs: jax.Array, mask: jax.Array,
 # Loss aggregation, registered by name (Tunix style): per-token objective [B, T] -> scalar J.
 # ----------------------------------------------------------------------------------------------------------------
 
-AggregationFn = Callable[..., jax.Array]  # (per_token f32 [B,T], mask f32 [B,T], *, num_sequences, num_tokens)
+# (per_token f32 [B,T], mask f32 [B,T], *, num_sequences, num_tokens, sequence_tokens=None). `sequence_tokens`
+# f32 [B,T]: Σ_t M of the sequence each token belongs to, for packed rows holding several sequences (None: each row
+# is one sequence).
+AggregationFn = Callable[..., jax.Array]
 
 # aggregation name -> AggregationFn. Config `grpo.aggregation`.
 AGGREGATIONS: registry.Registry[AggregationFn] = registry.Registry('loss aggregation')
@@ -69,9 +72,12 @@ AGGREGATIONS: registry.Registry[AggregationFn] = registry.Registry('loss aggrega
 
 @AGGREGATIONS.register('seq_mean_token_mean')
 def seq_mean_token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
-                        num_tokens: jax.Array) -> jax.Array:
-  """Eq. 12: (1/G) Σ_i (1/Σ_t M_it) Σ_t M_it x_it; G = `num_sequences`; rows with Σ_t M_it = 0 give 0."""
+                        num_tokens: jax.Array, sequence_tokens: jax.Array | None = None) -> jax.Array:
+  """Eq. 12: (1/G) Σ_i (1/Σ_t M_it) Σ_t M_it x_it; G = `num_sequences`; rows with Σ_t M_it = 0 give 0. Packed rows
+  (`sequence_tokens` given): each token weighs 1 / Σ M of its own sequence, the same sum sequence by sequence."""
   del num_tokens
+  if sequence_tokens is not None:
+    return jnp.sum(per_token * mask / jnp.maximum(sequence_tokens, 1.0)) / jnp.maximum(num_sequences, 1.0)
   row_tokens = jnp.sum(mask, axis=-1)
   row_mean = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(row_tokens, 1.0)
   return jnp.sum(jnp.where(row_tokens > 0, row_mean, 0.0)) / jnp.maximum(num_sequences, 1.0)
@@ -79,17 +85,18 @@ def seq_mean_token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences:
 
 @AGGREGATIONS.register('seq_mean_token_sum')
 def seq_mean_token_sum(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
-                       num_tokens: jax.Array) -> jax.Array:
-  """verl's 'seq-mean-token-sum': (1/G) Σ_i Σ_t M_it x_it, G = `num_sequences` (longer rows weigh more)."""
-  del num_tokens
+                       num_tokens: jax.Array, sequence_tokens: jax.Array | None = None) -> jax.Array:
+  """verl's 'seq-mean-token-sum': (1/G) Σ_i Σ_t M_it x_it, G = `num_sequences` (longer rows weigh more; packed or
+  not, the same sum)."""
+  del num_tokens, sequence_tokens
   return jnp.sum(per_token * mask) / jnp.maximum(num_sequences, 1.0)
 
 
 @AGGREGATIONS.register('token_mean')
 def token_mean(per_token: jax.Array, mask: jax.Array, *, num_sequences: jax.Array,
-               num_tokens: jax.Array) -> jax.Array:
+               num_tokens: jax.Array, sequence_tokens: jax.Array | None = None) -> jax.Array:
   """DAPO-style global token mean: Σ_it M_it x_it / Σ_it M_it, with Σ M = `num_tokens` of the whole batch."""
-  del num_sequences
+  del num_sequences, sequence_tokens
   return jnp.sum(per_token * mask) / jnp.maximum(num_tokens, 1.0)
 
 
@@ -111,8 +118,8 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
               ref_logprobs: jax.Array | None = None, eps_low: float = 0.2, eps_high: float = 0.28,
               beta: float = 0.0, aggregation: str = 'seq_mean_token_mean',
               num_sequences: jax.Array | float | None = None, num_tokens: jax.Array | float | None = None,
-              clip_ratio_c: float | None = None,
-              tis_weights: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+              clip_ratio_c: float | None = None, tis_weights: jax.Array | None = None,
+              sequence_tokens: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Fatal-aware clipped GRPO loss, −J of Eq. 12.
 
     J = 1/G Σ_i (1/Σ_t M_it) Σ_t M_it [min(ρ_it Â_i, clip(ρ_it, 1−ε_low, 1+ε_high) Â_i) − β KL_k3,it]
@@ -124,7 +131,7 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
   Args:
     logprobs: log π_θ of the taken tokens, float32 [B, T] (differentiated).
     old_logprobs: log π_old, float32 [B, T], recomputed by the trainer before the update (no gradient).
-    advantages: Â, float32 [B], one per trajectory.
+    advantages: Â, float32 [B], one per trajectory; or [B, T], each token's trajectory's (packed rows).
     loss_mask: M, float32 [B, T] (Eq. 10).
     ref_logprobs: log π_ref, float32 [B, T], or None (needed when beta > 0).
     eps_low, eps_high: asymmetric clip range (official run: 0.2 / 0.28).
@@ -139,6 +146,9 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
     tis_weights: optional truncated-importance-sampling weights, float32 [B, T], min(π_old / π_rollout, C) per
       token (verl's TIS; DESIGN.md §6): each token's clipped surrogate is multiplied by its weight (no gradient
       through it; the KL term is not weighted). None = no correction.
+    sequence_tokens: packed rows (several trajectories per row, `train.update_rows.pack_batch`): float32 [B, T], Σ_t M of
+      the trajectory each token belongs to (the per-trajectory means of Eq. 12 and the sequence count read it);
+      None = one trajectory per row.
 
   Returns:
     (loss = −J, float32 scalar; metrics, float32 scalars):
@@ -151,15 +161,17 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
       it), ratio_mean, ratio_max. Over micro-batches they reduce by `GRPO_METRIC_REDUCTIONS`.
 
   Raises:
-    ValueError: advantages not [B], tis_weights not [B, T], beta > 0 without ref_logprobs, or an unknown
-      aggregation.
+    ValueError: advantages not [B] or [B, T], tis_weights / sequence_tokens not [B, T], beta > 0 without
+      ref_logprobs, or an unknown aggregation.
   """
   logprobs = logprobs.astype(jnp.float32)
   mask = loss_mask.astype(jnp.float32)
   on = mask > 0
   batch = logprobs.shape[0]
-  if advantages.shape != (batch,):
-    raise ValueError(f'advantages must be [B]={batch}, got {advantages.shape}')
+  if advantages.shape not in ((batch,), logprobs.shape):
+    raise ValueError(f'advantages must be [B]={batch} or [B, T]={logprobs.shape}, got {advantages.shape}')
+  if sequence_tokens is not None and sequence_tokens.shape != logprobs.shape:
+    raise ValueError(f'sequence_tokens must be [B, T]={logprobs.shape}, got {sequence_tokens.shape}')
   if tis_weights is not None and tis_weights.shape != logprobs.shape:
     raise ValueError(f'tis_weights must be [B, T]={logprobs.shape}, got {tis_weights.shape}')
   if beta != 0.0 and ref_logprobs is None:
@@ -172,7 +184,8 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
   # Masked tokens may hold padding garbage: zero the log-ratio there before exp (no inf, no NaN gradient).
   log_ratio = jnp.where(on, logprobs - jax.lax.stop_gradient(old_logprobs.astype(jnp.float32)), 0.0)
   ratio = jnp.exp(log_ratio)
-  adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))[:, None]
+  adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))
+  adv = adv[:, None] if adv.ndim == 1 else adv
   unclipped = ratio * adv
   clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
   surrogate = jnp.minimum(unclipped, clipped)
@@ -188,10 +201,13 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
   else:
     kl = jnp.zeros_like(logprobs)
 
-  pg_objective = aggregate(surrogate, mask, num_sequences=num_sequences, num_tokens=num_tokens)
+  per_seq = None if sequence_tokens is None else jax.lax.stop_gradient(sequence_tokens.astype(jnp.float32))
+  pg_objective = aggregate(surrogate, mask, num_sequences=num_sequences, num_tokens=num_tokens,
+                           sequence_tokens=per_seq)
   objective = pg_objective
   if beta != 0.0:
-    objective = aggregate(surrogate - beta * kl, mask, num_sequences=num_sequences, num_tokens=num_tokens)
+    objective = aggregate(surrogate - beta * kl, mask, num_sequences=num_sequences, num_tokens=num_tokens,
+                          sequence_tokens=per_seq)
   loss = -objective
 
   stop = jax.lax.stop_gradient
@@ -205,7 +221,9 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
       'loss': stop(loss),
       'pg_objective': stop(pg_objective),
       'num_tokens': local_tokens,
-      'num_sequences_with_tokens': jnp.sum(jnp.sum(mask, axis=-1) > 0).astype(jnp.float32),
+      # Packed: each trajectory's tokens weigh 1 / its token count, so they add up to one per trajectory.
+      'num_sequences_with_tokens': (jnp.sum(jnp.sum(mask, axis=-1) > 0).astype(jnp.float32) if per_seq is None
+                                    else stop(jnp.round(jnp.sum(mask / jnp.maximum(per_seq, 1.0))))),
       'clipped_tokens': stop(clipped_tokens),
       'clip_frac': stop(clipped_tokens / denom),
       'clip_frac_low': stop(clipped_low / denom),

@@ -183,9 +183,38 @@ def program_bound(length_buckets, max_loss_tokens: int | None = None, loss_bucke
   return total
 
 
+def first_fit(sizes, budget) -> list[list[int]]:
+  """First-fit decreasing (by the first size): each item, longest first (ties in input order), goes into the first
+  row with room for all its sizes, else a new row. The bin packing of `pack`, also over a collated batch's rows
+  (`update_rows.pack_parts`).
+
+  Args:
+    sizes: int [N, D] per-item sizes (tokens, loss tokens, image patches), each within the budget.
+    budget: D ints, the room of a row (a huge number = no limit).
+  Returns:
+    rows: lists of item indices, every item exactly once, each row in input order, rows in order of creation.
+  """
+  sizes = np.asarray(sizes, np.int64).reshape(len(sizes), -1)
+  budget = np.asarray(budget, np.int64)
+  rows, used = [], []
+  for i in sorted(range(len(sizes)), key=lambda i: -sizes[i, 0]):
+    for r, total in enumerate(used):
+      if np.all(total + sizes[i] <= budget):
+        rows[r].append(i)
+        used[r] = total + sizes[i]
+        break
+    else:
+      rows.append([i])
+      used.append(sizes[i].copy())
+  return [sorted(r) for r in rows]
+
+
+NO_LIMIT = np.iinfo(np.int64).max // 4
+
+
 def pack(trajectories, length: int, num_loss: int, patches_per_row: int = 0) -> list[list[int]]:
   """Packs trajectories into rows of a fixed token budget (dynamic batch size, DESIGN.md §3): first-fit decreasing
-  by token count, so short trajectories share a row instead of each padding one to T.
+  by token count (`first_fit`), so short trajectories share a row instead of each padding one to T.
 
   A row holds whole trajectories only (never cut), at most `length` tokens, `num_loss` loss tokens
   (`num_loss_tokens`) and, with `patches_per_row` > 0, that many image patches. Deterministic: ties keep the
@@ -196,31 +225,20 @@ def pack(trajectories, length: int, num_loss: int, patches_per_row: int = 0) -> 
     length, num_loss: T and K of a packed row, ints >= 1.
     patches_per_row: the image patches a row may hold, or 0 (no limit).
   Returns:
-    rows: lists of indices into `trajectories`, every index exactly once, the fullest rows first.
+    rows: lists of indices into `trajectories`, every index exactly once, the longest trajectories' rows first.
   Raises:
     ValueError: a trajectory over a budget on its own (naming it, its size and the budget).
   """
+  budget = (length, num_loss, patches_per_row or NO_LIMIT)
   sizes = []
-  for i, t in enumerate(trajectories):
+  for t in trajectories:
     need = (len(t.token_ids), num_loss_tokens(t), sum(int(np.prod(im.grid_thw)) for im in t.images))
-    for got, budget, name in zip(need, (length, num_loss, patches_per_row or None), ('tokens', 'loss tokens',
-                                                                                      'image patches')):
-      if budget is not None and got > budget:
+    for got, room, name in zip(need, budget, ('tokens', 'loss tokens', 'image patches')):
+      if got > room:
         raise ValueError(f'trajectory {t.prompt_id!r} (sample {t.sample_index}) has {got} {name}, over the packed '
-                         f'row budget of {budget}')
+                         f'row budget of {room}')
     sizes.append(need)
-  budget = np.array([length, num_loss, patches_per_row or np.iinfo(np.int64).max], np.int64)
-  rows, used = [], []
-  for i in sorted(range(len(sizes)), key=lambda i: -sizes[i][0]):
-    for r, total in enumerate(used):
-      if np.all(total + sizes[i] <= budget):
-        rows[r].append(i)
-        used[r] = total + sizes[i]
-        break
-    else:
-      rows.append([i])
-      used.append(np.array(sizes[i], np.int64))
-  return [sorted(r) for r in rows]
+  return first_fit(sizes, budget)
 
 
 def collate(trajectories, *, length_multiple: int = 256, loss_multiple: int = 64, length: int | None = None,

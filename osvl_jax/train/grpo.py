@@ -61,7 +61,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       rollout max_turns / max_new_tokens /
       fatal_k < 1, max_total_tokens < max_new_tokens; `grpo_batch.check_budgets`' (grpo.length_buckets,
       grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's
-      data x fsdp size (`config.mesh`); the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
+      data x fsdp size (`config.mesh`); pack_rows (optional) beside micro_batch_size or not a multiple of that size;
+      the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
       weights_dir — a gs:// `workdir` needs it set — weights_dtype, weights_keep); more than one JAX process without
       rollout.engine='sglang'.
   """
@@ -113,6 +114,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   if micro % shards:
     raise ValueError(f'grpo.micro_batch_size={micro} (rows per micro-batch) is not a multiple of the {shards} '
                      'data x fsdp devices of config.mesh')
+  if cfg.get('pack_rows') and cfg.pack_rows % shards:
+    raise ValueError(f'grpo.pack_rows={cfg.pack_rows} (packed rows per micro-batch) is not a multiple of the '
+                     f'{shards} data x fsdp devices of config.mesh')
   if cfg.num_generations % shards:  # mini-batches are whole groups; their size varies (a prompt drawn twice, a
     # dropped stale group), so only a group size that splits over the devices keeps every micro-batch placeable
     raise ValueError(f'grpo.num_generations={cfg.num_generations} is not a multiple of the {shards} data x fsdp '
@@ -261,7 +265,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   writer = metrics.MetricWriter(workdir, 'grpo')
   patches = int(cfg.get('patches_per_shard', 0) or 0)  # the images' budget per batch shard (0: per micro-batch)
   update = grpo_update.make_update_fn(
-      cfg, place=lambda b: policy.shard_batch(b, mesh, rules, model.config.vision, patches))
+      cfg, place=lambda b: policy.shard_batch(b, mesh, rules, model.config.vision, patches),
+      batch_shards=sharding.batch_shards(mesh, rules))
   group, max_staleness = cfg.num_generations, int(cfg.get('max_staleness') or 0)
 
   def rollout(step: int) -> tuple[list, float]:

@@ -33,8 +33,7 @@ from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
-from osvl_jax.train import metrics, policy
-from osvl_jax.trajectory import tokens as tokens_lib
+from osvl_jax.train import metrics, policy, update_rows
 
 # How the per-optimizer-step metrics reduce to one record per rollout step: the losses and grad norms of the steps
 # are averaged (each is normalised by its own mini-batch), token fractions weighted by tokens, counts summed.
@@ -50,12 +49,14 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   default 1), tis_cap (None or 0 = off, else >= 1), max_logprob_mismatch (the mismatch alarm, `check_mismatch`: None
   or 0 = off, else > 0), max_staleness (int >= 0; 0 = strictly on-policy; read by the
   async rollout), micro_batch_size (must divide the rows of a mini-batch, mini_batch_prompts × num_generations),
-  router_aux_loss_coef / router_z_loss_coef (>= 0; MoE router losses, `make_grad_fn`).
+  router_aux_loss_coef / router_z_loss_coef (>= 0; MoE router losses, `make_grad_fn`), pack_rows (int >= 0; > 0 =
+  packed micro-batches of that many rows, `Packing`; not beside micro_batch_size).
 
   Raises:
     ValueError: naming the field: mini_batch_prompts < 0 or not dividing grpo.prompts_per_step, ppo_epochs < 1,
       tis_cap in (0, 1) or < 0, max_logprob_mismatch < 0, max_staleness < 0, micro_batch_size not dividing the
-      mini-batch rows (or a non-int count), a router loss coefficient < 0.
+      mini-batch rows (or a non-int count), a router loss coefficient < 0, pack_rows < 0 or set beside
+      micro_batch_size.
   """
   prompts = checks.positive_int(config, 'grpo.prompts_per_step')
   mini = checks.number(config, 'grpo.mini_batch_prompts', integer=True, low=0, optional=True) or prompts
@@ -69,90 +70,14 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   for field in policy.ROUTER_LOSS_FIELDS:
     checks.number(config, f'grpo.{field}', low=0, optional=True)
   rows = mini * checks.number(config, 'grpo.num_generations', integer=True, low=1)
+  pack_rows = checks.number(config, 'grpo.pack_rows', integer=True, low=0, optional=True)
+  if pack_rows and config.grpo.get('micro_batch_size'):
+    raise ValueError(f'grpo.pack_rows={pack_rows} packs each mini-batch into micro-batches of that many rows: leave '
+                     f'grpo.micro_batch_size={config.grpo.micro_batch_size} at 0')
   micro = checks.number(config, 'grpo.micro_batch_size', integer=True, low=0, optional=True) or rows
   if rows % micro:
     raise ValueError(f'grpo.micro_batch_size={micro} does not divide a mini-batch of {rows} trajectories '
                      f'(grpo.mini_batch_prompts={mini} × grpo.num_generations)')
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Rows of a collated batch, with their images
-# ----------------------------------------------------------------------------------------------------------------
-
-def take_rows(batch: dict, grid: tuple, rows, merge_size: int = 2,
-              image_token_id: int = tokens_lib.IMAGE_PAD_ID) -> tuple[dict, tuple]:
-  """The given rows of a collated batch, in the given order, each with its own images (pixel_values, grid).
-
-  Images fill `<|image_pad|>` tokens in row-major order; an image of grid (t, h, w) has t·h·w patches and
-  t·h·w / merge_size² pad tokens, so a row's patches are merge_size² × its pad-token count.
-
-  Args:
-    batch: `batching.collate` fields (+ per-row loss arrays [B, ...]) as host numpy arrays, without image_grid_thw;
-      position_ids [3, B, T] (rows on axis 1), pixel_values [P, D], scalars and None kept as they are.
-    grid: the batch's image grids, a tuple of (t, h, w) (`grpo_batch.prepare_batch`).
-    rows: int row indices (any order, no repeats needed).
-  Returns:
-    (part, part grid); T and K stay the batch's, so all parts share compiled shapes.
-  Raises:
-    ValueError: the image tokens do not match the grids.
-  """
-  rows = np.asarray(rows, np.int64).reshape(-1)
-  patches_per_row = merge_size ** 2 * np.sum(np.asarray(batch['input_ids']) == image_token_id, axis=1)
-  row_end = np.cumsum(patches_per_row)
-  image_end = np.cumsum([int(np.prod(g)) for g in grid])
-  if (row_end[-1] if len(row_end) else 0) != (image_end[-1] if len(image_end) else 0):
-    raise ValueError(f'{int(row_end[-1])} image patches by the pad tokens, '
-                     f'{int(image_end[-1]) if len(image_end) else 0} by the grids')
-  row_start = row_end - patches_per_row
-  images = [i for r in rows for i in np.nonzero((image_end > row_start[r]) & (image_end <= row_end[r]))[0]]
-  part = {}
-  for key, value in batch.items():
-    if value is None or np.ndim(value) == 0:
-      part[key] = value
-    elif key == 'pixel_values':
-      chunks = [value[row_start[r]:row_end[r]] for r in rows if row_end[r] > row_start[r]]
-      part[key] = np.concatenate(chunks) if chunks else None
-    elif key == 'position_ids':
-      part[key] = np.asarray(value)[:, rows]
-    else:
-      part[key] = np.asarray(value)[rows]
-  return part, tuple(grid[i] for i in images)
-
-
-def split_micro_batches(batch: dict, grid: tuple, micro_batch_size: int) -> list[tuple[dict, tuple]]:
-  """Consecutive `micro_batch_size`-row parts of a batch (0 or >= B: one part), each with its images (`take_rows`).
-
-  Raises:
-    ValueError: micro_batch_size does not divide B, or the image tokens do not match the grids.
-  """
-  rows = batch['input_ids'].shape[0]
-  size = rows if not micro_batch_size or micro_batch_size >= rows else int(micro_batch_size)
-  if rows % size:
-    raise ValueError(f'micro_batch_size={size} does not divide the batch of {rows} rows')
-  if size == rows:
-    return [(batch, grid)]
-  return [take_rows(batch, grid, np.arange(lo, lo + size)) for lo in range(0, rows, size)]
-
-
-def mini_batch_rows(prompt_ids, mini_batch_prompts: int) -> list[np.ndarray]:
-  """Row indices of each mini-batch: groups (rows sharing a prompt_id) kept whole, `mini_batch_prompts` per part.
-
-  Groups are taken in the order of their first row; within a mini-batch rows stay in batch order (so one
-  mini-batch of everything is the batch itself). A prompt drawn twice in one batch is one group of 2G
-  (`grpo_batch.prepare_batch`), so a mini-batch then holds more rows than the others.
-
-  Args:
-    prompt_ids: [B] the prompt id of each row.
-    mini_batch_prompts: groups per mini-batch; 0 (or >= the number of groups) = one mini-batch of all rows.
-  Returns:
-    list of sorted int64 arrays, together every row exactly once.
-  """
-  groups: dict = {}
-  for row, pid in enumerate(prompt_ids):
-    groups.setdefault(pid, []).append(row)
-  groups = list(groups.values())
-  size = mini_batch_prompts or len(groups)
-  return [np.sort(np.array(sum(groups[i:i + size], []), np.int64)) for i in range(0, len(groups), size)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -307,9 +232,11 @@ def loss_fn(model, batch: dict, num_sequences, num_tokens, eps_low: float, eps_h
   loss, aux = losses.grpo_loss(logprobs, batch['old_logprobs'], batch['advantages'], batch['loss_mask'],
                                ref_logprobs=batch.get('ref_logprobs') if beta else None, eps_low=eps_low,
                                eps_high=eps_high, beta=beta, aggregation=aggregation, num_sequences=num_sequences,
-                               num_tokens=num_tokens, clip_ratio_c=clip_ratio_c, tis_weights=batch.get('tis_weights'))
-  if on:   # this micro-batch's share of the step's rows weighs its router terms
-    share = batch['input_ids'].shape[0] / jax.numpy.asarray(num_sequences, jax.numpy.float32)
+                               num_tokens=num_tokens, clip_ratio_c=clip_ratio_c, tis_weights=batch.get('tis_weights'),
+                               sequence_tokens=batch.get('sequence_tokens'))
+  if on:   # this micro-batch's share of the step's trajectories (packed: segments) weighs its router terms
+    segments = jax.numpy.max(jax.numpy.asarray(batch['attention_mask']).astype(jax.numpy.int32), axis=1)
+    share = jax.numpy.sum(segments) / jax.numpy.asarray(num_sequences, jax.numpy.float32)
     penalty, router_metrics = policy.router_loss(stats, router_coefs, share)
     loss = loss + penalty
     aux = dict(aux, **router_metrics)
@@ -335,7 +262,7 @@ def accumulate_grads(model, parts: list[dict], grad_fn, num_sequences: float,
   """Σ over micro-batches of the gradient of −J, each normalised by the mini-batch: the mini-batch gradient.
 
   Args:
-    parts: placed micro-batches (`split_micro_batches`, then `with_grid` and `place`).
+    parts: placed micro-batches (`update_rows.split_micro_batches` or `pack_parts`, then `with_grid` and `place`).
     grad_fn: `make_grad_fn(cfg)`.
     num_sequences, num_tokens: rows and Σ M of the mini-batch.
   Returns:
@@ -351,17 +278,27 @@ def accumulate_grads(model, parts: list[dict], grad_fn, num_sequences: float,
 
 
 def batch_logprobs(model, batch: dict, grid: tuple, micro_batch_size: int,
-                   place: Callable[[dict], dict], temp: float = 1.0) -> np.ndarray:
+                   place: Callable[[dict], dict], temp: float = 1.0,
+                   packing: update_rows.Packing | None = None) -> np.ndarray:
   """log π_T of `model` (at temperature `temp`) at the loss positions of the whole batch, float32 [B, K] on host,
-  in micro-batches (rows split over several hosts are gathered: `distributed.to_host`)."""
+  in micro-batches, or in packed micro-batches (`update_rows.pack_parts`) written back to their trajectories' rows (0 on
+  padding); rows split over several hosts are gathered (`distributed.to_host`)."""
   rows = batch['input_ids'].shape[0]
-  parts = split_micro_batches(batch, grid, math.gcd(rows, micro_batch_size or rows))
   t = np.float32(temp)
+  if packing is not None:
+    out = np.zeros(np.shape(batch['loss_targets']), np.float32)
+    n_loss = np.asarray(batch['completion_mask'], bool).sum(1)
+    for part, part_grid, packed in update_rows.pack_parts(batch, grid, np.arange(rows), packing):
+      values = np.asarray(distributed.to_host(logprob_fn(model, place(with_grid(part, part_grid)), t)))
+      update_rows.unpack_loss_values(values, packed, n_loss, out)
+    return out
+  parts = update_rows.split_micro_batches(batch, grid, math.gcd(rows, micro_batch_size or rows))
   return np.concatenate([np.asarray(distributed.to_host(logprob_fn(model, place(with_grid(b, g)), t)))
                          for b, g in parts])
 
 
-def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict] | None = None):
+def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict] | None = None,
+                   batch_shards: int = 1):
   """The update of one rollout batch under the official schedule (module docstring), as a function.
 
   Args:
@@ -371,6 +308,10 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
     place: host batch (with image_grid_thw, `with_grid`) -> placed batch (e.g. `policy.shard_batch` over a mesh:
       images laid out per shard), applied to every micro-batch; default `default_place(model.config.vision,
       cfg.patches_per_shard)`, host arrays.
+    batch_shards: the data x fsdp devices `place` splits rows over (the packed rows' patch budget, `Packing`).
+  With cfg.pack_rows > 0 every micro-batch (π_old, π_ref and the gradient's) is packed (`update_rows.pack_parts`): the
+  mini-batch's trajectories go whole into `Packing` rows, pack_rows rows per micro-batch; the number of
+  micro-batches follows the real tokens, the program is one, and the losses and gradients are the unpacked ones.
   Returns:
     update(model, optimizer, batch, grid, prompt_ids, ref_model=None) -> (metrics, step_metrics):
       batch / grid as `grpo_batch.prepare_batch` returns them (without rewards / fatal_steps; host numpy; optionally
@@ -389,6 +330,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
   mini_prompts, epochs = int(cfg.get('mini_batch_prompts', 0) or 0), int(cfg.get('ppo_epochs', 1) or 1)
   micro, tis_cap, beta = int(cfg.get('micro_batch_size', 0) or 0), cfg.get('tis_cap', None), float(cfg.beta)
   grad_fn, temp = make_grad_fn(cfg), temperature(cfg)
+  packing = update_rows.Packing.from_config(cfg, batch_shards)
 
   def update(model, optimizer, batch, grid, prompt_ids, ref_model=None):
     put = place or default_place(model.config.vision, patches)
@@ -399,9 +341,9 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       raise ValueError(f'grpo.beta={beta} needs ref_model')
     batch = dict(batch)
     on_policy = batch.pop('on_policy_rows', None)  # bool [B]: rolled out by the weights being updated
-    batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, put, temp)  # once (Eq. 12's π_old)
+    batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, put, temp, packing)  # once (Eq. 12's π_old)
     if beta:
-      batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put, temp)
+      batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put, temp, packing)
     known = rollout_logprob_rows(batch)
     rollout = batch.get('rollout_logprobs', np.zeros_like(batch['old_logprobs']))
     out = mismatch_metrics(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
@@ -414,13 +356,18 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
     check_mismatch(out, cfg.get('max_logprob_mismatch'), figure)  # before any optimizer step: nothing changed yet
     if tis_cap:
       batch['tis_weights'] = tis_weights(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
-    minis = mini_batch_rows(prompt_ids, mini_prompts)
+    minis = update_rows.mini_batch_rows(prompt_ids, mini_prompts)
     steps, micro_batches = [], 0
     for _ in range(epochs):
       for mini_rows in minis:
         n = len(mini_rows)
-        part, part_grid = (batch, grid) if n == rows else take_rows(batch, grid, mini_rows)
-        parts = [put(with_grid(b, g)) for b, g in split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
+        if packing is not None:
+          parts = [put(with_grid(b, g)) for b, g, _ in update_rows.pack_parts(batch, grid, mini_rows, packing)]
+          part = {'loss_mask': batch['loss_mask'][mini_rows]}
+        else:
+          part, part_grid = (batch, grid) if n == rows else update_rows.take_rows(batch, grid, mini_rows)
+          parts = [put(with_grid(b, g))
+                   for b, g in update_rows.split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
         micro_batches = max(micro_batches, len(parts))
         grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(part['loss_mask'])))
         step['grad_norm'] = float(distributed.to_host(policy.apply_grads(model, optimizer, grads)))

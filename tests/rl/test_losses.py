@@ -188,3 +188,47 @@ def test_micro_batches_sum_to_full_batch_loss_and_grad(aggregation):
   b, grad_b = value_and_grad(logits[4:], (4, 8))
   assert float(a + b) == pytest.approx(float(full), abs=1e-6)
   np.testing.assert_allclose(np.concatenate([grad_a, grad_b]), full_grad, atol=1e-7)
+
+
+@pytest.mark.parametrize('aggregation', ['seq_mean_token_mean', 'seq_mean_token_sum', 'token_mean'])
+def test_packed_rows_give_the_unpacked_loss_metrics_and_gradient(aggregation):
+  """Packed rows (several trajectories per row): per-token advantages and each token's trajectory size
+  (`sequence_tokens`) give the loss, gradient and metrics of one trajectory per row, every aggregation; a trajectory
+  masked out entirely (fatal at step 0) still counts in G and nowhere else."""
+  rng = np.random.default_rng(3)
+  lengths, k = [4, 2, 3, 3], 5
+  new = rng.normal(-2.0, 0.5, (4, k)).astype(np.float32)
+  old = (new + rng.normal(0.0, 0.3, (4, k))).astype(np.float32)
+  adv = np.array([1.3, -0.4, 0.0, 0.8], np.float32)
+  mask = np.zeros((4, k), np.float32)
+  for i, n in enumerate(lengths):
+    mask[i, :n] = rng.integers(0, 2, n) if i != 3 else 0.0     # row 3: nothing in the loss
+  mask[0, 0] = mask[1, 0] = mask[2, 0] = 1.0
+  rows = [[0, 1], [2, 3]]                                         # packed: 6 entries per row
+  kp = 6
+  packed = {name: np.zeros((2, kp), np.float32) for name in ('new', 'old', 'adv', 'mask', 'seq')}
+  for r, members in enumerate(rows):
+    at = 0
+    for i in members:
+      n = lengths[i]
+      for name, value in (('new', new[i, :n]), ('old', old[i, :n]), ('adv', adv[i]), ('mask', mask[i, :n]),
+                          ('seq', mask[i].sum())):
+        packed[name][r, at:at + n] = value
+      at += n
+  counts = dict(num_sequences=4.0, num_tokens=float(mask.sum()))
+  plain = lambda lp: losses.grpo_loss(lp, old, jnp.asarray(adv), mask, aggregation=aggregation, **counts)  # noqa: E731
+  packed_fn = lambda lp: losses.grpo_loss(lp, packed['old'], packed['adv'], packed['mask'], aggregation=aggregation,  # noqa: E731
+                                          sequence_tokens=packed['seq'], **counts)
+  (loss_u, m_u), g_u = jax.value_and_grad(plain, has_aux=True)(jnp.asarray(new))
+  (loss_p, m_p), g_p = jax.value_and_grad(packed_fn, has_aux=True)(jnp.asarray(packed['new']))
+  scale = float(np.mean(np.abs(adv)))     # the loss is a sum of ρ Â terms of this size
+  assert float(loss_p) == pytest.approx(float(loss_u), abs=1e-6 * scale)
+  for key in ('num_tokens', 'num_sequences_with_tokens', 'clipped_tokens', 'clip_frac', 'approx_kl', 'ratio_max'):
+    assert float(m_p[key]) == pytest.approx(float(m_u[key]), rel=1e-6, abs=1e-7), key
+  assert float(m_p['num_sequences_with_tokens']) == 3.0
+  for r, members in enumerate(rows):   # each trajectory's gradient, entry by entry
+    at = 0
+    for i in members:
+      n = lengths[i]
+      np.testing.assert_allclose(g_p[r, at:at + n], g_u[i, :n], rtol=1e-6, atol=1e-8)
+      at += n

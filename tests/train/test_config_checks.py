@@ -96,6 +96,7 @@ def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():
     ('grpo.length_buckets', (), r'grpo.length_buckets=\(\) must be increasing ints >= 1'),
     ('grpo.length_buckets', (4096, 2048), 'grpo.length_buckets'), ('grpo.length_buckets', (2.5e3,), 'grpo.length_b'),
     ('grpo.length_buckets', (1024, 2048), 'the largest is below rollout.max_total_tokens=4096'),
+    ('grpo.pack_rows', -1, 'grpo.pack_rows=-1'),
 ])
 def test_grpo_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
@@ -103,6 +104,21 @@ def test_grpo_check_config_names_the_field(path, value, match):
   _set(c, path, value)
   with pytest.raises(ValueError, match=match):
     grpo.check_config(c)
+
+
+def test_grpo_pack_rows_refuses_micro_batches_beside_it_and_rows_that_do_not_split():
+  c = demo_config.get_config()
+  c.grpo.pack_rows = 3
+  grpo.check_config(c)
+  c.grpo.micro_batch_size = 4
+  with pytest.raises(ValueError, match='grpo.pack_rows=3 packs .* leave grpo.micro_batch_size=4 at 0'):
+    grpo.check_config(c)
+  c.grpo.update(micro_batch_size=0, num_generations=4)
+  c.mesh.fsdp = 2
+  with pytest.raises(ValueError, match='grpo.pack_rows=3 .* is not a multiple of the 2 data x fsdp devices'):
+    grpo.check_config(c)
+  c.grpo.pack_rows = 2
+  grpo.check_config(c)
 
 
 @pytest.mark.parametrize('path, value, match', [

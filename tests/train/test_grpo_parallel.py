@@ -17,7 +17,7 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo_batch, grpo_update, policy
+from osvl_jax.train import grpo_batch, grpo_update, policy, update_rows
 from tools import base
 
 LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
@@ -72,7 +72,7 @@ def setup():
 def _grads(model, batch, grid, cfg, micro_batch_size, mesh):
   vision = model.config.vision
   parts = [policy.shard_batch(grpo_update.with_grid(b, g), mesh, vision_config=vision)
-           for b, g in grpo_update.split_micro_batches(batch, grid, micro_batch_size)]
+           for b, g in update_rows.split_micro_batches(batch, grid, micro_batch_size)]
   with sharding.use_mesh(mesh):
     grads, metrics = grpo_update.accumulate_grads(model, parts, grpo_update.make_grad_fn(cfg), len(batch['advantages']),
                                            float(batch['loss_mask'].sum()))
@@ -86,14 +86,14 @@ def _relative_error(a, b):
 
 def test_split_micro_batches_keeps_each_rows_images(setup):
   _, batch, grid, _ = setup
-  parts = grpo_update.split_micro_batches(batch, grid, 4)
+  parts = update_rows.split_micro_batches(batch, grid, 4)
   assert len(parts) == 4 and all(b['input_ids'].shape == (4, batch['input_ids'].shape[1]) for b, _ in parts)
   assert sum(len(g) for _, g in parts) == len(grid) == GROUPS * G + GROUPS  # question images + crops
   np.testing.assert_array_equal(np.concatenate([b['pixel_values'] for b, _ in parts]), batch['pixel_values'])
   np.testing.assert_array_equal(np.concatenate([b['position_ids'] for b, _ in parts], axis=1),
                                 batch['position_ids'])
   with pytest.raises(ValueError, match='does not divide'):
-    grpo_update.split_micro_batches(batch, grid, 3)
+    update_rows.split_micro_batches(batch, grid, 3)
 
 
 def test_gradient_is_the_same_in_one_step_in_micro_batches_and_sharded(setup):

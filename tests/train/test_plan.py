@@ -10,6 +10,7 @@ import pathlib
 import re
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -172,8 +173,11 @@ def test_paper_configs_fit_their_slice():
 
 
 def test_step_shapes_of_each_stage_and_a_config_without_a_slice():
-  config = load('grpo_qwen3vl_8b')   # 70k-token rows; one micro-batch row per batch shard (fsdp=8 of 32 chips)
-  assert plan.step_shapes(config) == (71_680, 8) and config.grpo.micro_batch_size == 8
+  config = load('grpo_qwen3vl_8b')   # 70k-token packed rows; one per batch shard (fsdp=8 of 32 chips)
+  assert plan.step_shapes(config) == (71_680, 8) and config.grpo.pack_rows == 8
+  config.grpo.pack_rows = 0          # unpacked: one trajectory per row
+  config.grpo.micro_batch_size = 8
+  assert plan.step_shapes(config) == (71_680, 8)
   config.grpo.micro_batch_size = 0     # 0: the mini-batch of 64 prompts x G = 8
   assert plan.step_shapes(config) == (71_680, 512)
   config.tpu = ''
@@ -188,10 +192,18 @@ def test_sft_steps_follow_epochs_and_batch_size():
 
 
 @pytest.mark.skipif(len(jax.devices()) < 2, reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
-def test_compiled_tiny_step_memory_is_near_the_estimate():
+@pytest.mark.parametrize('packed', [False, True])
+def test_compiled_tiny_step_memory_is_near_the_estimate(packed):
+  """The compiled SFT step's per-device bytes within 25% of the estimate, unpacked and packed (sft.pack_rows: the
+  rows carry int32 segment ids; the plan sizes pack_rows rows of the largest bucket)."""
   config = tiny_sft_config()
   mesh, sizes = compile_check.local_mesh()
   n = len(jax.devices())
+  if packed:
+    config.sft.update(pack_rows=n, micro_batch_size=0)
+    assert plan.step_shapes(config)[1] == n
+    shapes = compile_check.batch_shapes(mesh, n, 256, 256, sharding.rules_from_config(config), packed=True)
+    assert shapes['attention_mask'].dtype == np.int32
   estimate, _ = plan.estimate(config, sizes, seq_len=256, global_rows=n)
   xla = compile_check.compile_sft_step(config, mesh, rows=n, seq_len=256, loss_tokens=256)
   assert xla['total'] == xla['argument'] + xla['output'] - xla['alias'] + xla['temp']

@@ -19,7 +19,7 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import grpo_batch, grpo_update, policy
+from osvl_jax.train import grpo_batch, grpo_update, policy, update_rows
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -99,16 +99,16 @@ def _logprobs(model, batch: dict, grid: tuple, temperature=1.0):
       grpo_update.with_grid(batch, grid)), np.float32(temperature))
 
 def test_mini_batch_rows_keep_groups_whole():
-  assert [r.tolist() for r in grpo_update.mini_batch_rows(['a', 'b', 'a', 'b'], 1)] == [[0, 2], [1, 3]]
-  assert [r.tolist() for r in grpo_update.mini_batch_rows(['a', 'b', 'a', 'b'], 0)] == [[0, 1, 2, 3]]
+  assert [r.tolist() for r in update_rows.mini_batch_rows(['a', 'b', 'a', 'b'], 1)] == [[0, 2], [1, 3]]
+  assert [r.tolist() for r in update_rows.mini_batch_rows(['a', 'b', 'a', 'b'], 0)] == [[0, 1, 2, 3]]
   # a prompt drawn twice is one group of 2G: it stays whole
-  assert [r.tolist() for r in grpo_update.mini_batch_rows(['c', 'a', 'a', 'c', 'a', 'a'], 1)] == [[0, 3],
+  assert [r.tolist() for r in update_rows.mini_batch_rows(['c', 'a', 'a', 'c', 'a', 'a'], 1)] == [[0, 3],
                                                                                                   [1, 2, 4, 5]]
 
 
 def test_take_rows_carries_each_rows_images(setup):
   _, batch, grid, _ = setup
-  part, part_grid = grpo_update.take_rows(batch, grid, [3, 0])
+  part, part_grid = update_rows.take_rows(batch, grid, [3, 0])
   # grids in row-major order: row 0 q-image, row 1 q-image, row 2 q-image, row 3 q-image + crop
   assert len(grid) == 5 and part_grid == (grid[3], grid[4], grid[0])
   patches = [int(np.prod(g)) for g in grid]
@@ -137,10 +137,10 @@ def test_two_mini_batches_two_steps_first_on_policy_second_clipped_as_eq12(setup
   # π_old = the initial policy.
   rows0, rows1 = np.array([0, 2]), np.array([1, 3])
   model1, optimizer1 = _fresh(model0)
-  part0, grid0 = grpo_update.take_rows(batch, grid, rows0)
+  part0, grid0 = update_rows.take_rows(batch, grid, rows0)
   _, only_first = update(model1, optimizer1, part0, grid0, [pids[r] for r in rows0])
   assert only_first[0]['grad_norm'] == pytest.approx(first['grad_norm'], rel=1e-5)  # the same first step
-  part1, grid1 = grpo_update.take_rows(batch, grid, rows1)
+  part1, grid1 = update_rows.take_rows(batch, grid, rows1)
   old = np.asarray(_logprobs(model0, part1, grid1, temperature))
   new = np.asarray(_logprobs(model1, part1, grid1, temperature))
   want, low, high = _eq12_loss(new, old, part1['advantages'], part1['loss_mask'])
@@ -332,3 +332,79 @@ def test_update_refuses_prompt_ids_of_another_length_and_beta_without_reference(
     grpo_update.make_update_fn(_cfg())(model, optimizer, batch, grid, pids[:3])
   with pytest.raises(ValueError, match='grpo.beta=0.1 needs ref_model'):
     grpo_update.make_update_fn(_cfg(beta=0.1))(model, optimizer, batch, grid, pids)
+
+
+def _two_per_row(batch):
+  """A packed row budget that holds the batch's two longest trajectories: its 4 rows pack into 2 rows."""
+  tokens = np.asarray(batch['attention_mask']).sum(1)
+  return int(np.sort(tokens)[-2:].sum())
+
+
+def test_pack_batch_concatenates_rows_and_unpacks_back(setup):
+  """update_rows.pack_batch: packed row r is its trajectories' real tokens one after the other (segment ids j + 1,
+  positions as collated), their loss entries concatenated with loss_positions shifted by the row offset, each
+  loss token carrying its trajectory's advantage and Σ loss_mask; images in packed order; unpack_loss_values
+  writes a packed [R, K] back to the trajectories' rows."""
+  _, batch, grid, _ = setup
+  tokens = np.asarray(batch['attention_mask']).sum(1)
+  n_loss = np.asarray(batch['completion_mask']).sum(1)
+  rows = [[3, 0], [2], []]
+  length, k = int(tokens[3] + tokens[0]) + 5, int(n_loss[3] + n_loss[0]) + 3
+  packed, packed_grid = update_rows.pack_batch(batch, grid, rows, length, k)
+  assert packed_grid == update_rows.take_rows(batch, grid, [3, 0, 2])[1]
+  t3 = int(tokens[3])
+  np.testing.assert_array_equal(packed['input_ids'][0, :t3], batch['input_ids'][3, :t3])
+  np.testing.assert_array_equal(packed['input_ids'][0, t3:t3 + tokens[0]], batch['input_ids'][0, :tokens[0]])
+  np.testing.assert_array_equal(packed['attention_mask'][0], np.repeat([1, 2, 0], [t3, tokens[0], 5]))
+  np.testing.assert_array_equal(packed['position_ids'][:, 0, t3:t3 + tokens[0]], batch['position_ids'][:, 0, :tokens[0]])
+  assert not packed['attention_mask'][2].any() and not packed['completion_mask'][2].any()
+  n3 = int(n_loss[3])
+  np.testing.assert_array_equal(packed['loss_positions'][0, n3:n3 + n_loss[0]],
+                                batch['loss_positions'][0, :n_loss[0]] + t3)
+  np.testing.assert_array_equal(packed['advantages'][0, :n3], np.full(n3, batch['advantages'][3]))
+  np.testing.assert_array_equal(packed['sequence_tokens'][0, n3:n3 + n_loss[0]],
+                                np.full(n_loss[0], batch['loss_mask'][0].sum()))
+  out = np.zeros_like(batch['loss_mask'])
+  update_rows.unpack_loss_values(packed['loss_mask'], rows, n_loss, out)
+  np.testing.assert_array_equal(out[[0, 2, 3]], batch['loss_mask'][[0, 2, 3]])
+  with pytest.raises(ValueError, match='over the budget'):
+    update_rows.pack_batch(batch, grid, [[3, 0, 2]], length, k)
+
+
+@pytest.mark.parametrize('aggregation', ['seq_mean_token_mean', 'seq_mean_token_sum'])
+def test_packed_update_is_the_unpacked_update(setup, aggregation):
+  """grpo.pack_rows: the 4 trajectories packed two per row into one-row micro-batches give π_old, the losses, clip
+  statistics, sequence and token counts, gradient norms and parameters of the unpacked update, over two epochs (the
+  second off-policy, the clip acting), under each aggregation."""
+  model0, batch, grid, pids = setup
+  length = _two_per_row(batch)
+  packing = update_rows.Packing(1, length, length)
+  parts = update_rows.pack_parts(batch, grid, np.arange(4), packing)
+  assert len(parts) == 2 and all(len(rows[0]) == 2 for _, _, rows in parts)
+  place = grpo_update.default_place(model0.config.vision)
+  packed_old = grpo_update.batch_logprobs(model0, batch, grid, 0, place, packing=packing)
+  plain_old = grpo_update.batch_logprobs(model0, batch, grid, 0, place)
+  on = np.asarray(batch['completion_mask'])
+  np.testing.assert_allclose(packed_old[on], plain_old[on], atol=2e-5, rtol=0)   # log-probs ~ -12: ~15 ulps
+
+  cfg = dict(aggregation=aggregation, ppo_epochs=2)
+  plain, plain_opt = _fresh(model0, _sgd())
+  out_p, steps_p = grpo_update.make_update_fn(_cfg(**cfg))(plain, plain_opt, batch, grid, pids)
+  packed, packed_opt = _fresh(model0, _sgd())
+  out_k, steps_k = grpo_update.make_update_fn(_cfg(**cfg, pack_rows=1, length_buckets=(length,)))(
+      packed, packed_opt, batch, grid, pids)
+  assert out_k['micro_batches'] == 2 and out_p['micro_batches'] == 1 and len(steps_k) == len(steps_p) == 2
+  for p, k in zip(steps_p, steps_k):
+    # The loss sums ρ_it Â_i: near 0 on policy (groups centred: compared against mean |Â|), far from it once SGD
+    # at lr 1 has moved π_θ (compared against itself).
+    scale = max(float(np.mean(np.abs(batch['advantages']))), abs(p['loss']))
+    assert k['loss'] == pytest.approx(p['loss'], abs=1e-5 * scale)
+    assert k['grad_norm'] == pytest.approx(p['grad_norm'], rel=1e-5)
+    assert (k['num_tokens'], k['num_sequences_with_tokens']) == (p['num_tokens'], p['num_sequences_with_tokens'])
+    for key in ('clip_frac', 'clip_frac_low', 'clip_frac_high'):
+      assert k[key] == pytest.approx(p[key], abs=1e-6)
+    assert k['ratio_mean'] == pytest.approx(p['ratio_mean'], rel=1e-4)
+  assert steps_p[1]['clip_frac'] > 0
+  for a, b, p0 in zip(_params(packed), _params(plain), _params(model0)):
+    size = np.abs(b - p0).max()
+    np.testing.assert_allclose(a - p0, b - p0, rtol=0, atol=1e-5 * size + 4 * np.spacing(np.abs(p0).max()))
