@@ -11,7 +11,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A line of each script's real output (its docstring, printed by --help, only describes them).
-SCRIPTS = {'param_count.py': r'(?m)^config=\S+ flax_params=\d', 'tools_quality.py': r'(?m)^sharpen_psnr_gain_db=-?\d'}
+SCRIPTS = {'param_count.py': r'(?m)^config=\S+ flax_params=\d', 'tools_quality.py': r'(?m)^sharpen_psnr_gain_db=-?\d',
+           'sft_packing.py': r'(?m)^mode=\w+ steady_step_s='}
 
 
 def _run(script: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
