@@ -130,13 +130,14 @@ def test_packed_segments_attend_only_within_themselves(block):
   grads = jax.jit(jax.grad(packed_fn, argnums=(0, 1, 2)))(q, k, v)
   dense = jax.jit(lambda q, k, v: attention.dense_attention(q, k, v, attention.segment_mask(seg)))(q, k, v)
   np.testing.assert_allclose(out, dense, atol=TOL, rtol=0)
+  alone = jax.jit(lambda q, k, v: attention.causal_attention(q, k, v, None, block))
+  alone_grad = jax.jit(jax.grad(lambda q, k, v, c: jnp.sum(attention.causal_attention(q, k, v, None, block) * c),
+                                argnums=(0, 1, 2)))
   for r, row in enumerate(spans):
     for s, e in row:
       part = lambda x: x[r:r + 1, s:e]  # noqa: E731
-      alone = attention.causal_attention(part(q), part(k), part(v), None, block)
-      np.testing.assert_allclose(out[r:r + 1, s:e], alone, atol=TOL, rtol=0)
-      alone_grads = jax.grad(lambda q, k, v: jnp.sum(attention.causal_attention(q, k, v, None, block)
-                                                     * part(cotangent)), argnums=(0, 1, 2))(part(q), part(k), part(v))
+      np.testing.assert_allclose(out[r:r + 1, s:e], alone(part(q), part(k), part(v)), atol=TOL, rtol=0)
+      alone_grads = alone_grad(part(q), part(k), part(v), part(cotangent))
       for g, g_alone in zip(grads, alone_grads):
         np.testing.assert_allclose(g[r:r + 1, s:e], g_alone, atol=TOL, rtol=TOL)
   # A bool mask is the one-segment case: the same mask as segment ids 0 / 1.
