@@ -53,11 +53,13 @@ def run(workdir: str, mode: str, steps: int, batch_size: int, pack_rows: int) ->
 
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--workdir', required=True, help='a workdir holding data/ (a built dataset)')
+  parser.add_argument('--workdir', help='a workdir holding data/ (a built dataset); required')
   parser.add_argument('--steps', type=int, default=26, help=f'SFT steps per mode (> {WARM})')
   parser.add_argument('--batch_size', type=int, default=2, help='trajectories per step')
   parser.add_argument('--pack_rows', type=int, default=1, help='packed rows per micro-batch')
   args = parser.parse_args(argv)
+  if not args.workdir:
+    parser.error('--workdir is required')
   if args.steps <= WARM or args.batch_size < 1 or args.pack_rows < 1:
     parser.error(f'--steps must be > {WARM}, --batch_size and --pack_rows >= 1')
   results = [run(args.workdir, mode, args.steps, args.batch_size, args.pack_rows) for mode in ('plain', 'packed')]

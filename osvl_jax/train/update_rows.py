@@ -94,9 +94,9 @@ def mini_batch_rows(prompt_ids, mini_batch_prompts: int) -> list[np.ndarray]:
 # Packed micro-batches (dynamic batch size, DESIGN.md §3)
 # ----------------------------------------------------------------------------------------------------------------
 
-# How the fields of a collated update batch pack: token-aligned [B, T] and loss-aligned [B, K] (a row's first
-# Σ completion_mask entries are its own; the rest padding, filled as `LOSS_FILL` says).
-TOKEN_FIELDS = ('input_ids', 'attention_mask')
+# The loss-aligned fields of a collated update batch, [B, K] (a row's first Σ completion_mask entries are its own),
+# and what pads them in a packed row; `pack_batch` concatenates the token-aligned ones itself (input_ids,
+# attention_mask, position_ids) and refuses any other array field.
 LOSS_FILL = {'loss_positions': 0, 'loss_targets': 0, 'completion_mask': False, 'loss_step': -1,
              'rollout_logprobs': 0.0, 'loss_mask': 0.0, 'old_logprobs': 0.0, 'ref_logprobs': 0.0, 'tis_weights': 1.0}
 

@@ -1,5 +1,6 @@
 """Two JAX processes on one machine (jax.distributed on 127.0.0.1, simulated CPU devices) train SFT like one, on
-a mesh over both processes' devices (`config.mesh`).
+a mesh over both processes' devices (`config.mesh`), with packed rows (`sft.pack_rows`) against an unpacked
+one-process reference.
 
 The job is the real entry point, `python -m osvl_jax.train.sft`, started as a pod starts it: one process per
 host, told its coordinator, count and index through the environment (`osvl_jax.distributed`).
@@ -46,13 +47,16 @@ def test_two_processes_train_are_preempted_and_resume_on_another_mesh_with_the_o
   # The reference: one process, one device, no mesh (it runs beside the pod job; the CPU is mostly idle there).
   reference = conftest.start_processes(args + [f'--workdir={single}'], 1, 1)
   # 2 processes x 4 devices: the 8-device fsdp mesh (mesh.fsdp=-1: parameters, Adam moments and rows sharded over
-  # both hosts), one row per device. Preempted once step 2 is saved.
-  job = conftest.start_processes(args + [f'--workdir={pod}'], 2, 4)
+  # both hosts), one row per device, packed (sft.pack_rows: the step's 8 trajectories of 337 tokens go three to a
+  # 1024-token row, so process 1's devices hold only padding rows); the losses are the unpacked reference's.
+  # Preempted once step 2 is saved.
+  pod_args = args + ['--config.sft.pack_rows=8', '--config.sft.length_buckets=(1024,)', f'--workdir={pod}']
+  job = conftest.start_processes(pod_args, 2, 4)
   _wait_for_checkpoint(job, pod / 'sft_ckpt' / '2')
   conftest.kill_processes(job)
   # Rerun with the same workdir on 2 processes x 2 devices (another, 4-device fsdp mesh): restores step 2 onto the
   # new shardings, trains on.
-  resumed = conftest.wait_processes(conftest.start_processes(args + [f'--workdir={pod}'], 2, 2))
+  resumed = conftest.wait_processes(conftest.start_processes(pod_args, 2, 2))
   assert all('resumed at step 2' in out for out in resumed)
   conftest.wait_processes(reference)
 
