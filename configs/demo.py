@@ -119,9 +119,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Packing (dynamic batch size, sft.make_packed_step): > 0 packs each step's trajectories into rows of the largest
   # length bucket (batching.pack) and runs them this many rows per micro-batch, one compiled program whatever the
   # lengths; the loss and gradient are the unpacked step's. 0 = one trajectory per row (the demo: its batch of 2
-  # long trajectories gains nothing from packing, BENCHMARKS.md). max_loss_tokens: loss positions per packed row;
-  # 0 = the bound any full row meets (batching.pack_budget).
+  # long trajectories gains nothing from packing, BENCHMARKS.md).
   c.sft.pack_rows = 0
+  # Loss positions per row K (the vocabulary projection runs there), with patches_per_shard and length_buckets the
+  # whole compiled shape from the config; a trajectory emitting more is refused at load. 0 = derived: each bucket's
+  # most loss tokens (unpacked), the bound any full row meets (packed, batching.pack_budget).
   c.sft.max_loss_tokens = 0
   # MoE router losses (policy.router_loss: + coef x HF's load-balancing loss, + coef x ST-MoE z-loss); 0 = off, and
   # ignored by a dense model (the demo's). The paper's 30B-A3B runs: 0.01 / 1e-3 (configs/qwen3vl_paper.py).

@@ -44,12 +44,14 @@ class Bucket(NamedTuple):
 
 
 def sft_buckets(trajectories, length_buckets=(), rows_per_shard: int = 1, merge_size: int = 2,
-                patches_per_shard: int = 0, length_multiple: int = 256, loss_multiple: int = 64) -> list[Bucket]:
+                patches_per_shard: int = 0, length_multiple: int = 256, loss_multiple: int = 64,
+                max_loss_tokens: int = 0) -> list[Bucket]:
   """The SFT run's shapes, fixed once from the config's length buckets and the dataset: one `Bucket` per configured
   T that some trajectory fits (the smallest first), whose K and P hold every trajectory of at most T tokens (the
-  most loss tokens, rounded up to `loss_multiple` and at most T; the fullest row's patches times `rows_per_shard`,
-  or the fixed `patches_per_shard`). A batch takes the smallest bucket holding its longest row (`pick_bucket`), so
-  the run compiles one step per bucket, whatever its batches hold.
+  fixed `max_loss_tokens` (at most T), else the most loss tokens rounded up to `loss_multiple` and at most T; the
+  fixed `patches_per_shard`, else the fullest row's patches times `rows_per_shard`). With both budgets set the shapes
+  are the config's alone. A batch takes the smallest bucket holding its longest row (`pick_bucket`), so the run
+  compiles one step per bucket, whatever its batches hold.
 
   Args:
     trajectories: the dataset's `Trajectory` records.
@@ -58,9 +60,11 @@ def sft_buckets(trajectories, length_buckets=(), rows_per_shard: int = 1, merge_
     rows_per_shard: rows of one batch shard (the micro-batch's rows / the data x fsdp devices).
     merge_size: the vision tower's spatial_merge_size (P is a multiple of its square).
     patches_per_shard: a fixed P for every bucket (`sft.patches_per_shard`), or 0.
+    max_loss_tokens: a fixed K (`sft.max_loss_tokens`), or 0.
   Raises:
-    ValueError: no trajectories; a trajectory longer than the largest bucket (naming it and the budget: the data
-      must be rebuilt with a smaller cutoff, or the bucket raised).
+    ValueError: no trajectories; a trajectory longer than the largest bucket, or with more loss tokens than
+      `max_loss_tokens` (naming it and the budget: the data must be rebuilt with a smaller cutoff, or the budget
+      raised).
   """
   if not trajectories:
     raise ValueError('sft_buckets: trajectories is empty')
@@ -72,13 +76,18 @@ def sft_buckets(trajectories, length_buckets=(), rows_per_shard: int = 1, merge_
     raise ValueError(f'SFT trajectory {t.prompt_id!r} (sample {t.sample_index}) has {int(lengths[over])} tokens, '
                      f'over the largest length bucket {buckets[-1]} (sft.length_buckets={tuple(length_buckets)})')
   loss = np.array([num_loss_tokens(t) for t in trajectories])
+  most = int(np.argmax(loss))
+  if max_loss_tokens and loss[most] > max_loss_tokens:
+    t = trajectories[most]
+    raise ValueError(f'SFT trajectory {t.prompt_id!r} (sample {t.sample_index}) has {int(loss[most])} loss tokens, '
+                     f'over sft.max_loss_tokens={max_loss_tokens}')
   patches = np.array([sum(int(np.prod(i.grid_thw)) for i in t.images) for t in trajectories])
   out = []
   for length in buckets:
     fits = lengths <= length
     if not fits.any():
       continue
-    k = min(length, _round_up(int(loss[fits].max()), loss_multiple))
+    k = min(length, int(max_loss_tokens) or _round_up(int(loss[fits].max()), loss_multiple))
     fullest = int(patches[fits].max())
     p = int(patches_per_shard) or (_round_up(fullest * int(rows_per_shard), merge_size ** 2) if fullest else 0)
     out.append(Bucket(length, k, p))

@@ -277,15 +277,17 @@ def make_step(cfg: ml_collections.ConfigDict, place: Callable[[list], dict]):
 
 def buckets(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config) -> list:
   """The run's compiled shapes (`batching.sft_buckets`): one (T, K, P) per `sft.length_buckets` entry that some
-  trajectory fits (() = one, the longest), K and P holding every trajectory of that length, P per batch shard from
-  `sft.patches_per_shard` or (0) the fullest row times the rows of a batch shard.
+  trajectory fits (() = one, the longest), K and P holding every trajectory of that length: K `sft.max_loss_tokens`
+  (at most T) or (0) the most loss tokens, P per batch shard from `sft.patches_per_shard` or (0) the fullest row
+  times the rows of a batch shard.
 
   Raises:
-    ValueError: a trajectory longer than the largest bucket, naming it and the budget.
+    ValueError: a trajectory longer than the largest bucket or over sft.max_loss_tokens, naming it and the budget.
   """
   rows_per_shard = (int(cfg.get('micro_batch_size', 0) or 0) or cfg.batch_size) // sharding.batch_shards(mesh, rules)
   return batching.sft_buckets(trajectories, tuple(cfg.get('length_buckets') or ()), rows_per_shard,
-                              vision_config.spatial_merge_size, int(cfg.get('patches_per_shard', 0) or 0))
+                              vision_config.spatial_merge_size, int(cfg.get('patches_per_shard', 0) or 0),
+                              max_loss_tokens=int(cfg.get('max_loss_tokens', 0) or 0))
 
 
 def placer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config) -> Callable[[list], dict]:

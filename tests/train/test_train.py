@@ -301,6 +301,12 @@ def test_sft_buckets_fix_one_shape_per_length_bucket(trajectories):
                      batching.Bucket(n_long, min(n_long, up(k_long, 64)), 48),
                      batching.Bucket(n_long + 100, up(k_long, 64), 48)]
   assert batching.sft_buckets(data, (n_long,), patches_per_shard=64)[0].patches == 64
+  # sft.max_loss_tokens: K from the config (at most T) for every bucket; a trajectory emitting more is refused.
+  assert [b.num_loss for b in batching.sft_buckets(data, (n_short, n_long), max_loss_tokens=k_long)] == [
+      min(n_short, k_long), k_long]
+  with pytest.raises(ValueError, match=f"SFT trajectory 'q0' .sample 0. has {k_long} loss tokens, over "
+                                       f'sft.max_loss_tokens={k_long - 1}'):
+    batching.sft_buckets(data, (n_long,), max_loss_tokens=k_long - 1)
   assert batching.sft_buckets(data, (n_short - 1, n_long)) == batching.sft_buckets(data, (n_long,))  # none fits
   assert batching.pick_bucket(buckets, [short]) == buckets[0]
   assert batching.pick_bucket(buckets, [short, trajectories[1]]) == buckets[1]
