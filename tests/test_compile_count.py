@@ -1,7 +1,8 @@
 """bench/compile_count.py (issue 22): runs whose every batch holds images of other grids compile a number of
-programs the config fixes. At small N on the tiny model, the SFT step compiles once (packed: its three pieces once each), the sampler's prefill and
-decode once each, the GRPO update at most twice per (T, K) rung its budgets allow (`batching.program_bound`) and
-never more than twice per shape it met, while the batches hold more distinct image grids than that."""
+programs the config fixes. At small N on the tiny model, the SFT step compiles once (packed: its three pieces once
+each), the sampler's prefill and decode once each, the GRPO update at most twice per (T, K) rung its budgets allow
+(`batching.program_bound`) and never more than twice per shape it met, while the batches hold more distinct image
+grids than that."""
 
 import pathlib
 import re

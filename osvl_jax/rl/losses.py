@@ -146,9 +146,9 @@ def grpo_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Arra
     tis_weights: optional truncated-importance-sampling weights, float32 [B, T], min(π_old / π_rollout, C) per
       token (verl's TIS; DESIGN.md §6): each token's clipped surrogate is multiplied by its weight (no gradient
       through it; the KL term is not weighted). None = no correction.
-    sequence_tokens: packed rows (several trajectories per row, `train.update_rows.pack_batch`): float32 [B, T], Σ_t M of
-      the trajectory each token belongs to (the per-trajectory means of Eq. 12 and the sequence count read it);
-      None = one trajectory per row.
+    sequence_tokens: packed rows (several trajectories per row, `train.update_rows.pack_batch`): float32 [B, T],
+      Σ_t M of the trajectory each token belongs to (the per-trajectory means of Eq. 12 and the sequence count
+      read it); None = one trajectory per row.
 
   Returns:
     (loss = −J, float32 scalar; metrics, float32 scalars):

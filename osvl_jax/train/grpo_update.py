@@ -363,13 +363,12 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
         n = len(mini_rows)
         if packing is not None:
           parts = [put(with_grid(b, g)) for b, g, _ in update_rows.pack_parts(batch, grid, mini_rows, packing)]
-          part = {'loss_mask': batch['loss_mask'][mini_rows]}
         else:
           part, part_grid = (batch, grid) if n == rows else update_rows.take_rows(batch, grid, mini_rows)
           parts = [put(with_grid(b, g))
                    for b, g in update_rows.split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
         micro_batches = max(micro_batches, len(parts))
-        grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(part['loss_mask'])))
+        grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(batch['loss_mask'][mini_rows])))
         step['grad_norm'] = float(distributed.to_host(policy.apply_grads(model, optimizer, grads)))
         steps.append(step)
     out.update(metrics.reduce_metrics([dict(s, grad_norm_max=s['grad_norm']) for s in steps], STEP_REDUCTIONS))

@@ -145,30 +145,33 @@ def pack_batch(batch: dict, grid: tuple, rows: list[list[int]], length: int, num
     ValueError: a field this function does not know how to pack (naming it), or a row over the budgets.
   """
   order = [b for row in rows for b in row]
-  part, part_grid = take_rows(batch, grid, order, merge_size)
-  tokens = np.asarray(batch['attention_mask']).astype(bool).sum(1)
-  n_loss = np.asarray(batch['completion_mask'], bool).sum(1)
+  images, part_grid = take_rows({'input_ids': batch['input_ids'], 'pixel_values': batch.get('pixel_values')}, grid,
+                                order, merge_size)   # only the images move here; the rows are copied below
+  tokens = dict(zip(order, np.asarray(batch['attention_mask'])[order].astype(bool).sum(1).tolist()))
+  n_loss = dict(zip(order, np.asarray(batch['completion_mask'], bool)[order].sum(1).tolist()))
   size = len(rows)
   out = {'input_ids': np.full((size, length), batching.PAD_ID, np.int32),
          'attention_mask': np.zeros((size, length), np.int32),
          'position_ids': np.zeros((3, size, length), np.int32),
-         'advantages': np.zeros((size, num_loss), np.float32), 'sequence_tokens': np.zeros((size, num_loss), np.float32)}
+         'advantages': np.zeros((size, num_loss), np.float32),
+         'sequence_tokens': np.zeros((size, num_loss), np.float32)}
   for key, value in batch.items():
     if key in LOSS_FILL:
       out[key] = np.full((size, num_loss), LOSS_FILL[key], np.asarray(value).dtype)
     elif key == 'pixel_values':
-      out[key] = part[key]
+      out[key] = images[key]
     elif key not in out and value is not None and np.ndim(value) > 0:
       raise ValueError(f'pack_batch: no packing rule for batch field {key!r}')
     elif key not in out:
       out[key] = value
   for r, row in enumerate(rows):
     offset, n = 0, 0
-    if tokens[row].sum() > length or n_loss[row].sum() > num_loss:
-      raise ValueError(f'pack_batch: rows {row} hold {int(tokens[row].sum())} tokens / {int(n_loss[row].sum())} '
-                       f'loss tokens, over the budget of {length} / {num_loss}')
+    row_tokens, row_loss = sum(tokens[b] for b in row), sum(n_loss[b] for b in row)
+    if row_tokens > length or row_loss > num_loss:
+      raise ValueError(f'pack_batch: rows {row} hold {row_tokens} tokens / {row_loss} loss tokens, over the budget '
+                       f'of {length} / {num_loss}')
     for j, b in enumerate(row):
-      t, k = int(tokens[b]), int(n_loss[b])
+      t, k = tokens[b], n_loss[b]
       out['input_ids'][r, offset:offset + t] = batch['input_ids'][b, :t]
       out['attention_mask'][r, offset:offset + t] = j + 1
       out['position_ids'][:, r, offset:offset + t] = batch['position_ids'][:, b, :t]

@@ -217,8 +217,9 @@ def test_packed_rows_give_the_unpacked_loss_metrics_and_gradient(aggregation):
       at += n
   counts = dict(num_sequences=4.0, num_tokens=float(mask.sum()))
   plain = lambda lp: losses.grpo_loss(lp, old, jnp.asarray(adv), mask, aggregation=aggregation, **counts)  # noqa: E731
-  packed_fn = lambda lp: losses.grpo_loss(lp, packed['old'], packed['adv'], packed['mask'], aggregation=aggregation,  # noqa: E731
-                                          sequence_tokens=packed['seq'], **counts)
+  packed_fn = lambda lp: losses.grpo_loss(  # noqa: E731
+      lp, packed['old'], packed['adv'], packed['mask'], aggregation=aggregation, sequence_tokens=packed['seq'],
+      **counts)
   (loss_u, m_u), g_u = jax.value_and_grad(plain, has_aux=True)(jnp.asarray(new))
   (loss_p, m_p), g_p = jax.value_and_grad(packed_fn, has_aux=True)(jnp.asarray(packed['new']))
   scale = float(np.mean(np.abs(adv)))     # the loss is a sum of ρ Â terms of this size

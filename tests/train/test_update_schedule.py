@@ -356,7 +356,8 @@ def test_pack_batch_concatenates_rows_and_unpacks_back(setup):
   np.testing.assert_array_equal(packed['input_ids'][0, :t3], batch['input_ids'][3, :t3])
   np.testing.assert_array_equal(packed['input_ids'][0, t3:t3 + tokens[0]], batch['input_ids'][0, :tokens[0]])
   np.testing.assert_array_equal(packed['attention_mask'][0], np.repeat([1, 2, 0], [t3, tokens[0], 5]))
-  np.testing.assert_array_equal(packed['position_ids'][:, 0, t3:t3 + tokens[0]], batch['position_ids'][:, 0, :tokens[0]])
+  np.testing.assert_array_equal(packed['position_ids'][:, 0, t3:t3 + tokens[0]],
+                                batch['position_ids'][:, 0, :tokens[0]])
   assert not packed['attention_mask'][2].any() and not packed['completion_mask'][2].any()
   n3 = int(n_loss[3])
   np.testing.assert_array_equal(packed['loss_positions'][0, n3:n3 + n_loss[0]],
