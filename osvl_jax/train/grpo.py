@@ -289,13 +289,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
         pending = pool.submit(rollout, step + 1) if max_staleness and step + 1 < cfg.steps else None
         versions = sorted({int(t.policy_version) for t in trajectories})
         trajectories, stale = drop_stale(trajectories, step, max_staleness)
-        rollout_batch = {'trajectories': trajectories, 'scores': grpo_batch.score_batch(trajectories, cfg, judge),
-                         'policy_versions': versions, 'stale': stale, 'rollout_seconds': rollout_seconds}
+        t_score = time.time()
+        scores = grpo_batch.score_batch(trajectories, cfg, judge)
+        rollout_batch = {'trajectories': trajectories, 'scores': scores, 'policy_versions': versions, 'stale': stale,
+                         'rollout_seconds': rollout_seconds, 'score_seconds': time.time() - t_score}
         if cfg.get('dump_rollouts'):
           dump_rollout_batch(workdir, step + 1, {**rollout_batch, 'fatal_mode': cfg.fatal_mode})
       rollout_batch = distributed.broadcast_object(rollout_batch)  # every host: the same batch (a collective)
       trajectories = rollout_batch['trajectories']
       out = {}
+      t_update = time.time()
       if trajectories:
         batch, grid, scores, adv_stats = grpo_batch.prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
         batch['on_policy_rows'] = np.array([int(t.policy_version) == step for t in trajectories])  # the alarm's rows
@@ -308,6 +311,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
       else:
         logging.warning('grpo step %d: every trajectory is staler than max_staleness=%d; no update', step,
                         max_staleness)
+      update_seconds = time.time() - t_update  # batch preparation, π_old, gradients, optimizer steps
       if pending is not None:
         concurrent.futures.wait([pending])  # its rollout used version `step`: publish only once it is done
       info = runner.publish(model, step + 1)  # every process (gathers the parameters); process 0 exports
@@ -320,6 +324,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
           'policy_versions': rollout_batch['policy_versions'],  # of the rollout batch, before drop_stale
           'publish_seconds': publish_seconds + info['seconds'],
           'rollout_seconds': rollout_batch['rollout_seconds'],
+          'score_seconds': rollout_batch['score_seconds'],
+          'update_seconds': update_seconds,
           'step_seconds': time.time() - t0,
       })
       publish_seconds = 0.0

@@ -79,6 +79,12 @@ def _run(server_url, workdir, max_staleness):
   assert all(r['stale_dropped'] == 0 and r['groups_dropped'] == 0 for r in rows)
   # every step trained on real turns (a 261-token prompt + a turn and its error reply fit 480, not 320)
   assert all(r['mean_turns'] >= 1 and r['unmasked_tokens'] > 0 for r in rows), rows
+  # the step's phases (seconds) are timed apart and fit inside it; on-policy the rollout is one of them (step 1's
+  # publish_seconds also holds the initial publish, before the loop)
+  phases = ('rollout_seconds', 'score_seconds', 'update_seconds', 'publish_seconds')
+  assert all(min(r[k] for k in phases) >= 0 for r in rows), rows
+  if not max_staleness:
+    assert all(sum(r[k] for k in phases) <= r['step_seconds'] for r in rows[1:]), rows
   return model, rows, engine
 
 
