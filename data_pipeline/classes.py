@@ -263,7 +263,7 @@ def definition_head(text: str, names=()) -> str:
 def _holds(rule: Rule, text: str, head: str, sentence: str) -> bool:
   if rule.evidence is None:
     return True
-  infobox = '\n'.join(entities._infobox_lines(text))
+  infobox = '\n'.join(entities.infobox_lines(text))
   if rule.evidence == PERSON:
     return bool(_PERSON_KEYS.search(infobox) or _LIFE.search(sentence))
   if rule.evidence == PLACE:

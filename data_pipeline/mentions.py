@@ -14,7 +14,7 @@ from data_pipeline import entities
 
 def name_key(name: str) -> str:
   """The folded tokens of a name joined without spaces (`entities.name_tokens`: 'St. Louis' -> 'stlouis'), the
-  key of `entities._name_runs`."""
+  key of `entities.name_runs`."""
   return ''.join(entities.name_tokens(name))
 
 
@@ -42,7 +42,7 @@ def mention_counts(text: str, index: dict[str, tuple[str, ...]]) -> dict[str, in
   Returns:
     Counts of the titles mentioned at least once.
   """
-  runs = entities._name_runs(text)
+  runs = entities.name_runs(text)
   found = [(a, b, key) for key in runs.keys() & index.keys() for a, b in runs[key]]
   taken = bytearray(len(text))
   counts: dict[str, int] = {}

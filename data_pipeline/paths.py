@@ -23,7 +23,8 @@ Then the per-path semantic checks (each failure counted by reason, the item retr
     descriptor's class: gold beside copper in the Taj Mahal's), 'another of its class among the links', 'not
     named as itself', 'no descriptor' (the destination's class has no evidence: abstain);
   * 'descriptor leak': a descriptor names a path node (it would fail the rewrite's leak check);
-  * 'no answer': the answer node has no attribute whose value is not a name of a path node;
+  * 'no answer': the answer node has no attribute whose value is not a name of a path node ('no answer: a value
+    of the past': one it has is refused by `historical`, Söğüt as the Ottoman Empire's capital);
   * 'duplicate': the same path as an earlier item;
   * 'answer chain used': `MAX_PER_CHAIN` (2) items already end with the same last hop v(h-1) -> vh (so at most
     2 items share an answer chain v1..vh, and near-duplicates 'Mars -> Milan' under other starts are capped too).
@@ -33,8 +34,11 @@ Wikispeedia figures (4,598 articles, 119,769 edges): in-degree p50 = 10, p95 = 1
 (Toronto), so configs/data_wikispeedia.py walks with tau = 300 (the top ~1% skipped) and a seed window [2, 300].
 """
 
+import re
+
 import numpy as np
 
+from data_pipeline import classes
 from data_pipeline import entities
 from data_pipeline import graph as graph_lib
 from data_pipeline import wiki
@@ -48,8 +52,44 @@ def answer_chain(path: list[str]) -> tuple[str, ...]:
   return tuple(path[-2:])
 
 
+# Attributes asked in the present tense ('what is the capital of X?'): a value of the past is no answer to them.
+PRESENT_TENSE = ('capital', 'currency', 'largest_city', 'country', 'calling_code', 'tld')
+_PERIOD = re.compile(r'\b\d{3,4}\b')
+_EXISTED = re.compile(r'\b(?:existed|lasted) from (?:AD\s+)?\d{3,4} (?:to|until) (?:AD\s+)?\d{3,4}')
+_EXISTED_CHARS = 4000  # the head of the text `historical` reads for 'existed from 1299 to 1922'
+
+
+
+def historical(g, title: str, attribute: str, line: str) -> str | None:
+  """Why `attribute`'s infobox value of `title` is a value of the past (refused: the question asks 'what is'),
+  or None.
+
+  A present-tense attribute (`PRESENT_TENSE`) whose value carries a period ('Capital  Söğüt (1299-1326)': the
+  Ottoman Empire's first capital, not the one a reader knows) or lists several ('Akçe, Kuruş, Lira': the first
+  is no answer), or of an entity its text puts in the past ('The Roman Empire was ...': `classes.definition`;
+  '... existed from AD 1299 to AD 1922'). Years of birth or death are not concerned.
+
+  Args:
+    g: the `wiki_graph.WikiGraph`; title: the answer node; attribute: an `entities.ATTRIBUTES` name;
+    line: the infobox line the value came from.
+  """
+  if attribute not in PRESENT_TENSE:
+    return None
+  raw = re.sub(r'^(?:- )?' + entities.ATTRIBUTE_BY_NAME[attribute].key + r'(?:\s*\(\d{4}\))?', '',
+               line.split(' / ')[-1]).strip()
+  if _PERIOD.search(re.sub(r'\^\w+', '', raw)):
+    return 'a value with a period'
+  if re.search(r'[,;/]|\bor\b', re.sub(r'\([^)]*\)|\^\w+', '', raw)):
+    return 'one of several values'
+  if (re.match(r'(?:was|were)\b', classes.definition(g.text(title), g.aliases(title))[1])
+      or _EXISTED.search(g.text(title)[:_EXISTED_CHARS])):
+    return 'an entity of the past'
+  return None
+
+
 def answer_attribute(g, path: list[str]) -> tuple[str, dict] | None:
-  """The first typed attribute of the last node whose answer is not a name of a path node.
+  """The first typed attribute of the last node whose answer is not a name of a path node nor a value of the past
+  (`historical`), its aliases extended with the names of the article it names ('Moscow' -> the article's).
 
   Args:
     g: the `wiki_graph.WikiGraph`; path: titles v0..vh.
@@ -58,8 +98,11 @@ def answer_attribute(g, path: list[str]) -> tuple[str, dict] | None:
   """
   names = [n for t in path for n in g.aliases(t)]
   for name, val in g.attributes(path[-1]).items():
-    if not entities.names_in_text(val['answer'], names):
-      return name, val
+    if entities.names_in_text(val['answer'], names) or historical(g, path[-1], name, val['line']):
+      continue
+    title = val['answer'].replace(' ', '_')
+    more = [a for a in (g.aliases(title) if title in g else ()) if a != val['answer'] and a not in val['aliases']]
+    return name, dict(val, aliases=list(val['aliases']) + more)
   return None
 
 
@@ -81,7 +124,8 @@ def check_path(g, path: list[str]) -> tuple[list[str], list[str]] | str:
   if any(g.names_in(d, t) for d in descs for t in path):
     return 'descriptor leak'
   if answer_attribute(g, path) is None:
-    return 'no answer'
+    past = any(historical(g, path[-1], n, v['line']) for n, v in g.attributes(path[-1]).items())
+    return 'no answer: a value of the past' if past else 'no answer'
   return descs, rels
 
 

@@ -111,8 +111,22 @@ def test_a_small_build_names_every_hop_uniquely_and_caps_answer_chains(graph, sm
     for src, dst, d, rel in zip(r['path'], r['path'][1:], r['descriptors'], r['relations']):
       assert ' or ' not in d and bad.get(dst) != d and d in graph.descriptors(dst)
       text = graph.link(src, dst)[1] if rel in relations.RELATIONS else graph.text(src)
-      runs = entities._name_runs(text)
+      runs = entities.name_runs(text)
       n = {t: len({a for k in {mentions.name_key(x) for x in graph.aliases(t)} for a, _ in runs.get(k, ())})
            for t in graph.class_members(d) if t != src}
       rivals = {t: k for t, k in n.items() if t != dst and k >= n[dst]}
       assert n[dst] >= 1 and not rivals, (r['path'], src, dst, d, rivals)
+
+
+def test_a_capital_of_the_past_is_no_answer(graph):
+  # 'Capital  Söğüt (1299-1326)': the Ottoman Empire's first capital, with no alias for Istanbul.
+  assert graph.attributes('Ottoman_Empire')['capital']['answer'] == 'Söğüt'
+  assert paths.historical(graph, 'Ottoman_Empire', 'capital', 'Capital        Söğüt (1299-1326)') == (
+      'a value with a period')
+  assert paths.historical(graph, 'Roman_Empire', 'capital', 'Capital Rome') == 'an entity of the past'
+  assert paths.answer_attribute(graph, ['Herodotus', 'Ottoman_Empire']) is None
+  assert paths.historical(graph, 'Ottoman_Empire', 'currency', 'Currency       Akçe, Kuruş, Lira') == (
+      'one of several values')
+  assert paths.answer_attribute(graph, ['Moon', 'Neil_Armstrong'])[1]['answer'] == '1930'  # a birth year is kept
+  assert paths.answer_attribute(graph, ['Herodotus', 'France'])[1]['answer'] == 'Paris'
+  assert paths.historical(graph, 'Herodotus', 'born', 'Born c. 484 BC') is None
