@@ -24,6 +24,10 @@ mentioned in X" ambiguous, but is never described so). `NOT_CLASS` lists the mem
 but that are not of the class (Isle of Man and the Faroe Islands are no place in Britain; Angkor is in Cambodia,
 not Africa).
 
+Classes overlap as a reader reads them: a US president or an emperor is a political figure too, a physicist a
+scientist; so every person a text names competes for the broad person classes (`BROAD_PERSON`) and a member of a
+narrow class for its `BROADER` ones.
+
 `descriptors` returns the phrases whose evidence holds (abstaining when none does: the walks never step onto a
 node without one); `competitor_phrases` the phrases whose class a title may be taken for by a reader (every
 phrase its categories could give, evidence or not, and the `REGION_MAYBE` ones), the class the text-mention
@@ -201,6 +205,16 @@ REGION_PLACES: dict[str, tuple[str, ...]] = {
     'European country': ('European place',), 'African country': ('African place',),
     'Asian country': ('Asian place',), 'Middle Eastern country': ('Middle Eastern place', 'Asian place'),
     'Latin American country': ('Latin American place',), 'Caribbean country': ('Latin American place',)}
+# Person classes a reader applies to people of many kinds (Qin Shi Huang is a political figure too, whatever his
+# category): every person a text names competes for them.
+BROAD_PERSON = ('historical figure', 'political figure', 'religious figure', 'military leader', 'celebrity',
+                'media figure')
+# Phrase -> the broader phrases its members compete for (a physicist is a scientist).
+BROADER: dict[str, tuple[str, ...]] = {
+    'physicist': ('scientist',), 'chemist': ('scientist',), 'mathematician': ('scientist',),
+    'computer scientist': ('scientist',), 'historian': ('writer',), 'philosopher': ('writer',),
+    'planet': ('astronomical object',), 'storm': ('natural disaster', 'weather phenomenon'),
+    'Caribbean country': ('country',), 'Latin American country': ('country',)}
 COUNTRY_LEAVES = ('Countries', 'European_Countries', 'African_Countries', 'Asian_Countries',
                   'Middle_Eastern_Countries', 'Central_and_South_American_Countries')
 SOVEREIGN = frozenset().union(*REGIONS.values()) | frozenset(
@@ -300,8 +314,8 @@ def descriptors(title: str, categories, text: str, names=()) -> list[str]:
 
 def competitor_phrases(title: str, categories) -> set[str]:
   """Every phrase a reader may take `title` for: each rule's phrase of each of its category leaves (evidence or
-  not), the `REGIONS` classes it is in or `REGION_MAYBE` of with their `REGION_PLACES`, and 'country' for any member of
-  a country leaf."""
+  not), the `REGIONS` classes it is in or `REGION_MAYBE` of with their `REGION_PLACES`, 'country' for any member of
+  a country leaf, every `BROAD_PERSON` phrase for a person, and the `BROADER` phrases of all these."""
   out = set()
   for cat in categories:
     leaf = cat.split('.')[-1]
@@ -311,4 +325,7 @@ def competitor_phrases(title: str, categories) -> set[str]:
   regions = [r for r in REGIONS if title in REGIONS[r] | REGION_MAYBE[r]]
   out.update(regions)
   out.update(p for r in regions for p in REGION_PLACES[r])
+  if any(r.evidence == PERSON for cat in categories for r in CLASSES.get(cat.split('.')[-1], ())):
+    out.update(BROAD_PERSON)
+  out.update(b for p in list(out) for b in BROADER.get(p, ()))
   return out

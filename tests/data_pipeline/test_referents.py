@@ -44,6 +44,16 @@ def test_a_destination_named_far_more_often_than_the_rest_of_its_class_is_the_mo
   assert not dominates('Copper', [('Gold', 7), ('Copper', 2)]) and dominates('Mars', [('Mars', 2)])
 
 
+def test_every_person_a_text_names_competes_for_the_broad_person_classes(graph):
+  # "the political figure named in the article on the structure" (Great Wall -> Mao Zedong): the text also names
+  # Qin Shi Huang, the First Emperor, filed as a historical figure only; a US president is a political figure too.
+  found = dict(graph.competitors('Great_Wall_of_China', 'Mao_Zedong', 'political figure'))
+  assert found == {'Buddha': 1, 'Confucius': 1, 'Mao_Zedong': 1, 'Neil_Armstrong': 1, 'Qin_Shi_Huang': 1}
+  assert graph.referent_check('Great_Wall_of_China', 'Mao_Zedong') == (None, '', 'another of its class in the text')
+  assert 'Richard_Nixon' in graph.class_members('political figure')
+  assert 'Albert_Einstein' in graph.class_members('scientist') and 'Earth' in graph.class_members('astronomical object')
+
+
 def test_mention_counts_give_each_place_to_the_longest_name():
   index = mentions.alias_index([('Mexico', ('Mexico',)), ('New_Mexico', ('New Mexico',)),
                                 ('Georgia_(country)', ('Georgia (country)', 'Georgia')),
