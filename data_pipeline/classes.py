@@ -121,9 +121,9 @@ CLASSES: dict[str, tuple[Rule, ...]] = {
                                                     r'black hole|belt|cloud'),),
     'The_Planets': (Rule('planet', 'planet'),),
     'Railway_transport': (Rule('railway', 'railway|railroad|line|locomotive|train|metro|subway|tramway'),),
-    'Air_and_Sea_transport': (Rule('ship', 'ship|vessel|liner|boat|submarine|battleship|steamship'),
-                              Rule('aircraft', 'aircraft|airliner|aeroplane|airplane|airship|helicopter'),
-                              Rule('canal', 'canal|waterway')),
+    'Air_and_Sea_transport': (Rule('canal', 'canal|waterway'),  # before 'ship': 'is a major ship canal'
+                              Rule('ship', 'ship|vessel|liner|boat|submarine|battleship|steamship'),
+                              Rule('aircraft', 'aircraft|airliner|aeroplane|airplane|airship|helicopter')),
     'Road_transport': (Rule('road', 'road|motorway|highway|route'), Rule('car', 'car|automobile|vehicle')),
     'Architecture': (Rule('building', _BUILDING),),
     'Novels': (Rule('novel', 'novel|novella|book'),), 'Films': (Rule('film', 'film|movie'),),
@@ -220,13 +220,18 @@ COUNTRY_LEAVES = ('Countries', 'European_Countries', 'African_Countries', 'Asian
 SOVEREIGN = frozenset().union(*REGIONS.values()) | frozenset(
     'Australia Canada Fiji Kiribati Marshall_Islands Micronesia Nauru New_Zealand Palau Papua_New_Guinea Samoa '
     'Solomon_Islands Tonga Tuvalu United_States Vanuatu Belize Guyana Suriname'.split())
-# Phrase -> titles its evidence admits that are not of the class (reviewed against the place leaves).
-NOT_CLASS: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
+# Phrase -> titles its evidence admits that are not of the class (reviewed against the place leaves; a region
+# is no place *of* itself: "the Latin American place mentioned most often in ..." must not be Latin America).
+_REGIONS_THEMSELVES = ('Latin_America South_America Central_America North_America Europe Africa Asia Middle_East '
+                       'Oceania Australasia Antarctica Caribbean Sub-Saharan_Africa Horn_of_Africa Northwest_Africa '
+                       'Southeast_Asia East_Asia South_Asia Central_Asia Western_Europe Eastern_Europe ')
+NOT_CLASS: dict[str, frozenset[str]] = {k: frozenset((_REGIONS_THEMSELVES + v).split()) for k, v in {
     'place in the British Isles': 'Isle_of_Man Faroe_Islands Rock_of_Gibraltar Channel_Islands Jersey Guernsey '
                                   'British_Isles British_Isles_(terminology) City_status_in_the_United_Kingdom '
                                   'National_parks_of_England_and_Wales Geology_of_Dorset Jersey_Zoological_Park '
                                   'London_Zoo',
     'African place': 'Angkor Great_Rift_Valley',
+    'Latin American place': '', 'Middle Eastern place': '', 'place in Oceania': '', 'Antarctic place': '',
     'British monarch': 'Oliver_Cromwell Richard_Cromwell',  # Lords Protector, not monarchs
     'Asian place': 'Chinyingi Andriyivskyy_Descent',
     'North American place': 'Great_Rift_Valley Hurricane_Lenny Michigan_State_University University_of_Chicago '

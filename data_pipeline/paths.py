@@ -66,7 +66,7 @@ def historical(g, title: str, attribute: str, line: str) -> str | None:
 
   A present-tense attribute (`PRESENT_TENSE`) whose value carries a period ('Capital  Söğüt (1299-1326)': the
   Ottoman Empire's first capital, not the one a reader knows) or lists several ('Akçe, Kuruş, Lira': the first
-  is no answer), or of an entity its text puts in the past ('The Roman Empire was ...': `classes.definition`;
+  is no answer; 'Balboa and US Dollar', but not 'Trinidad and Tobago dollar', a name of the node's own), or of an entity its text puts in the past ('The Roman Empire was ...': `classes.definition`;
   '... existed from AD 1299 to AD 1922'). Years of birth or death are not concerned.
 
   Args:
@@ -79,7 +79,10 @@ def historical(g, title: str, attribute: str, line: str) -> str | None:
                line.split(' / ')[-1]).strip()
   if _PERIOD.search(re.sub(r'\^\w+', '', raw)):
     return 'a value with a period'
-  if re.search(r'[,;/]|\bor\b', re.sub(r'\([^)]*\)|\^\w+', '', raw)):
+  value = re.sub(r'\([^)]*\)|\^\w+', '', raw)
+  first = entities.name_tokens(entities.display(title))[:1]
+  if re.search(r'[,;/]|\bor\b', value) or (re.search(r'\band\b', value)
+                                            and entities.name_tokens(value)[:1] != first):
     return 'one of several values'
   if (re.match(r'(?:was|were)\b', classes.definition(g.text(title), g.aliases(title))[1])
       or _EXISTED.search(g.text(title)[:_EXISTED_CHARS])):

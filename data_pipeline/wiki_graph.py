@@ -155,14 +155,33 @@ class WikiGraph:
     """title -> count of its mentions in `text` (an article's text or a sentence; `mentions.mention_counts`)."""
     return mentions_lib.mention_counts(text, self._alias_index)
 
+  @functools.cached_property
+  def given_names(self) -> frozenset[str]:
+    """Folded first words of the people's titles ('miguel' from Miguel_de_Cervantes) that start more people's
+    titles than other titles and are no stopword (`mentions.unnamed_people`)."""
+    people, others = {}, {}
+    for a in self.data.articles:
+      words = entities.name_tokens(entities.display(a.title))
+      if len(words) < 2:
+        continue
+      person = bool(set(classes.BROAD_PERSON) & classes.competitor_phrases(a.title, a.categories))
+      bucket = people if person else others
+      bucket[words[0]] = bucket.get(words[0], 0) + 1
+    return frozenset(w for w, n in people.items()
+                     if len(w) >= 3 and w not in entities.STOPWORDS and n > others.get(w, 0))
+
   def competitors(self, src: str, dst: str, phrase: str) -> list[tuple[str, int]]:
     """The entities of `phrase`'s class that src's text names besides src, most mentioned first (title order
     among equals), each with its count; dst among them when named. A hop whose relation `relations.extract`
     read ("the architect who designed X") reads the link sentence only: the relation singles dst out among the
-    rest of the text."""
+    rest of the text. For a broad person class (`classes.BROAD_PERSON`) the people the text names who have no
+    article compete too, as '?Given Surname' (`mentions.unnamed_people`)."""
     text = self.link(src, dst)[1] if self.relation(src, dst) in relations.RELATIONS else self.text(src)
     members = self.class_members(phrase)
     found = [(t, c) for t, c in self.mentions(text).items() if t in members and t != src]
+    if phrase in classes.BROAD_PERSON:
+      found += [('?' + n, c) for n, c in
+                mentions_lib.unnamed_people(text, self.given_names, self._alias_index).items()]
     return sorted(found, key=lambda tc: (-tc[1], tc[0]))
 
   @functools.lru_cache(maxsize=None)
