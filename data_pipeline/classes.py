@@ -211,7 +211,8 @@ BROAD_PERSON = ('historical figure', 'political figure', 'religious figure', 'mi
                 'media figure')
 # Phrase -> the broader phrases its members compete for (a physicist is a scientist).
 BROADER: dict[str, tuple[str, ...]] = {
-    'physicist': ('scientist',), 'chemist': ('scientist',), 'mathematician': ('scientist',),
+    'physicist': ('scientist', 'mathematician'), 'chemist': ('scientist',),  # Galileo: a mathematician too
+    'mathematician': ('scientist', 'physicist'),
     'computer scientist': ('scientist',), 'historian': ('writer',), 'philosopher': ('writer',),
     'planet': ('astronomical object',), 'storm': ('natural disaster', 'weather phenomenon'),
     'Caribbean country': ('country',), 'Latin American country': ('country',)}

@@ -58,6 +58,9 @@ def test_every_person_a_text_names_competes_for_the_broad_person_classes(graph):
   assert found['Hernán_Cortés'] == 2 and found['?Miguel Hidalgo'] == 2 and found['?Benito Juárez'] == 1
   assert graph.referent_check('Mexico', 'Hernán_Cortés') == (None, '', 'another of its class in the text')
   assert 'miguel' in graph.given_names and 'the' not in graph.given_names
+  # "the mathematician named in the article on the tower" (Pisa -> Archimedes): the text names Galileo too.
+  assert dict(graph.competitors('Leaning_Tower_of_Pisa', 'Archimedes', 'mathematician')) == {
+      'Archimedes': 1, 'Galileo_Galilei': 1}
   assert 'Albert_Einstein' in graph.class_members('scientist') and 'Earth' in graph.class_members('astronomical object')
 
 
