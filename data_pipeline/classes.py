@@ -103,13 +103,14 @@ CLASSES: dict[str, tuple[Rule, ...]] = {
     'Religious_figures_and_leaders': (Rule('religious figure', PERSON),),
     'Artists': (Rule('artist', PERSON),),
     'USA_Presidents': (Rule('US president', PERSON),),
-    'Engineers_and_inventors': (Rule('inventor', PERSON),),
+    'Engineers_and_inventors': (Rule('inventor', 'inventor'), Rule('engineer', 'engineer')),  # not Carnegie
     'Actors_models_and_celebrities': (Rule('celebrity', PERSON),),
     'Philosophers': (Rule('philosopher', PERSON),),
     'Human_Scientists': (Rule('scientist', PERSON),),
     'Military_People': (Rule('military leader', PERSON),),
     'Geographers_and_explorers': (Rule('explorer', PERSON),),
-    'Astronomers_and_physicists': (Rule('physicist', PERSON),),
+    'Astronomers_and_physicists': (Rule('physicist', 'physicist'),
+                                   Rule('astronomer', 'astronomer|astrophysicist|cosmologist')),  # Carl Sagan
     'Mathematicians': (Rule('mathematician', PERSON),),
     'Computing_People': (Rule('computer scientist', PERSON),),
     'Producers_directors_and_media_figures': (Rule('media figure', PERSON),),
@@ -211,8 +212,10 @@ BROAD_PERSON = ('historical figure', 'political figure', 'religious figure', 'mi
                 'media figure')
 # Phrase -> the broader phrases its members compete for (a physicist is a scientist).
 BROADER: dict[str, tuple[str, ...]] = {
-    'physicist': ('scientist', 'mathematician'), 'chemist': ('scientist',),  # Galileo: a mathematician too
-    'mathematician': ('scientist', 'physicist'),
+    'physicist': ('scientist', 'mathematician', 'astronomer'), 'chemist': ('scientist',),  # Galileo: all three
+    'mathematician': ('scientist', 'physicist', 'astronomer'),
+    'astronomer': ('scientist', 'physicist', 'mathematician'),
+    'inventor': ('engineer',), 'engineer': ('inventor',),
     'computer scientist': ('scientist',), 'historian': ('writer',), 'philosopher': ('writer',),
     'planet': ('astronomical object',), 'storm': ('natural disaster', 'weather phenomenon'),
     'Caribbean country': ('country',), 'Latin American country': ('country',)}
@@ -255,7 +258,7 @@ def definition(text: str, names=()) -> tuple[str, str]:
   """(sentence, predicate): the article's defining sentence "X is a …" and what follows its subject.
 
   The first sentence (paragraphs joined, the infobox lines included: their end is not always found) in which a
-  name of the article (`names`, up to case and accents) stands before 'is / are / was / were' + a determiner or a
+  name of the article (`names`, or the last word of one: 'Carl Edward Sagan', up to case and accents) stands before 'is / are / was / were' + a determiner or a
   possessive ('Aberdeen is Scotland's third largest city') within 250 characters of the sentence start; ('', '')
   when none (the evidence that needs it then fails: abstain).
 
@@ -263,6 +266,7 @@ def definition(text: str, names=()) -> tuple[str, str]:
     text: the article's plain text.
     names: the article's names (`WikiGraph.aliases`, e.g. ('Isle of Man',)); () = any sentence.
   """
+  names = tuple(names) + tuple(n.split()[-1] for n in names if len(n.split()) > 1)  # 'Carl Edward Sagan'
   paragraphs = (' '.join(p.split()) for p in re.split(r'\n\s*\n', text))
   sentences = (s for p in paragraphs for s in re.split(r'(?<=[.!?])\s+(?=[A-Z])', p))
   for k, s in enumerate(sentences):

@@ -90,6 +90,7 @@ def test_the_descriptors_a_reviewer_found_wrong_are_never_given(graph, title, ba
     ('France', ('European country', 'country')), ('Turkey', ()), ('Falkland_Islands', ()),
     ('Herodotus', ('historian',)), ('Westminster_Abbey', ('building',)), ('Water', ()), ('Royal_Navy', ()),
     ('American_Revolutionary_War', ()), ('Aberdeen', ('place in the British Isles',)),
+    ('Carl_Sagan', ('astronomer',)), ('Andrew_Carnegie', ()), ('Nikola_Tesla', ('physicist', 'inventor')),
 ])
 def test_descriptors_need_evidence_that_holds_for_the_entity(graph, title, expected):
   assert graph.descriptors(title) == expected
