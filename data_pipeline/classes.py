@@ -258,8 +258,8 @@ def definition(text: str, names=()) -> tuple[str, str]:
   """(sentence, predicate): the article's defining sentence "X is a …" and what follows its subject.
 
   The first sentence (paragraphs joined, the infobox lines included: their end is not always found) in which a
-  name of the article (`names`, or the last word of one: 'Carl Edward Sagan', up to case and accents) stands before 'is / are / was / were' + a determiner or a
-  possessive ('Aberdeen is Scotland's third largest city') within 250 characters of the sentence start; ('', '')
+  name of the article (`names`, or the last word of one: 'Carl Edward Sagan', up to case and accents) stands
+  before 'is / are / was / were' + a determiner or a possessive ('Aberdeen is Scotland's third largest city') within 250 characters of the sentence start; ('', '')
   when none (the evidence that needs it then fails: abstain).
 
   Args:

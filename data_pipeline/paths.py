@@ -66,8 +66,9 @@ def historical(g, title: str, attribute: str, line: str) -> str | None:
 
   A present-tense attribute (`PRESENT_TENSE`) whose value carries a period ('Capital  Söğüt (1299-1326)': the
   Ottoman Empire's first capital, not the one a reader knows) or lists several ('Akçe, Kuruş, Lira': the first
-  is no answer; 'Balboa and US Dollar', but not 'Trinidad and Tobago dollar', a name of the node's own), or of an entity its text puts in the past ('The Roman Empire was ...': `classes.definition`;
-  '... existed from AD 1299 to AD 1922'). Years of birth or death are not concerned.
+  is no answer; 'Balboa and US Dollar', but not 'Trinidad and Tobago dollar', a name of the node's own), or of
+  an entity its text puts in the past ('The Roman Empire was ...': `classes.definition`; '... existed from AD
+  1299 to AD 1922'). Years of birth or death are not concerned.
 
   Args:
     g: the `wiki_graph.WikiGraph`; title: the answer node; attribute: an `entities.ATTRIBUTES` name;
@@ -153,7 +154,8 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
     image_path (`{image_dir}/{file}`), path, hops, descriptors, relations, domain (of v0); counts has
     attempted, walked, given_up, retries, seed_candidates, seeds_per_domain, walked_per_domain, answer_chains
     (distinct `answer_chain`s), max_items_per_chain and rejected (reason -> walks: 'dead end', 'not
-    mentioned', 'no unique referent: another of its class in the text', ...). No seed candidate = no item (counted), not an error.
+    mentioned', 'no unique referent: another of its class in the text', ...). No seed candidate = no item
+    (counted), not an error.
   """
   num, tau = int(config.num_items), int(config.hub_in_degree)
   cand = seed_candidates(g, tau, int(config.min_seed_in_degree), config.source != 'wikispeedia')

@@ -122,8 +122,8 @@ def test_a_garden_path_or_two_relative_clauses_in_a_hop_is_refused():
 
 def test_a_small_build_names_every_hop_uniquely_and_caps_answer_chains(graph, small_config):
   """paths -> qa -> rewrite -> ground on 24 real walks; every accepted hop re-counted independently (each class
-  member's names matched on their own: no place given to a longer name): the next node is named more often than any other
-  entity of its descriptor's class in the previous article (or in the link sentence, for a read relation)."""
+  member's names matched on their own: no place given to a longer name): the next node is named more often than
+  any other entity of its descriptor's class in the previous article (or in the link sentence, for a read relation)."""
   c = small_config.copy_and_resolve_references()
   c.num_items = 24
   recs, counts = paths.sample_paths(graph, c, c.image_dir)
