@@ -15,6 +15,7 @@ from osvl_jax.data import pipeline as pipeline_data
 def test_build_writes_items_and_sft_and_resumes(tmp_path):
   config = build.wikispeedia_walks(build.default_config())
   config.num_items = 3
+  config.rl_fraction = 0.5  # of the 2 accepted items (the oracle solves both), one held out as an RL prompt
   stats = build.build_dataset(config, tmp_path)
   items = datasets.load_from_disk(str(tmp_path / 'items'))
   assert len(items) == stats['items']['items'] >= 2
