@@ -14,7 +14,8 @@ folder to redo it and everything after it is recomputed only if missing too):
            resolution (missing targets dropped), CSR (self-loops, duplicates), hubs, excluded pages, domains
   paths    Appendix D.1 walks on the wiki stage's CSR graph (`paths.py`, through `wiki_graph.WikiGraph`, the
            same for both sources): stratified seeds with an image, hub tau, exclusions, no revisits, retries;
-           per-path checks (mention, unique referent, leak, answer) counted by reason; relations per hop
+           per-path checks (mention, unique referent against the text's mentions of the descriptor's class,
+           leak, answer of the present, at most 2 items per answer chain) counted by reason; relations per hop
   qa       answer from the answer node's infobox + canonical question (`qa.py`)
   rewrite  farthest-to-nearest fuzzy rewrite from the hops' relations + non-leakage check (`rewrite.py`;
            `data.rewrite=False`: the canonical question)
@@ -40,6 +41,9 @@ folder to redo it and everything after it is recomputed only if missing too):
            held out for RL (`data.rl_fraction`) are not synthesised
   rl       the GRPO prompts: the accepted items with no SFT trajectory (held out, or no kept trajectory), by
            prompt_id with the reason (`splits.py`); recomputed from the `sft` split on every build, so disjoint
+
+A person reviews the product with `python -m data_pipeline.review W --sample 20 --seed 0` (`review.py`: each hop's
+competitors in the text and the checks' verdicts, also as `<dataset>/review.html`).
 
 `<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
 `synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields

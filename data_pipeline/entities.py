@@ -1,4 +1,4 @@
-"""Entity helpers shared by the stages: names and aliases, category descriptors, infobox attributes.
+"""Entity helpers shared by the stages: names and aliases, infobox attributes.
 
 Everything here is a pure function of a title, a text or category paths (the `wiki_graph.WikiGraph` view calls
 these per node, for Wikispeedia and XML articles alike).
@@ -8,9 +8,7 @@ Names and aliases (Wikispeedia has no redirect table, so aliases are derived fro
   * the title without a trailing disambiguation in parentheses (`Mercury_(planet)` -> `Mercury`);
   * the accent-folded forms of both (`Éire` -> `Eire`).
 
-Descriptors: each article's `categories.tsv` leaves (e.g. `subject.Geography.European_Geography.
-European_Countries`) map to a singular noun phrase (`European country`), most specific category first. They
-are the relational descriptors of the fuzzy rewrite ("the European country mentioned in the article on ...").
+Descriptors (the class an entity is referred to by) are `classes.py`'s: category + evidence from the text.
 
 Infobox attributes: the Wikispeedia plaintext keeps each infobox as `Key  value` lines above the prose
 (`Capital\n(and largest city)  Maseru`, `Born  March 14, 1879`). `infobox_attributes` reads a whitelist of
@@ -21,107 +19,6 @@ import dataclasses
 import functools
 import re
 import unicodedata
-
-# Category leaf -> singular noun phrase used as a relational descriptor.
-CATEGORY_PHRASES: dict[str, str] = {
-    'Countries': 'country',
-    'European_Countries': 'European country',
-    'African_Countries': 'African country',
-    'Asian_Countries': 'Asian country',
-    'Middle_Eastern_Countries': 'Middle Eastern country',
-    'Central_and_South_American_Countries': 'Latin American country',
-    'Birds': 'bird',
-    'Mammals': 'mammal',
-    'Plants': 'plant',
-    'Dinosaurs': 'dinosaur',
-    'Insects_Reptiles_and_Fish': 'animal',
-    'Organisms': 'organism',
-    'Chemical_elements': 'chemical element',
-    'Chemical_compounds': 'chemical compound',
-    'Mineralogy': 'mineral',
-    'Geography_of_Great_Britain': 'place in Britain',
-    'North_American_Geography': 'North American place',
-    'European_Geography': 'European place',
-    'African_Geography': 'African place',
-    'Geography_of_Asia': 'Asian place',
-    'Geography_of_Oceania_Australasia': 'place in Oceania',
-    'Central_and_South_American_Geography': 'Latin American place',
-    'Geography_of_the_Middle_East': 'Middle Eastern place',
-    'Antarctica': 'Antarctic place',
-    'General_Geography': 'geographic feature',
-    'Geology_and_geophysics': 'geological subject',
-    'Natural_Disasters': 'natural disaster',
-    'Storms': 'storm',
-    'Climate_and_the_Weather': 'weather phenomenon',
-    'Historical_figures': 'historical figure',
-    'Political_People': 'political figure',
-    'Writers_and_critics': 'writer',
-    'Performers_and_composers': 'musician',
-    'Sports_and_games_people': 'sportsperson',
-    'Monarchs_of_Great_Britain': 'British monarch',
-    'Religious_figures_and_leaders': 'religious figure',
-    'Artists': 'artist',
-    'USA_Presidents': 'US president',
-    'Engineers_and_inventors': 'inventor',
-    'Actors_models_and_celebrities': 'celebrity',
-    'Philosophers': 'philosopher',
-    'Human_Scientists': 'scientist',
-    'Military_People': 'military leader',
-    'Geographers_and_explorers': 'explorer',
-    'Astronomers_and_physicists': 'physicist',
-    'Mathematicians': 'mathematician',
-    'Computing_People': 'computer scientist',
-    'Producers_directors_and_media_figures': 'media figure',
-    'Chemists': 'chemist',
-    'Historians_chroniclers_and_history_books': 'historian or history book',
-    'Space_Astronomy': 'astronomical object',
-    'The_Planets': 'planet',
-    'Space_transport': 'spaceflight subject',
-    'Railway_transport': 'railway subject',
-    'Air_and_Sea_transport': 'air or sea transport subject',
-    'Road_transport': 'road transport subject',
-    'Architecture': 'building',
-    'Novels': 'novel',
-    'Films': 'film',
-    'Television': 'television programme',
-    'Theatre': 'theatre subject',
-    'Poetry_and_Opera': 'poem or opera',
-    'Languages': 'language',
-    'Peoples': 'people',
-    'Divinities': 'deity',
-    'Myths': 'myth',
-    'Religious_texts': 'religious text',
-    'Religious_movements_traditions_and_organizations': 'religious tradition',
-    'Companies': 'company',
-    'Currency': 'currency',
-    'Sports_teams': 'sports team',
-    'Sports_events': 'sporting event',
-    'Sports': 'sport',
-    'Musical_Instruments': 'musical instrument',
-    'Musical_genres_styles_eras_and_events': 'musical style',
-    'Musical_Recordings_and_compositions': 'musical work',
-    'Computer_and_Video_games': 'video game',
-    'Software': 'piece of software',
-    'Websites_and_the_Internet': 'internet subject',
-    'World_War_II': 'Second World War subject',
-    'Military_History_and_War': 'military conflict',
-    'Pre_1900_Military': 'pre-1900 military subject',
-    'Ancient_History_Classical_History_and_Mythology': 'subject of ancient history',
-    'Archaeology': 'archaeological subject',
-    'Drink': 'drink',
-    'Food_and_agriculture': 'food or crop',
-    'Health_and_medicine': 'medical subject',
-    'Education': 'educational subject',
-    'Law': 'legal subject',
-    'Philosophy': 'philosophical subject',
-    'Mathematics': 'mathematical subject',
-    'General_Physics': 'physics subject',
-    'General_Chemistry': 'chemistry subject',
-    'General_Biology': 'biology subject',
-    'Cartoons': 'cartoon',
-    'Games': 'game',
-    'Recreation': 'pastime',
-}
 
 # Key regex -> attribute definition. Order = preference when a node has several.
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +127,7 @@ def _word_spans(text: str) -> list[tuple[int, int]]:
   return spans
 
 
-def _name_runs(text: str) -> dict[str, list[tuple[int, int]]]:
+def name_runs(text: str) -> dict[str, list[tuple[int, int]]]:
   """Every run of at most `MAX_NAME_TOKENS` consecutive words of `text` (`_word_spans`), keyed by its
   folded tokens joined without spaces (`name_tokens` of each token), -> its character spans [start, end)."""
   toks = [(a, b, ''.join(name_tokens(text[a:b]))) for a, b in _word_spans(text)]
@@ -258,7 +155,7 @@ def names_in_text(text: str, names) -> list[str]:
   Returns:
     The names found, in the order given.
   """
-  runs = _name_runs(text)
+  runs = name_runs(text)
   return [n for n in names if ''.join(name_tokens(n)) in runs]
 
 
@@ -271,7 +168,7 @@ def name_spans(text: str, names) -> list[tuple[int, int]]:
     text: the question (any string).
     names: candidate names (`WikiGraph.aliases`).
   """
-  runs = _name_runs(text)
+  runs = name_runs(text)
   found = [span for n in names for span in runs.get(''.join(name_tokens(n)), ())]
   spans: list[tuple[int, int]] = []
   for a, b in sorted(set(found), key=lambda ab: (ab[0] - ab[1], ab[0])):
@@ -289,21 +186,7 @@ def is_excluded(title: str) -> bool:
   return title.startswith('List_of_') or bool(_YEARLIKE.match(title))
 
 
-def descriptors(categories: list[str]) -> list[str]:
-  """Descriptor phrases of an article, most specific (deepest category path) first, without repeats.
-
-  Args:
-    categories: category paths from `categories.tsv`, e.g. `['subject.Countries', 'subject.Geography....']`.
-  """
-  out = []
-  for cat in sorted(categories, key=lambda c: -c.count('.')):
-    phrase = CATEGORY_PHRASES.get(cat.split('.')[-1])
-    if phrase and phrase not in out:
-      out.append(phrase)
-  return out
-
-
-def _infobox_lines(text: str) -> list[str]:
+def infobox_lines(text: str) -> list[str]:
   """Lines above the first prose paragraph (two consecutive lines of >= 60 characters not starting with `^`)."""
   lines = text.split('\n')[:_INFOBOX_MAX_LINES]
   for i in range(len(lines) - 1):
@@ -372,7 +255,7 @@ def infobox_attributes(text: str, categories: list[str] | None = None) -> dict[s
   Returns:
     attribute name -> {'answer': str, 'aliases': list[str], 'line': the source line}, in `ATTRIBUTES` order.
   """
-  lines = _infobox_lines(text)
+  lines = infobox_lines(text)
   found = {}
   for spec in ATTRIBUTES:
     if spec.category and not any(c.startswith(spec.category) for c in categories or ()):

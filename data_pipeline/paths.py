@@ -18,26 +18,82 @@ Then the per-path semantic checks (each failure counted by reason, the item retr
 `max_retries` (10) retries in all, dead ends included):
   * 'not mentioned': a hop's destination is not named in a sentence of its source (`WikiGraph.link`), so
     neither its relation nor the oracle's search can be read;
-  * 'no unique referent': no descriptor picks the destination out among the source's out-links
-    (`WikiGraph.referent`, Eq. 6 (ii) in code);
+  * 'no unique referent: <why>': no descriptor of the destination picks it out (`WikiGraph.referent_check`,
+    Eq. 6 (ii) in code): 'another of its class in the text' (the source's text names another entity of every
+    descriptor's class: gold beside copper in the Taj Mahal's), 'another of its class among the links', 'not
+    named as itself', 'no descriptor' (the destination's class has no evidence: abstain);
   * 'descriptor leak': a descriptor names a path node (it would fail the rewrite's leak check);
-  * 'no answer': the answer node has no attribute whose value is not a name of a path node;
-  * 'duplicate': the same path as an earlier item.
+  * 'no answer': the answer node has no attribute whose value is not a name of a path node ('no answer: a value
+    of the past': one it has is refused by `historical`, Söğüt as the Ottoman Empire's capital);
+  * 'duplicate': the same path as an earlier item;
+  * 'answer chain used': `MAX_PER_CHAIN` (2) items already end with the same last hop v(h-1) -> vh (so at most
+    2 items share an answer chain v1..vh, and near-duplicates 'Mars -> Milan' under other starts are capped too).
 Each hop's relation ('designed by', 'located in', or a fallback by domain, `relations.py`) is recorded.
 Wikispeedia figures (4,598 articles, 119,769 edges): in-degree p50 = 10, p95 = 106, p99 = 294, max = 1,551
 (United_States); the landmark articles have in-degree 2 (Giza_pyramid_complex, Leaning_Tower_of_Pisa) to 76
 (Toronto), so configs/data_wikispeedia.py walks with tau = 300 (the top ~1% skipped) and a seed window [2, 300].
 """
 
+import re
+
 import numpy as np
 
+from data_pipeline import classes
 from data_pipeline import entities
 from data_pipeline import graph as graph_lib
 from data_pipeline import wiki
 
 
+MAX_PER_CHAIN = 2  # items per answer chain (the last hop v(h-1) -> vh)
+
+
+def answer_chain(path: list[str]) -> tuple[str, ...]:
+  """The key `MAX_PER_CHAIN` counts: the last hop (v(h-1), vh) of the path, which fixes the answer."""
+  return tuple(path[-2:])
+
+
+# Attributes asked in the present tense ('what is the capital of X?'): a value of the past is no answer to them.
+PRESENT_TENSE = ('capital', 'currency', 'largest_city', 'country', 'calling_code', 'tld')
+_PERIOD = re.compile(r'\b\d{3,4}\b')
+_EXISTED = re.compile(r'\b(?:existed|lasted) from (?:AD\s+)?\d{3,4} (?:to|until) (?:AD\s+)?\d{3,4}')
+_EXISTED_CHARS = 4000  # the head of the text `historical` reads for 'existed from 1299 to 1922'
+
+
+
+def historical(g, title: str, attribute: str, line: str) -> str | None:
+  """Why `attribute`'s infobox value of `title` is a value of the past (refused: the question asks 'what is'),
+  or None.
+
+  A present-tense attribute (`PRESENT_TENSE`) whose value carries a period ('Capital  Söğüt (1299-1326)': the
+  Ottoman Empire's first capital, not the one a reader knows) or lists several ('Akçe, Kuruş, Lira': the first
+  is no answer; 'Balboa and US Dollar', but not 'Trinidad and Tobago dollar', a name of the node's own), or of
+  an entity its text puts in the past ('The Roman Empire was ...': `classes.definition`; '... existed from AD
+  1299 to AD 1922'). Years of birth or death are not concerned.
+
+  Args:
+    g: the `wiki_graph.WikiGraph`; title: the answer node; attribute: an `entities.ATTRIBUTES` name;
+    line: the infobox line the value came from.
+  """
+  if attribute not in PRESENT_TENSE:
+    return None
+  raw = re.sub(r'^(?:- )?' + entities.ATTRIBUTE_BY_NAME[attribute].key + r'(?:\s*\(\d{4}\))?', '',
+               line.split(' / ')[-1]).strip()
+  if _PERIOD.search(re.sub(r'\^\w+', '', raw)):
+    return 'a value with a period'
+  value = re.sub(r'\([^)]*\)|\^\w+', '', raw)
+  first = entities.name_tokens(entities.display(title))[:1]
+  if re.search(r'[,;/]|\bor\b', value) or (re.search(r'\band\b', value)
+                                            and entities.name_tokens(value)[:1] != first):
+    return 'one of several values'
+  if (re.match(r'(?:was|were)\b', classes.definition(g.text(title), g.aliases(title))[1])
+      or _EXISTED.search(g.text(title)[:_EXISTED_CHARS])):
+    return 'an entity of the past'
+  return None
+
+
 def answer_attribute(g, path: list[str]) -> tuple[str, dict] | None:
-  """The first typed attribute of the last node whose answer is not a name of a path node.
+  """The first typed attribute of the last node whose answer is not a name of a path node nor a value of the past
+  (`historical`), its aliases extended with the names of the article it names ('Moscow' -> the article's).
 
   Args:
     g: the `wiki_graph.WikiGraph`; path: titles v0..vh.
@@ -46,8 +102,11 @@ def answer_attribute(g, path: list[str]) -> tuple[str, dict] | None:
   """
   names = [n for t in path for n in g.aliases(t)]
   for name, val in g.attributes(path[-1]).items():
-    if not entities.names_in_text(val['answer'], names):
-      return name, val
+    if entities.names_in_text(val['answer'], names) or historical(g, path[-1], name, val['line']):
+      continue
+    title = val['answer'].replace(' ', '_')
+    more = [a for a in (g.aliases(title) if title in g else ()) if a != val['answer'] and a not in val['aliases']]
+    return name, dict(val, aliases=list(val['aliases']) + more)
   return None
 
 
@@ -61,15 +120,16 @@ def check_path(g, path: list[str]) -> tuple[list[str], list[str]] | str:
   for src, dst in zip(path, path[1:]):
     if not g.link(src, dst)[1]:
       return 'not mentioned'
-    d = g.referent(src, dst)
+    d, rel, why = g.referent_check(src, dst)
     if d is None:
-      return 'no unique referent'
+      return f'no unique referent: {why}'
     descs.append(d)
-    rels.append(g.relation(src, dst))
+    rels.append(rel)
   if any(g.names_in(d, t) for d in descs for t in path):
     return 'descriptor leak'
   if answer_attribute(g, path) is None:
-    return 'no answer'
+    past = any(historical(g, path[-1], n, v['line']) for n, v in g.attributes(path[-1]).items())
+    return 'no answer: a value of the past' if past else 'no answer'
   return descs, rels
 
 
@@ -92,8 +152,10 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
   Returns:
     (records, counts): each record has prompt_id (`wiki-s{seed}-{item:05d}`), landmark (the image file stem),
     image_path (`{image_dir}/{file}`), path, hops, descriptors, relations, domain (of v0); counts has
-    attempted, walked, given_up, retries, seed_candidates, seeds_per_domain, walked_per_domain and rejected
-    (reason -> walks: 'dead end', 'not mentioned', ...). No seed candidate = no item (counted), not an error.
+    attempted, walked, given_up, retries, seed_candidates, seeds_per_domain, walked_per_domain, answer_chains
+    (distinct `answer_chain`s), max_items_per_chain and rejected (reason -> walks: 'dead end', 'not
+    mentioned', 'no unique referent: another of its class in the text', ...). No seed candidate = no item
+    (counted), not an error.
   """
   num, tau = int(config.num_items), int(config.hub_in_degree)
   cand = seed_candidates(g, tau, int(config.min_seed_in_degree), config.source != 'wikispeedia')
@@ -107,7 +169,7 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
   hops = graph_lib.draw_hops(num, rng, tuple(config.hop_choices), tuple(config.hop_probs)).astype(np.int64)
   allowed = g.usable & (g.in_degree <= tau)
   final = g.answerable
-  found, seen, pending = {}, set(), np.arange(num)
+  found, seen, chains, pending = {}, set(), {}, np.arange(num)
   for attempt in range(int(config.max_retries) + 1):
     if not pending.size:
       break
@@ -123,10 +185,13 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
         why = check_path(g, path)
         if not isinstance(why, str) and tuple(path) in seen:
           why = 'duplicate'
+        elif not isinstance(why, str) and chains.get(answer_chain(path), 0) >= MAX_PER_CHAIN:
+          why = 'answer chain used'
       if isinstance(why, str):
         counts['rejected'][why] = counts['rejected'].get(why, 0) + 1
         continue
       seen.add(tuple(path))
+      chains[answer_chain(path)] = chains.get(answer_chain(path), 0) + 1
       found[int(item)] = (path, *why)
     pending = np.asarray([i for i in pending if int(i) not in found], np.int64)
   records = []
@@ -137,7 +202,8 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
                     'image_path': f'{image_dir.rstrip("/")}/{image}', 'path': path, 'hops': len(path) - 1,
                     'descriptors': descs, 'relations': rels, 'domain': g.domain(path[0])})
   name = lambda d: wiki.DOMAINS[int(d)]
-  counts.update(walked=len(records), given_up=num - len(records),
+  counts.update(walked=len(records), given_up=num - len(records), answer_chains=len(chains),
+                max_items_per_chain=max(chains.values(), default=0),
                 seeds_per_domain={name(d): int((seed_domains == d).sum()) for d in np.unique(seed_domains)},
                 walked_per_domain={name(d): sum(int(seed_domains[i] == d) for i in found)
                                    for d in np.unique(seed_domains)})

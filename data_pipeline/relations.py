@@ -10,8 +10,9 @@ v(i-1)'s domain; otherwise `fallback` gives one by vi's domain ('named in' for a
 'referred to in' for a Building-Place, ...), all true of any link ("vi is <phrase> the article on v(i-1)").
 
 `reference(relation, descriptor, previous, person)` renders the referring phrase the `rewrite` stage puts in
-place of vi's name: 'the architect who designed {x}', 'the river that {x} is located on', and for a fallback
-'the city mentioned in the article on {x}' ({x} = the reference to v(i-1), so nesting reads left to right).
+place of vi's name: 'the architect who designed {x}', 'the river on which lies {x}', and for a fallback
+'the city mentioned in the article on {x}' ({x} = the reference to v(i-1), always last, so nesting reads left to
+right; `reading_error` checks it).
 """
 
 import bisect
@@ -45,6 +46,9 @@ _PATTERNS = tuple((rel, re.compile(p + r'\s*$')) for rel, p in (
 RELATIONS = tuple(rel for rel, _ in _PATTERNS)
 
 # Relation -> referring template ({d} = vi's descriptor, {x} = the reference to v(i-1), {who} = who / that).
+# Every template ends with {x} (right-branching: the chain reads left to right, one relative clause per hop; a
+# centre-embedded 'the {d} that {x} is located on' turns into a garden path once {x} holds a clause itself,
+# `reading_error`).
 TEMPLATES: dict[str, str] = {
     'designed by': 'the {d} {who} designed {x}',
     'built by': 'the {d} {who} built {x}',
@@ -52,18 +56,22 @@ TEMPLATES: dict[str, str] = {
     'founded by': 'the {d} {who} founded {x}',
     'written by': 'the {d} {who} wrote {x}',
     'ruled by': 'the {d} {who} ruled {x}',
-    'named after': 'the {d} that {x} is named after',
-    'born in': 'the {d} where {x} was born',
-    'died in': 'the {d} where {x} died',
-    'located on': 'the {d} that {x} is located on',
-    'located in': 'the {d} in which {x} is located',
+    'named after': 'the {d} that gave its name to {x}',
+    'born in': 'the {d} that is the birthplace of {x}',
+    'died in': 'the {d} that is the place of death of {x}',
+    'located on': 'the {d} on which lies {x}',
+    'located in': 'the {d} containing {x}',
     'capital of': 'the {d} whose capital is {x}',
-    'part of': 'the {d} that {x} is part of',
+    'part of': 'the {d} that includes {x}',
 }
 # Domain (`wiki.DOMAINS`) -> fallback relation ("vi is <phrase> the article on v(i-1)"); '' = no domain.
 FALLBACKS: dict[str, str] = {'Person': 'named in', 'Building-Place': 'referred to in', 'Location': 'mentioned in',
                              'Organism': 'described in', 'Artifact': 'cited in', '': 'mentioned in'}
 FALLBACK_TEMPLATE = 'the {d} {rel} the article on {x}'
+# The relation of a hop whose destination is not the only one of its class the source's text names but is named
+# far more often than any other (`WikiGraph.referent_check`): "the chemical element mentioned most often in ...".
+MOST_OFTEN = 'mentioned most often in'
+_RELATIVE_WORDS = re.compile(r'\b(?:who|whom|that|which|whose|where)\b')
 _SENTENCE_SPLIT = re.compile(r'(?<=[.!?])\s+(?=[A-Z0-9"\'(])|\n\s*\n')  # a line break alone is wrapping
 _WINDOW = 8  # words before the anchor that the patterns see
 # The clause `extract` checks starts after the last of these; words that make it about another entity; words it
@@ -167,9 +175,28 @@ def reference(rel: str, descriptor: str, previous: str, person: bool = False) ->
   """
   if rel in TEMPLATES:
     return TEMPLATES[rel].format(d=descriptor, x=previous, who='who' if person else 'that')
-  if rel in FALLBACKS.values():
+  if rel in FALLBACKS.values() or rel == MOST_OFTEN:
     return FALLBACK_TEMPLATE.format(d=descriptor, rel=rel, x=previous)
-  raise ValueError(f'relation {rel!r}: expected one of {RELATIONS + tuple(sorted(set(FALLBACKS.values())))}')
+  raise ValueError(f'relation {rel!r}: expected one of '
+                   f'{RELATIONS + tuple(sorted(set(FALLBACKS.values()))) + (MOST_OFTEN,)}')
+
+
+def reading_error(ref: str, previous: str) -> str | None:
+  """Why the hop's reference `ref` (`reference(...)`, built around `previous`) reads badly, or None.
+
+  The rule the builder checks (readable questions): the previous reference comes last (right-branching, so a
+  reader resolves the chain left to right; 'the Asian place that {x} is located on' with {x} = 'the Middle
+  Eastern place mentioned in the article on ...' is a garden path), the hop adds at most one relative clause
+  (who / that / which / whose / where) of its own, and its descriptor is one class, never 'X or Y'.
+  """
+  if not ref.endswith(previous):
+    return 'garden path (the previous reference is embedded, not last)'
+  own = ref[:len(ref) - len(previous)]
+  if len(_RELATIVE_WORDS.findall(own)) > 1:
+    return 'more than one relative clause in a hop'
+  if ' or ' in f' {own} ':
+    return "an 'X or Y' descriptor"
+  return None
 
 
 @functools.lru_cache(maxsize=1024)

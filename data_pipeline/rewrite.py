@@ -8,7 +8,8 @@ the link's anchor and sentence, `relations.py`) and vi's descriptor (`paths.chec
   h-1: What is the birth year of the political figure named in the article on
        [the architect who designed Taj Mahal]?
 
-Relations give 'the architect who designed X', 'the river that X is located on', 'the city in which X is located';
+Relations give 'the architect who designed X', 'the river on which lies X', 'the city containing X' (each reference
+ends with the previous one: no garden path, one relative clause per hop, checked by `reading_error`);
 a hop without one reads 'the <descriptor> <fallback by domain> the article on X'. The descriptor picks vi out among
 v(i-1)'s out-links (`WikiGraph.referent`), so every step keeps (i) the same answer (the attribute of the same node)
 and (ii) a unique referent. v0 stays named here; `ground` replaces it by a reference to the image. Each
@@ -86,6 +87,21 @@ def fuzzy_rewrite(path: list[str], descriptors: list[str], attribute: str, rels:
   return capitalize(tmpl), trace
 
 
+def reading_error(descriptors: list[str], rels: list[str], persons: list[bool] | None = None) -> str | None:
+  """The first hop whose reference reads badly (`relations.reading_error`: a garden path, two relative clauses,
+  an 'X or Y' descriptor), as 'hop i: why', or None.
+
+  Args:
+    descriptors, rels: [h] of the hops (`paths.check_path`); persons: [h] whether vi is a person.
+  """
+  persons = list(persons) if persons is not None else [False] * len(descriptors)
+  for i, (d, rel, person) in enumerate(zip(descriptors, rels, persons), 1):
+    why = relations.reading_error(relations.reference(rel, d, '{x}', person), '{x}')
+    if why:
+      return f'hop {i}: {why}'
+  return None
+
+
 def mention_template(question: str, path: list[str], graph) -> str | None:
   """`question` with each mention of v0 (`entities.name_spans` of `graph.aliases(path[0])`) replaced by `{E0}`, mentions
   inside the name of another path node skipped ('Paris' in 'Paris Metro'); None when no mention is left (the
@@ -119,11 +135,12 @@ def rewrite(records: list[dict], graph, enabled: bool = True) -> tuple[list[dict
     graph: the `wiki_graph.WikiGraph`.
     enabled: False = no fuzzy rewriting (the canonical question, v0 as `{E0}`).
   Returns:
-    (records, counts {'in', 'rewritten', 'rejected_leak', 'rejected_unnamed' (disabled: v0 not found by
-    `mention_template`), 'skipped', 'enabled'}).
+    (records, counts {'in', 'rewritten', 'rejected_leak', 'rejected_unreadable' (`reading_error`),
+    'rejected_unnamed' (disabled: v0 not found by `mention_template`), 'skipped', 'enabled'}).
   """
   out = []
-  counts = {'in': len(records), 'rewritten': 0, 'rejected_leak': 0, 'rejected_unnamed': 0, 'skipped': 0,
+  counts = {'in': len(records), 'rewritten': 0, 'rejected_leak': 0, 'rejected_unreadable': 0, 'rejected_unnamed': 0,
+            'skipped': 0,
             'enabled': bool(enabled)}
   for rec in records:
     rec = dict(rec)
@@ -133,9 +150,12 @@ def rewrite(records: list[dict], graph, enabled: bool = True) -> tuple[list[dict
       out.append(rec)
       continue
     path = rec['path']
+    unreadable = None
     if enabled:
       persons = [graph.domain(t) == 'Person' for t in path[1:]]
       tmpl, trace = fuzzy_rewrite(path, rec['descriptors'], rec['answer_attribute'], rec.get('relations'), persons)
+      unreadable = reading_error(rec['descriptors'], rec.get('relations') or [relations.fallback('')] * len(persons),
+                                 persons)
       # v0 is still named (`ground` replaces it): checked without it, so a word v0's name shares with a later
       # node ('Eiffel Tower' -> 'Gustave Eiffel') is no leak here.
       leaks = find_leaks(tmpl.replace('{E0}', ''), path, graph, rec['answers'], skip=(path[0],))
@@ -147,6 +167,9 @@ def rewrite(records: list[dict], graph, enabled: bool = True) -> tuple[list[dict
     if leaks:
       rec['rejected'] = 'rewrite: leak: ' + '; '.join(leaks)
       counts['rejected_leak'] += 1
+    elif unreadable:
+      rec['rejected'] = f'rewrite: unreadable: {unreadable}'
+      counts['rejected_unreadable'] += 1
     elif tmpl is None:
       rec['rejected'] = f'rewrite: v0 not named in the question ({path[0]})'
       counts['rejected_unnamed'] += 1

@@ -7,7 +7,10 @@
   titles / ids      node id <-> title (Wikispeedia `Taj_Mahal`, XML `Computer accessibility`)
   aliases           the title's surface forms (`entities.aliases`) + the redirects that lead to it (dereferenced)
   text              the plain text the wiki stage kept
-  descriptors       category phrases (`entities.descriptors`), the infobox type, else a domain noun
+  descriptors       class phrases with evidence (`classes.descriptors`: category + definition / infobox), the
+                    XML infobox type, else (XML, typed infobox) a domain noun; none = abstain (never stepped on)
+  mentions          title -> count of the articles a text names (`mentions.mention_counts`)
+  competitors       the entities of a descriptor's class the source's text (or the link sentence) names
   attributes        typed infobox attributes (`entities.infobox_attributes`): Wikispeedia reads the plaintext's
                     infobox lines; XML renders its parsed infobox parameters as `Key value` lines first
   out_links         CSR out-neighbours as titles
@@ -24,8 +27,10 @@ import pathlib
 
 import numpy as np
 
+from data_pipeline import classes
 from data_pipeline import entities
 from data_pipeline import graph as graph_lib
+from data_pipeline import mentions as mentions_lib
 from data_pipeline import relations
 from data_pipeline import wiki
 
@@ -115,16 +120,69 @@ class WikiGraph:
 
   @functools.lru_cache(maxsize=None)
   def descriptors(self, title: str) -> tuple[str, ...]:
-    """Descriptor phrases, most specific first: category phrases, the infobox type (XML), else a domain noun."""
+    """Descriptor phrases, most specific first: the classes whose evidence holds (`classes.descriptors`), the
+    infobox type (XML), else the domain noun of an article with a typed infobox; () = abstain. Never 'X or Y'."""
     art = self.article(title)
-    out = list(entities.descriptors(art.categories))
+    out = classes.descriptors(title, art.categories, art.text, self.aliases(title))
     kind = art.infobox_type.strip()
-    if kind and kind.isascii() and len(kind.split()) <= 3 and kind not in out:
+    if kind and kind.isascii() and len(kind.split()) <= 3 and kind not in out and ' or ' not in kind:
       out.append(kind)
     noun = DOMAIN_NOUNS.get(self.domain(title))
-    if not out and noun:
+    if not out and noun and kind:
       out.append(noun)
     return tuple(out)
+
+  @functools.cached_property
+  def _classes(self) -> dict[str, frozenset[str]]:
+    """phrase -> the titles of its class: those it describes and those a reader may take for one
+    (`classes.competitor_phrases`)."""
+    index: dict[str, set[str]] = {}
+    for a in self.data.articles:
+      for p in set(self.descriptors(a.title)) | classes.competitor_phrases(a.title, a.categories):
+        index.setdefault(p, set()).add(a.title)
+    return {p: frozenset(ts) for p, ts in index.items()}
+
+  def class_members(self, phrase: str) -> frozenset[str]:
+    """The titles of the class `phrase` names (empty for an unknown phrase)."""
+    return self._classes.get(phrase, frozenset())
+
+  @functools.cached_property
+  def _alias_index(self) -> dict[str, tuple[str, ...]]:
+    return mentions_lib.alias_index((t, self.aliases(t)) for t in self.titles)
+
+  @functools.lru_cache(maxsize=4096)
+  def mentions(self, text: str) -> dict[str, int]:
+    """title -> count of its mentions in `text` (an article's text or a sentence; `mentions.mention_counts`)."""
+    return mentions_lib.mention_counts(text, self._alias_index)
+
+  @functools.cached_property
+  def given_names(self) -> frozenset[str]:
+    """Folded first words of the people's titles ('miguel' from Miguel_de_Cervantes) that start more people's
+    titles than other titles and are no stopword (`mentions.unnamed_people`)."""
+    people, others = {}, {}
+    for a in self.data.articles:
+      words = entities.name_tokens(entities.display(a.title))
+      if len(words) < 2:
+        continue
+      person = bool(set(classes.BROAD_PERSON) & classes.competitor_phrases(a.title, a.categories))
+      bucket = people if person else others
+      bucket[words[0]] = bucket.get(words[0], 0) + 1
+    return frozenset(w for w, n in people.items()
+                     if len(w) >= 3 and w not in entities.STOPWORDS and n > others.get(w, 0))
+
+  def competitors(self, src: str, dst: str, phrase: str) -> list[tuple[str, int]]:
+    """The entities of `phrase`'s class that src's text names besides src, most mentioned first (title order
+    among equals), each with its count; dst among them when named. A hop whose relation `relations.extract`
+    read ("the architect who designed X") reads the link sentence only: the relation singles dst out among the
+    rest of the text. For a broad person class (`classes.BROAD_PERSON`) the people the text names who have no
+    article compete too, as '?Given Surname' (`mentions.unnamed_people`)."""
+    text = self.link(src, dst)[1] if self.relation(src, dst) in relations.RELATIONS else self.text(src)
+    members = self.class_members(phrase)
+    found = [(t, c) for t, c in self.mentions(text).items() if t in members and t != src]
+    if phrase in classes.BROAD_PERSON:
+      found += [('?' + n, c) for n, c in
+                mentions_lib.unnamed_people(text, self.given_names, self._alias_index).items()]
+    return sorted(found, key=lambda tc: (-tc[1], tc[0]))
 
   @functools.lru_cache(maxsize=None)
   def attributes(self, title: str) -> dict:
@@ -155,26 +213,50 @@ class WikiGraph:
     anchor, sentence = self.link(src, dst)
     return relations.relation(anchor, sentence, self.domain(dst), self.aliases(src), self.domain(src))
 
-  @functools.lru_cache(maxsize=None)
   def referent(self, src: str, dst: str) -> str | None:
-    """A descriptor that picks `dst` out among the out-links of `src`, or None (unique referent, Eq. 6 (ii)).
+    """A descriptor that picks `dst` out (unique referent, Eq. 6 (ii)), or None: `referent_check`'s."""
+    return self.referent_check(src, dst)[0]
 
-    The most specific descriptor of dst that no other out-link of src has; else, when the hop's relation is one
-    `relations.extract` read, one that no other out-link has under the same relation ("the architect who
-    designed X": no other architect linked from X's article is said to have designed it).
+  @functools.lru_cache(maxsize=None)
+  def referent_check(self, src: str, dst: str) -> tuple[str | None, str, str]:
+    """(descriptor, relation, '') of the hop src -> dst, or (None, '', why no descriptor picks dst out).
+
+    The most specific descriptor d of dst (never 'X or Y') that passes both:
+      * the text: dst is the only entity of d's class that src's text names besides src (`competitors`; the link
+        sentence for a hop with a read relation);
+      * the links: no other out-link of src is of d's class, or, for a read relation, none is said to stand
+        in the same relation ("the architect who designed X": no other architect linked from X's article
+        designed it);
+    the relation is then the hop's (`relation`). Else, for a hop without a read relation, the most specific d
+    whose class dst leads in src's text by a margin (`dominates`): the relation is then
+    `relations.MOST_OFTEN` ("the chemical element mentioned most often in the article on X"), true whatever
+    else the text or the links hold.
+    Reasons: 'no descriptor' (dst abstains), 'not named as itself' (only inside a longer name: 'New Mexico'),
+    'another of its class in the text', 'another of its class among the links'.
     """
-    others = [w for w in self.out_links(src) if w != dst]
-    taken = {d for w in others for d in self.descriptors(w)}
-    for d in self.descriptors(dst):
-      if d not in taken:
-        return d
+    descs = [d for d in self.descriptors(dst) if ' or ' not in d]
+    if not descs:
+      return None, '', 'no descriptor'
     rel = self.relation(src, dst)
+    others = [w for w in self.out_links(src) if w != dst]
+    why = 'not named as itself'
+    for d in descs:
+      found = self.competitors(src, dst, d)
+      if dst not in dict(found):
+        continue
+      if len(found) > 1:
+        why = 'another of its class in the text'
+        continue
+      members = self.class_members(d)
+      if any(w in members and (rel not in relations.RELATIONS or self.relation(src, w) == rel) for w in others):
+        why = 'another of its class among the links'
+        continue
+      return d, rel, ''
     if rel not in relations.RELATIONS:
-      return None
-    for d in self.descriptors(dst):
-      if not any(d in self.descriptors(w) and self.relation(src, w) == rel for w in others):
-        return d
-    return None
+      for d in descs:
+        if dominates(dst, self.competitors(src, dst, d)):
+          return d, relations.MOST_OFTEN, ''
+    return None, '', why
 
   def names_in(self, phrase: str, title: str) -> bool:
     """Whether `phrase` holds an alias or a distinctive word of `title` (the leak rule, `rewrite.find_leaks`)."""
@@ -201,7 +283,8 @@ class WikiGraph:
   @functools.cached_property
   def walk_edges(self) -> 'EdgeMask':
     """[E] bool (positions in `csr.indices`), read lazily: edges src -> dst a walk may follow: dst usable, named
-    in a sentence of src (`link`), and with a descriptor no other out-link of src has or a relation
+    in a sentence of src (`link`), and with a descriptor no other out-link of src has and whose class src's text
+    names no other entity of (`mentions`) or whose class dst `dominates` in the text, or a relation
     `relations.extract` reads (the cheap part of `referent`, which `paths.check_path` then applies in full).
     A source's out-edges are decided the first time a walk stands on it (`EdgeMask`), so a build reads the
     sentences of the few hundred articles its walks visit, not of every link in the graph."""
@@ -212,20 +295,37 @@ class WikiGraph:
     art, nbrs = self.data.articles[i], self.out_links(self.titles[i])
     if not art.text or not nbrs:
       return np.zeros(len(nbrs), bool)
-    seen = {}
+    linked = {}
     for w in nbrs:
       for d in self.descriptors(w):
-        seen[d] = seen.get(d, 0) + 1
+        linked[d] = linked.get(d, 0) + 1
+    named = self.mentions(art.text)
+    in_text = {}  # phrase -> (title, count) of the entities of its class the text names, most first
+    for t, c in sorted(named.items(), key=lambda tc: (-tc[1], tc[0])):
+      if t != art.title:
+        for d in set(self.descriptors(t)) | classes.competitor_phrases(t, self.article(t).categories):
+          in_text.setdefault(d, []).append((t, c))
     ok = np.zeros(len(nbrs), bool)
     usable = self.usable
     for k, w in enumerate(nbrs):
       if not usable[self.ids[w]]:
         continue
       anchor, sentence = self.link(art.title, w)
-      ok[k] = bool(sentence) and (any(seen[d] == 1 for d in self.descriptors(w))
-                                  or relations.extract(anchor, sentence, self.aliases(art.title),
-                                                       self.domain(art.title)) is not None)
+      ok[k] = bool(sentence) and (
+          any(w in named and ((linked[d] == 1 and len(in_text[d]) == 1) or dominates(w, in_text[d]))
+              for d in self.descriptors(w))
+          or relations.extract(anchor, sentence, self.aliases(art.title), self.domain(art.title)) is not None)
     return ok
+
+
+def dominates(title: str, found: list[tuple[str, int]]) -> bool:
+  """Whether `title` leads `found` ((title, count), most first: `WikiGraph.competitors`) by a margin a reader
+  cannot miss: named at least twice as often as the runner-up and at least 2 times more (gold 8 vs copper 2:
+  gold dominates; 3 vs 2 does not)."""
+  if not found or found[0][0] != title:
+    return False
+  second = found[1][1] if len(found) > 1 else 0
+  return found[0][1] >= max(2 * second, second + 2)
 
 
 class EdgeMask:

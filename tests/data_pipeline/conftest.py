@@ -40,3 +40,15 @@ def grounded_items(graph, small_config):
   recs, _ = rewrite.rewrite(recs, graph)
   recs, _ = ground.ground(recs, graph, osvl_paths.data_dir(), small_config.image_dir)
   return recs
+
+
+@pytest.fixture(scope='session')
+def solvable_items(graph, grounded_items):
+  """The accepted grounded items the offline oracle expert solves undegraded (its text_search does not find every
+  hop: 'the Caribbean country mentioned in the article on Iran' is no query that retrieves Cuba)."""
+  from data_pipeline import synthesize
+  from osvl_jax import paths as osvl_paths
+  ok = [r for r in grounded_items if not r['rejected']]
+  records, _ = synthesize.synthesize(ok, graph, osvl_paths.data_dir())
+  kept = {r['prompt_id'] for r in records}
+  return [r for r in ok if r['prompt_id'] in kept]

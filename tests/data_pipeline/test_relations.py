@@ -73,8 +73,8 @@ def test_fallback_by_the_destination_domain_and_references():
   assert [relations.fallback(d) for d in ('Person', 'Building-Place', 'Organism', 'Artifact', '', 'Other')] == [
       'named in', 'referred to in', 'described in', 'cited in', 'mentioned in', 'mentioned in']
   assert relations.reference('designed by', 'architect', '{E0}', person=True) == 'the architect who designed {E0}'
-  assert relations.reference('located on', 'river', 'Agra') == 'the river that Agra is located on'
-  assert relations.reference('located in', 'city', 'the Taj Mahal') == 'the city in which the Taj Mahal is located'
+  assert relations.reference('located on', 'river', 'Agra') == 'the river on which lies Agra'
+  assert relations.reference('located in', 'city', 'the Taj Mahal') == 'the city containing the Taj Mahal'
   assert relations.reference('capital of', 'country', 'Cairo') == 'the country whose capital is Cairo'
   assert relations.reference('named in', 'political figure', 'Luftwaffe') == (
       'the political figure named in the article on Luftwaffe')

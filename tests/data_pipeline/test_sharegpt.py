@@ -10,16 +10,16 @@ from osvl_jax import paths as osvl_paths
 
 
 @pytest.fixture(scope='module')
-def oracle_trajectories(graph, grounded_items, tmp_path_factory):
+def oracle_trajectories(graph, solvable_items, tmp_path_factory):
   """Oracle trajectories of two items, the first one blurred (a repair call that returns img_2)."""
   from osvl_jax import trajectory as traj_lib
   data_dir = osvl_paths.data_dir()
-  first = grounded_items[0]
+  first = solvable_items[0]
   params = {'blur': 'gaussian', 'sigma': 2.0, 'ksize': 13}
   path = tmp_path_factory.mktemp('degraded') / 'blur.png'
   degrade.save_png(degrade.apply(synthesize.load_image(data_dir, first['image_path']), 'blur', params), path)
   items = [dict(first, image_path=str(path), degradation={'kind': 'blur', 'params': json.dumps(params),
-                                                           'repair_tool': 'sharpen'})] + list(grounded_items[1:3])
+                                                           'repair_tool': 'sharpen'})] + list(solvable_items[1:3])
   records, counts = synthesize.synthesize(items, graph, data_dir)
   assert counts['repaired'] == 1 and counts['kept'] >= 2
   return [traj_lib.Trajectory.from_record(r) for r in records]

@@ -124,14 +124,14 @@ def test_oracle_gives_up_with_the_reason(graph, grounded_items):
     ('blur', {'blur': 'gaussian', 'sigma': 2.0, 'ksize': 13}, 'sharpen', {'image': 'img_1'}),
     ('downsample', {'factor': 3}, 'super_resolution', {'image': 'img_1', 'scale': 3}),
 ])
-def test_a_degraded_item_is_repaired_before_the_image_search(graph, grounded_items, tmp_path, kind, params, tool,
+def test_a_degraded_item_is_repaired_before_the_image_search(graph, solvable_items, tmp_path, kind, params, tool,
                                                             arguments):
   """The first call is the paired repair tool on img_1; image_search then looks up its output, img_2."""
   from data_pipeline import degrade
   from osvl_jax import trajectory as traj_lib
   from tools import env as env_lib
   data_dir = osvl_paths.data_dir()
-  item = grounded_items[0]
+  item = solvable_items[0]
   original = synthesize.load_image(data_dir, item['image_path'])
   degraded = degrade.apply(original, kind, params)
   degrade.save_png(degraded, tmp_path / 'd.png')

@@ -154,11 +154,12 @@ def test_per_path_checks_name_the_reason():
       ('Land', 'country', {'capital': 'S'}, [], 'Land.', []),
   ]
   g = _make(pages)
-  assert paths.check_path(g, ['S', 'X', 'Land']) == 'no unique referent'  # X and Y are both 'settlement'
+  # X and Y are both 'settlement' and S's text names both
+  assert paths.check_path(g, ['S', 'X', 'Land']) == 'no unique referent: another of its class in the text'
   assert paths.check_path(g, ['S', 'Q', 'Land']) == 'not mentioned'      # no sentence of S names Q
   assert g.referent('S', 'Z') == 'castle'
   assert paths.check_path(g, ['S', 'Z', 'Land']) == 'no answer'           # Land's capital is S, a path node
-  g2 = _make([pages[0][:5] + ([('Castle', 'Castle', 'S is near Castle.')],),
+  g2 = _make([pages[0][:4] + ('S is near Castle.', [('Castle', 'Castle', 'S is near Castle.')]),
               ('Castle', 'castle', {}, [], 'Castle.', [])])
   assert paths.check_path(g2, ['S', 'Castle']) == 'descriptor leak'       # 'castle' names the node Castle
 
@@ -196,9 +197,9 @@ def test_rewrite_uses_the_relations_and_keeps_the_answer_out():
   tmpl, trace = rewrite.fuzzy_rewrite(['Tower', 'Architect', 'Town'], ['architect', 'town'], 'capital',
                                       ['designed by', 'born in'], [True, False])
   assert trace[0] == 'What is the capital of Town?'
-  assert trace[1] == 'What is the capital of the town where Architect was born?'
-  assert trace[2] == 'What is the capital of the town where the architect who designed Tower was born?'
-  assert tmpl == 'What is the capital of the town where the architect who designed {E0} was born?'
+  assert trace[1] == 'What is the capital of the town that is the birthplace of Architect?'
+  assert trace[2] == 'What is the capital of the town that is the birthplace of the architect who designed Tower?'
+  assert tmpl == 'What is the capital of the town that is the birthplace of the architect who designed {E0}?'
 
 
 def _grounded(tmp_path, **kw):
@@ -217,8 +218,7 @@ def test_ground_refers_by_domain_and_rejects_a_missing_image(tmp_path):
   by_seed = {r['path'][0]: r for r in recs}
   tower, poet = by_seed['Tower'], by_seed['Poet']
   assert tower['rejected'] is None and tower['question'] == (
-      'What is the capital of the country that the settlement in which the building in the image is located is '
-      'part of?')
+      'What is the capital of the country that includes the settlement containing the building in the image?')
   assert tower['anchor_expression'] == 'the building in the image'
   assert poet['rejected'] == 'ground: image file missing (imgs/Poet.jpg)'   # no Poet.jpg in imgs/
   assert counts['grounded'] == 1 and counts['rejected'] == {'image file missing': 1}

@@ -1,0 +1,179 @@
+"""Reviews a built dataset as a person would: N random accepted items with every hop's evidence beside it.
+
+  python -m data_pipeline.review W --sample 20 --seed 0
+
+W is a build's workdir (the dataset is `W/data`) or the dataset folder itself. For each sampled accepted item
+it prints (and writes as `<dataset>/review.html`, the anchor image shown) the path, each hop's descriptor and
+relation, the entities of the descriptor's class the previous article's text names with their counts
+(`WikiGraph.competitors`: the link sentence for a read relation), the descriptor's evidence (the node's defining
+sentence, `classes.definition`), the answer with its aliases and infobox line, the image, and the automated
+checks' verdicts:
+
+  referent   per hop: 'unique' (the only one of its class named), 'most often' (`wiki_graph.dominates`), else
+             'AMBIGUOUS' (another of the class named as often or more);
+  descriptor per hop: 'fits' when it is one of the node's evidence-backed descriptors (`WikiGraph.descriptors`),
+             else 'NO EVIDENCE';
+  reading    `rewrite.reading_error` (garden path, two relative clauses in a hop, 'X or Y');
+  leak       `rewrite.find_leaks` over the whole path and the answer;
+  answer     `paths.historical` (a value of the past) on the answer's infobox line;
+  chain      how many accepted items share the item's answer chain (`paths.answer_chain`, at most 2).
+"""
+
+import html
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+from absl import app, flags
+
+from data_pipeline import classes, paths, relations, rewrite, wiki_graph
+from osvl_jax import paths as osvl_paths
+from osvl_jax.data import pipeline as pipeline_data
+
+REVIEW_FILE = 'review.html'
+MAX_COMPETITORS = 6  # competitors shown per hop
+
+
+def dataset_folder(path: str | os.PathLike) -> pathlib.Path:
+  """The dataset folder of a workdir (`W/data`) or the folder itself when it holds the `items` split.
+
+  Raises:
+    FileNotFoundError: neither holds a finished `items` split.
+  """
+  path = pathlib.Path(path)
+  for folder in (path / 'data', path):
+    if pipeline_data.has_split(folder / 'items'):
+      return folder
+  raise FileNotFoundError(f'{path}: no items split in {path / "data"} or {path} (build it with '
+                          '`python -m data_pipeline.build --config=... --workdir=W`)')
+
+
+def review_item(g, item: dict, chain_counts: dict) -> dict:
+  """The review of one accepted item (module docstring): hops with competitors and verdicts, answer, checks.
+
+  Args:
+    g: the dataset's `wiki_graph.WikiGraph`; item: a row of the `items` split;
+    chain_counts: `paths.answer_chain` -> accepted items with it.
+  Returns:
+    {'prompt_id', 'question', 'path', 'image_path', 'hops': [{'src', 'dst', 'descriptor', 'relation',
+    'competitors': [(title, count)], 'referent', 'descriptor_check', 'definition'}], 'answers', 'evidence',
+    'checks': {'reading', 'leak', 'answer', 'chain'}, 'ok': all verdicts good}.
+  """
+  path, descs, rels = item['path'], item['descriptors'], item['relations']
+  hops = []
+  for src, dst, d, rel in zip(path, path[1:], descs, rels):
+    found = g.competitors(src, dst, d)
+    named = dict(found)
+    if dst in named and len(found) == 1:
+      referent = 'unique'
+    elif wiki_graph.dominates(dst, found):
+      referent = 'most often'
+    else:
+      referent = 'AMBIGUOUS'
+    hops.append({'src': src, 'dst': dst, 'descriptor': d, 'relation': rel, 'competitors': found[:MAX_COMPETITORS],
+                 'referent': referent,
+                 'descriptor_check': 'fits' if d in g.descriptors(dst) and ' or ' not in d else 'NO EVIDENCE',
+                 'definition': classes.definition(g.text(dst), g.aliases(dst))[0][:240]})
+  persons = [g.domain(t) == 'Person' for t in path[1:]]
+  leaks = rewrite.find_leaks(item['question'], path, g, item['answers'])
+  line = item['answer_evidence'].split(': ', 1)[-1]
+  checks = {'reading': rewrite.reading_error(descs, rels, persons) or 'ok',
+            'leak': '; '.join(leaks) or 'ok',
+            'answer': paths.historical(g, path[-1], item['answer_attribute'], line) or 'ok',
+            'chain': f"{chain_counts[paths.answer_chain(path)]} item(s) end with {' -> '.join(path[-2:])}"}
+  ok = (all(h['referent'] != 'AMBIGUOUS' and h['descriptor_check'] == 'fits' for h in hops)
+        and all(checks[k] == 'ok' for k in ('reading', 'leak', 'answer'))
+        and chain_counts[paths.answer_chain(path)] <= paths.MAX_PER_CHAIN)
+  return {'prompt_id': item['prompt_id'], 'question': item['question'], 'path': path,
+          'image_path': item['image_path'], 'hops': hops, 'answers': item['answers'],
+          'evidence': item['answer_evidence'], 'checks': checks, 'ok': ok}
+
+
+def review(dataset: str | os.PathLike, sample: int, seed: int, data_dir: str | os.PathLike | None = None
+           ) -> list[dict]:
+  """Reviews `sample` accepted items drawn with `seed` (without replacement, in dataset order).
+
+  Args:
+    dataset: the dataset folder (`dataset_folder`); sample: items (all when fewer are accepted); seed: the draw's.
+    data_dir: the shared data folder the image paths are relative to (default `osvl_paths.data_dir()`).
+  Returns:
+    `review_item` dicts, each with 'image_file' (absolute path of the anchor image).
+  Raises:
+    FileNotFoundError: from `dataset_folder` / `WikiGraph.open`.
+  """
+  dataset = pathlib.Path(dataset)
+  items, _ = pipeline_data.read_split(dataset / 'items')
+  ok = [r for r in items if not r['rejected']]
+  chain_counts = {}
+  for r in ok:
+    chain_counts[paths.answer_chain(r['path'])] = chain_counts.get(paths.answer_chain(r['path']), 0) + 1
+  picked = sorted(np.random.default_rng(seed).choice(len(ok), min(sample, len(ok)), replace=False).tolist())
+  g = wiki_graph.WikiGraph.open(dataset / 'wiki')
+  root = pathlib.Path(data_dir) if data_dir else osvl_paths.data_dir()
+  out = []
+  for i in picked:
+    rec = review_item(g, ok[i], chain_counts)
+    rec['image_file'] = str(root / rec['image_path'])
+    out.append(rec)
+  return out
+
+
+def as_text(rec: dict) -> str:
+  """One reviewed item as plain text lines."""
+  lines = [f"== {rec['prompt_id']}  {'OK' if rec['ok'] else 'FLAGGED'}", f"Q: {rec['question']}",
+           f"path: {' -> '.join(rec['path'])}", f"image: {rec['image_path']}"]
+  for k, h in enumerate(rec['hops'], 1):
+    comp = ', '.join(f'{t} x{c}' for t, c in h['competitors']) or '(none)'
+    lines.append(f"  hop {k}: {h['src']} -> {h['dst']}: the {h['descriptor']} [{h['relation']}]  referent: "
+                 f"{h['referent']}; descriptor: {h['descriptor_check']}")
+    lines.append(f'         class named in the text: {comp}')
+    lines.append(f"         definition: {h['definition'] or '(none found)'}")
+  lines.append(f"A: {rec['answers'][0] if rec['answers'] else ''}  aliases: {rec['answers'][1:]}  "
+               f"({rec['evidence']})")
+  lines.append('checks: ' + '; '.join(f'{k}: {v}' for k, v in rec['checks'].items()))
+  return '\n'.join(lines)
+
+
+def as_html(recs: list[dict], dataset: pathlib.Path) -> str:
+  """The reviewed items as one HTML page (images linked relative to `dataset`, where the page is written)."""
+  esc = html.escape
+  parts = ['<!doctype html><meta charset="utf-8"><title>review</title><style>body{font-family:sans-serif;'
+           'max-width:70em}.bad{color:#b00}table{border-collapse:collapse}td,th{border:1px solid #ccc;'
+           'padding:2px 6px;vertical-align:top}img{max-width:256px;float:right}</style>']
+  for rec in recs:
+    image = os.path.relpath(rec['image_file'], dataset)
+    parts.append(f"<h3 class=\"{'' if rec['ok'] else 'bad'}\">{esc(rec['prompt_id'])} "
+                 f"{'OK' if rec['ok'] else 'FLAGGED'}</h3><img src=\"{esc(image)}\" alt=\"{esc(image)}\">"
+                 f"<p><b>Q:</b> {esc(rec['question'])}<br><b>path:</b> {esc(' → '.join(rec['path']))}</p>"
+                 '<table><tr><th>hop</th><th>descriptor [relation]</th><th>class named in the text (count)</th>'
+                 '<th>referent</th><th>descriptor</th><th>definition</th></tr>')
+    for h in rec['hops']:
+      comp = ', '.join(f'{t} ×{c}' for t, c in h['competitors']) or '(none)'
+      parts.append(f"<tr><td>{esc(h['src'])} → {esc(h['dst'])}</td><td>{esc(h['descriptor'])} "
+                   f"[{esc(h['relation'])}]</td><td>{esc(comp)}</td>"
+                   f"<td class=\"{'bad' if h['referent'] == 'AMBIGUOUS' else ''}\">{esc(h['referent'])}</td>"
+                   f"<td>{esc(h['descriptor_check'])}</td><td>{esc(h['definition'])}</td></tr>")
+    parts.append(f"</table><p><b>A:</b> {esc(', '.join(rec['answers']))} <small>({esc(rec['evidence'])})</small>"
+                 f"<br><b>checks:</b> {esc('; '.join(f'{k}: {v}' for k, v in rec['checks'].items()))}</p>"
+                 '<hr style="clear:both">')
+  return '\n'.join(parts)
+
+
+def main(argv) -> None:
+  if len(argv) != 2:
+    raise app.UsageError('usage: python -m data_pipeline.review W --sample N --seed S (W: a workdir or dataset)')
+  dataset = dataset_folder(argv[1])
+  recs = review(dataset, _SAMPLE.value, _SEED.value)
+  for rec in recs:
+    print(as_text(rec) + '\n')
+  (dataset / REVIEW_FILE).write_text(as_html(recs, dataset))
+  print(json.dumps({'reviewed': len(recs), 'flagged': sum(not r['ok'] for r in recs),
+                    'html': str(dataset / REVIEW_FILE)}), file=sys.stderr)
+
+
+if __name__ == '__main__':
+  _SAMPLE = flags.DEFINE_integer('sample', 20, 'accepted items to review')
+  _SEED = flags.DEFINE_integer('seed', 0, 'seed of the draw')
+  app.run(main)
