@@ -96,6 +96,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.weights_dir = ''
   c.rollout.weights_dtype = 'bfloat16'  # what SGLang serves; 'float32' = the trainer's log-probs exactly
   c.rollout.weights_keep = 2  # exported versions kept on disk
+  # Requests to the servers ('sglang'): seconds each, then retries with exponential backoff (connection, timeout,
+  # 429 / 5xx); a turn that still fails ends its trajectory with an engine error (osvl_jax/rollout/factory.py).
+  c.rollout.timeout_s = 600.0
+  c.rollout.retries = 4
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 450

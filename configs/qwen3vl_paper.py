@@ -141,6 +141,10 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout.weights_dir = ''  # '' = <workdir>/weights (must be local: set it for a gs:// workdir)
   c.rollout.weights_dtype = 'bfloat16'
   c.rollout.weights_keep = 2
+  # Requests to the servers ('sglang'): seconds each, then retries with exponential backoff (connection, timeout,
+  # 429 / 5xx); a turn that still fails ends its trajectory with an engine error (osvl_jax/rollout/factory.py).
+  c.rollout.timeout_s = 600.0
+  c.rollout.retries = 4
 
   c.sft = ml_collections.ConfigDict()
   c.sft.lr = 2e-5

@@ -23,8 +23,12 @@ import demo as demo_config  # noqa: E402
 import qwen3vl_paper  # noqa: E402
 
 TRAINER = ('osvl_jax/train/grpo.py', 'osvl_jax/train/grpo_update.py', 'osvl_jax/train/rollouts.py',
-           'osvl_jax/train/policy.py', 'osvl_jax/train/preflight.py')
-ALIASES = {'cfg': 'grpo', 'r': 'rollout', 'grpo': 'grpo'}   # local names of config sections in those files
+           'osvl_jax/train/policy.py', 'osvl_jax/train/preflight.py', 'osvl_jax/rollout/factory.py')
+ALIASES = {'cfg': 'grpo', 'r': 'rollout', 'grpo': 'grpo', 'section': 'rollout'}   # local names of config sections
+# Fields of the rollout factory a training run never reads: the 'openai' engine's (refused for RL), and the
+# sampling defaults (the trainer passes grpo.temperature / grpo.top_p).
+NOT_FOR_TRAINING = {'rollout.base_url', 'rollout.model', 'rollout.api_key_env', 'rollout.temperature',
+                    'rollout.top_p'}
 SECTIONS = ('grpo', 'rollout', 'model', 'image')
 METHODS = {'get', 'get_ref', 'to_dict', 'lock', 'unlock'}
 
@@ -54,7 +58,7 @@ def trainer_reads() -> set[str]:
       elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count('.') == 1 and \
           node.value.split('.')[0] in SECTIONS and node.value.split('.')[1].isidentifier():
         out.add(node.value)
-  return {r for r in out if r.split('.')[0] in SECTIONS}
+  return {r for r in out if r.split('.')[0] in SECTIONS} - NOT_FOR_TRAINING
 
 
 CONFIGS = {'demo': demo_config.get_config, **{f'grpo_{size}': (lambda s=size: qwen3vl_paper.get_config('grpo', s))
