@@ -111,8 +111,12 @@ def test_sglang_engine_evaluates_a_served_model_in_every_mode(cluster, one_worke
 
 def test_the_cli_evaluates_two_workers_behind_the_router_as_one_of_them(cluster, one_worker, tmp_path):
   """Greedy, the same weights: through the router each item gets the answer worker 0 gave it, token for token."""
-  router, _ = cluster
+  router, workers = cluster
+  rows = lambda: [httpx.get(w + '/server_info', timeout=10).json()['internal_states'][0]['stats']['rows']
+                  for w in workers]
+  before = rows()
   rep = _evaluate_cli(tmp_path, served_config(engine='sglang', urls=router))
+  assert all(a > b for a, b in zip(rows(), before))   # the router sent turns to both workers
   records = _records(tmp_path)
   _assert_costs_filled(rep, records)
   want = one_worker[2]
