@@ -70,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.max_turns = 10
   c.rollout.max_new_tokens = 128
   c.rollout.max_total_tokens = 4096
+  c.rollout.max_prompt_tokens = 0  # tokens of the rendered prompt (0: only what max_total_tokens implies)
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
   # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's

@@ -121,6 +121,7 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 4096
   # GRPO: 70 x 1024, chosen here for the 70,000-token response budget (Table 5); SFT: the cutoff (Table 4).
   c.rollout.max_total_tokens = 71_680 if stage == 'grpo' else c.data.get_ref('max_length')
+  c.rollout.max_prompt_tokens = 0  # tokens of the rendered prompt (0: only what max_total_tokens implies)
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
   # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's

@@ -3,6 +3,7 @@ it), found by parsing the trainer's source; and the checks of what lies outside 
 rollout servers) fail before anything is written, naming the field."""
 
 import ast
+import dataclasses
 import http.server
 import pathlib
 import socket
@@ -15,6 +16,7 @@ from flax import nnx
 from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+from osvl_jax.rollout import agent_loop
 from osvl_jax.train import grpo, preflight
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -43,7 +45,8 @@ def _section(node) -> str | None:
 
 def trainer_reads() -> set[str]:
   """'section.field' for every `config.S.f`, `config.S.get('f')`, alias (`cfg.f`, `r.get('f')`), checked path
-  ('grpo.steps') and `url_list(config, 'f')` in the trainer's modules."""
+  ('grpo.steps'), `url_list(config, 'f')` and every `agent_loop.Limits` field of `Limits.from_config(r)` in the
+  trainer's modules."""
   out = set()
   for name in TRAINER:
     for node in ast.walk(ast.parse((REPO / name).read_text())):
@@ -52,6 +55,9 @@ def trainer_reads() -> set[str]:
         out.add(f'{_section(node.func.value)}.{node.args[0].value}')
       elif isinstance(node, ast.Attribute) and node.attr not in METHODS and _section(node.value):
         out.add(f'{_section(node.value)}.{node.attr}')
+      elif isinstance(node, ast.Call) and getattr(node.func, 'attr', '') == 'from_config' and \
+          ast.unparse(node.func.value).endswith('Limits') and node.args and _section(node.args[0]):
+        out.update(f'{_section(node.args[0])}.{f.name}' for f in dataclasses.fields(agent_loop.Limits))
       elif isinstance(node, ast.Call) and getattr(node.func, 'id', getattr(node.func, 'attr', '')) == 'url_list' \
           and isinstance(node.args[1], ast.Constant):
         out.add(f'rollout.{node.args[1].value}')
