@@ -69,9 +69,9 @@ def main() -> None:
 
     seen: list = []  # every context sent (the warm-up replays one episode's)
 
-    async def agenerate(self, contexts, max_new_tokens=None, stop=None):
+    async def agenerate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
       self.seen.extend(contexts)
-      served = await super().agenerate(contexts, args.new_tokens, ())
+      served = await super().agenerate(contexts, args.new_tokens, (), sampling)
       assert all(len(g.ids) == args.new_tokens for g in served), [len(g.ids) for g in served]
       ids = self.tokenizer.encode(call, add_special_tokens=False) + [tj.IM_END_ID]
       return [engine_lib.Generation(ids, np.zeros(len(ids), np.float32), call, engine_lib.FINISH_STOP)

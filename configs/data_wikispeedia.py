@@ -13,7 +13,9 @@ Filters A/B run against a policy endpoint when one is given (`--config.data.filt
 
 Expert (stage `sft`, `data_pipeline/experts.py`): the oracle by default (offline); a model served by SGLang (or
 `python -m osvl_jax.serve`) with `--config.data.synthesize.expert=model
---config.data.synthesize.base_url=http://HOST:PORT --config.data.synthesize.model=NAME` (K =
+--config.data.synthesize.base_url=http://HOST:PORT --config.data.synthesize.model=NAME`, or an API model behind
+any OpenAI-compatible endpoint with `--config.data.synthesize.expert=openai
+--config.data.synthesize.base_url=https://HOST/v1 --config.data.synthesize.model=NAME` (key in $OPENAI_API_KEY) (K =
 `data.synthesize.num_samples` = 5 rollouts per item, kept after the answer judge and the process judge
 `data.synthesize.min_process_score`; `data.synthesize.judge.name=llm` + `judge.base_url` / `judge.model` for the
 LLM judges). `--config.data.synthesize.enabled=False` skips the stage. The kept trajectories are also written as

@@ -70,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.max_turns = 10
   c.rollout.max_new_tokens = 128
   c.rollout.max_total_tokens = 4096
+  c.rollout.max_prompt_tokens = 0  # tokens of the rendered prompt (0: only what max_total_tokens implies)
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
   # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's
@@ -96,6 +97,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.weights_dir = ''
   c.rollout.weights_dtype = 'bfloat16'  # what SGLang serves; 'float32' = the trainer's log-probs exactly
   c.rollout.weights_keep = 2  # exported versions kept on disk
+  # Requests to the servers ('sglang'): seconds each, then retries with exponential backoff (connection, timeout,
+  # 429 / 5xx); a turn that still fails ends its trajectory with an engine error (osvl_jax/rollout/factory.py).
+  c.rollout.timeout_s = 600.0
+  c.rollout.retries = 4
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 450

@@ -4,6 +4,8 @@ Run:
   .venv/bin/python -m osvl_jax.evaluate --config=configs/eval.py --workdir=workdir/eval \
       --config.checkpoint=workdir/demo/grpo_ckpt --config.max_items_per_benchmark=8
   (no --config.checkpoint: the tiny random model; --config.modes=agentic,direct,rag,degrade for all four modes;
+  a served model: --config.rollout.engine=sglang --config.rollout.urls=http://127.0.0.1:30000, or
+  --config.rollout.engine=openai --config.rollout.base_url=http://127.0.0.1:8000/v1 --config.rollout.model=NAME;
   --config.budgets=2,4,8,16 adds the tool-call budget sweep and its plot; --config.benchmarks=fvqa,mmsearch;
   rerun with the same workdir to resume: a workdir evaluated with other settings is refused, naming them)
 
@@ -72,6 +74,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.top_p = 1.0
   # The embedded sampler's prefix cache (slots of max_total_tokens + max_new_tokens of KV; configs/demo.py): 0 = off.
   c.rollout.prefix_cache_slots = 0
+  # The engine (osvl_jax/rollout/factory.py): 'embedded' = the JAX sampler over `checkpoint` / `model` in this
+  # process; 'sglang' = a model served over SGLang's native API at `urls` (one URL, a list or 'a,b'; SGLang
+  # servers, `python -m osvl_jax.serve`, an sglang-router): `image` must then be the servers' pixel budget, or
+  # every turn fails with a prompt_mismatch error; 'openai' = any OpenAI-compatible chat endpoint with image
+  # inputs at `base_url` (with /v1), model `model` (API models; the key in $<api_key_env>): text replies, rendered
+  # into the record with our tokenizer (the report's tokens are ours; `checkpoint` / `model` unused by both).
+  c.rollout.engine = 'embedded'
+  c.rollout.urls = ml_collections.config_dict.placeholder(object)
+  c.rollout.base_url = ''
+  c.rollout.model = ''
+  c.rollout.api_key_env = 'OPENAI_API_KEY'
+  c.rollout.timeout_s = 600.0  # per request (sglang, openai)
+  c.rollout.retries = 4  # of a failed request: connection, timeout, 429 / 5xx, with exponential backoff
+  c.rollout.max_concurrency = 64  # episodes, and so requests, in flight at once
   c.batch_size = 4  # items rolled out together; results are appended after each item is judged
 
   # Agent prompts (osvl_jax/judges/prompts): a versioned file name, or 'builder_default' for the trainer's

@@ -121,6 +121,7 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 4096
   # GRPO: 70 x 1024, chosen here for the 70,000-token response budget (Table 5); SFT: the cutoff (Table 4).
   c.rollout.max_total_tokens = 71_680 if stage == 'grpo' else c.data.get_ref('max_length')
+  c.rollout.max_prompt_tokens = 0  # tokens of the rendered prompt (0: only what max_total_tokens implies)
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
   # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's
@@ -141,6 +142,10 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout.weights_dir = ''  # '' = <workdir>/weights (must be local: set it for a gs:// workdir)
   c.rollout.weights_dtype = 'bfloat16'
   c.rollout.weights_keep = 2
+  # Requests to the servers ('sglang'): seconds each, then retries with exponential backoff (connection, timeout,
+  # 429 / 5xx); a turn that still fails ends its trajectory with an engine error (osvl_jax/rollout/factory.py).
+  c.rollout.timeout_s = 600.0
+  c.rollout.retries = 4
 
   c.sft = ml_collections.ConfigDict()
   c.sft.lr = 2e-5

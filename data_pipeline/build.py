@@ -101,7 +101,7 @@ def default_config() -> ml_collections.ConfigDict:
     rewrite: False = the Table 3a "no fuzzy rewriting" ablation (the canonical question is the question).
     data_dir: shared data folder; '' = `osvl_jax.paths.data_dir()`.
     synthesize: the `sft` stage (`experts.default_config()`): enabled, expert ('oracle' offline | 'model' behind
-      SGLang's /generate), K samples, the two-stage rejection's judge and threshold, limits.
+      SGLang's /generate | 'openai' behind an OpenAI-compatible endpoint), K samples, the two-stage rejection's judge and threshold, limits.
     top_k: text_search hits per oracle call.
     min_pixels, max_pixels: the image processor budget (pixels) for the trajectories' images.
     tools: partial `tools.env.default_config()` overrides.

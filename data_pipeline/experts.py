@@ -4,9 +4,12 @@ Experts (`data.synthesize.expert`):
   oracle  the offline default: `synthesize.OracleEngine`, one deterministic episode per item (`num_samples` does
           not apply), kept only when its own process check passes (every hop found in the search results).
   model   any model behind SGLang's native `/generate` API (an SGLang server, the `sglang-router`, or
-          `python -m osvl_jax.serve`), through the token-exact `rollout.sglang_client.SGLangEngine`: K =
-          `num_samples` episodes per item through the one agent loop (`rollout.agent_loop.run_episodes`), sampled
-          at `temperature`.
+          `python -m osvl_jax.serve`), through the token-exact `rollout.sglang_client.SGLangEngine`.
+  openai  any OpenAI-compatible chat endpoint with image inputs (the paper's frontier-model expert, vLLM, SGLang's
+          OpenAI API, `osvl_jax.serve`'s `/v1`), through `rollout.openai_engine.OpenAIEngine`: its text replies
+          are rendered by the builder into the token-exact record (no log-probs, which SFT does not need).
+The two model experts are built by `rollout.factory.make_engine` (`engine_section`) and run K = `num_samples`
+episodes per item through the one agent loop (`rollout.agent_loop.run_episodes`), sampled at `temperature`.
 
 Both go through the same rejection (`judge_trajectory`), with the judge of `data.synthesize.judge`
 (`judges.registry`: the rule judge offline, the LLM judge when it names an endpoint):
@@ -36,18 +39,21 @@ import ml_collections
 from osvl_jax import config_checks as checks
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.judges import registry as judges
+from osvl_jax.rollout import factory
 
-EXPERTS = ('oracle', 'model')
+EXPERTS = ('oracle', 'model', 'openai')
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The `data.synthesize` section. Fields:
 
     enabled: run the `sft` stage.
-    expert: 'oracle' (offline default) or 'model'.
-    base_url: the model expert's SGLang-native server, 'http://HOST:PORT' (no '/v1'); a comma-separated list
-      is used round-robin.
-    model: the expert's name, recorded in the stats (SGLang's /generate serves the one loaded model).
+    expert: 'oracle' (offline default), 'model' (SGLang's native API) or 'openai' (an OpenAI-compatible endpoint).
+    base_url: 'model': the SGLang-native server, 'http://HOST:PORT' (no '/v1'; a comma-separated list is used
+      round-robin); 'openai': the endpoint with '/v1', e.g. 'https://api.openai.com/v1'.
+    model: the expert's name: sent with each request ('openai'), recorded in the stats (both).
+    api_key_env: 'openai': the environment variable holding the endpoint's key ('' or unset: `$OSVL_API_KEY`, else
+      `$SGLANG_API_KEY`, else none).
     num_samples: K, episodes per item (model expert; paper: 5).
     keep_per_item: passing trajectories kept per item, best process score first (0 = all).
     min_process_score: stage 2 threshold, in [0, 1].
@@ -66,6 +72,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.expert = 'oracle'
   c.base_url = ''
   c.model = ''
+  c.api_key_env = 'OPENAI_API_KEY'
   c.num_samples = 5
   c.keep_per_item = 1
   c.min_process_score = 0.5
@@ -86,7 +93,8 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data.synthesi
   """Fails fast on a `data.synthesize` section that cannot run.
 
   Raises:
-    ValueError: naming the field: an unknown expert, 'model' without base_url, num_samples / max_turns /
+    ValueError: naming the field: an unknown expert, 'model' without base_url, 'openai' without base_url or
+      model, a base_url that is not http(s)://, num_samples / max_turns /
       max_new_tokens / max_concurrency not ints >= 1, keep_per_item / retries / max_total_tokens not ints >= 0,
       min_process_score outside [0, 1], an unknown judge name.
   """
@@ -96,6 +104,11 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data.synthesi
   checks.choice(root, f'{prefix}.expert', EXPERTS)
   if config.expert == 'model' and not config.base_url:
     raise ValueError(f"{prefix}.base_url='': the model expert needs its server's URL (http://HOST:PORT)")
+  if config.expert == 'openai' and not (config.base_url and config.model):
+    raise ValueError(f"{prefix}.expert='openai' needs {prefix}.base_url (with /v1) and {prefix}.model, got "
+                     f"{config.base_url!r} and {config.model!r}")
+  if config.expert != 'oracle':
+    factory.url_list(config, 'base_url', prefix)
   for field in ('num_samples', 'max_turns', 'max_new_tokens', 'max_concurrency'):
     checks.positive_int(root, f'{prefix}.{field}')
   for field in ('keep_per_item', 'retries', 'max_total_tokens'):
@@ -177,23 +190,32 @@ def select(trajectories: Sequence[traj_lib.Trajectory], judge, min_process_score
   return [trajectories[k] for k in keep], counts
 
 
+def engine_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The rollout section (`rollout.factory`) of a model expert: engine 'sglang' ('model') or 'openai', the
+  endpoint, sampling, per-turn budget and request limits of `config` (the `data.synthesize` section)."""
+  return ml_collections.ConfigDict({
+      'engine': 'sglang' if config.expert == 'model' else 'openai', 'urls': str(config.base_url),
+      'base_url': str(config.base_url), 'model': str(config.model), 'api_key_env': config.get('api_key_env', ''),
+      'max_new_tokens': int(config.max_new_tokens), 'max_total_tokens': int(config.max_total_tokens),
+      'temperature': float(config.temperature), 'top_p': float(config.top_p), 'timeout_s': float(config.timeout_s),
+      'retries': int(config.retries), 'max_concurrency': int(config.max_concurrency)})
+
+
 def model_engine(config: ml_collections.ConfigDict, tokenizer):
-  """The model expert's engine: `SGLangEngine` over `config.base_url` (comma-separated URLs round-robin).
+  """The model expert's engine: `rollout.factory.make_engine(engine_section(config))`, an `SGLangEngine` over
+  `config.base_url` ('model') or an `OpenAIEngine` ('openai').
 
   Raises:
-    ValueError: an empty base_url (from the client), a parameter out of range.
+    ValueError: a bad endpoint field (naming it), a parameter out of range.
   """
-  from osvl_jax.rollout import sglang_client
-  urls = [u.strip() for u in str(config.base_url).split(',') if u.strip()]
-  return sglang_client.SGLangEngine(urls, tokenizer, max_new_tokens=int(config.max_new_tokens),
-                                    temperature=float(config.temperature), top_p=float(config.top_p),
-                                    timeout=float(config.timeout_s), retries=int(config.retries),
-                                    concurrency=int(config.max_concurrency))
+  return factory.make_engine(engine_section(config), tokenizer)
 
 
 def model_episodes(prompts: Sequence[Mapping], engine, env, make_builder, config: ml_collections.ConfigDict
                    ) -> list[traj_lib.Trajectory]:
-  """K = `config.num_samples` episodes per prompt through `agent_loop.run_episodes` under the config's limits.
+  """K = `config.num_samples` episodes per prompt through `agent_loop.run_episodes` under the config's limits
+  (`agent_loop.Limits.from_config(config)`: max_turns, max_new_tokens, max_total_tokens, max_seconds,
+  max_concurrency; fatal_k and fatal_index at their defaults).
 
   Args:
     prompts: `agent_loop.Item`s or mappings (prompt_id, question, image uint8 [H, W, 3], answers).
@@ -206,8 +228,5 @@ def model_episodes(prompts: Sequence[Mapping], engine, env, make_builder, config
     'error' (never raised).
   """
   from osvl_jax.rollout import agent_loop
-  return agent_loop.run_episodes(
-      engine, env, make_builder, list(prompts), num_generations=int(config.num_samples),
-      max_turns=int(config.max_turns), max_new_tokens=int(config.max_new_tokens),
-      max_total_tokens=int(config.max_total_tokens) or None, max_concurrency=int(config.max_concurrency),
-      max_seconds=float(config.max_seconds) or None)
+  return agent_loop.run_episodes(engine, env, make_builder, list(prompts), num_generations=int(config.num_samples),
+                                 limits=agent_loop.Limits.from_config(config))

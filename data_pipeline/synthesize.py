@@ -339,8 +339,8 @@ def oracle_trajectory(item: Mapping, image: np.ndarray, env, make_builder, graph
                            answers=list(item['answers']))
   steps = max_oracle_steps(item)
   # The oracle decides itself when to give up: the loop's fatal cascade is longer than any episode.
-  (traj,) = agent_loop.run_episodes(engine, env, make_builder, [prompt], num_generations=1, max_turns=steps,
-                                    fatal_k=steps + 1)
+  (traj,) = agent_loop.run_episodes(engine, env, make_builder, [prompt], num_generations=1,
+                                    limits=agent_loop.Limits(max_turns=steps, fatal_k=steps + 1))
   reason = engine.outcomes.get(item['prompt_id'], f'stopped: {traj.stop_reason}')
   if reason != 'ok':
     return None, reason
@@ -370,8 +370,8 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
     processor: `trajectory.ImageProcessor` for the input image (default: Qwen3-VL's pixel budget).
     progress: optional callable wrapping the iterable (tqdm).
     config: the `data.synthesize` section (`experts.default_config()`, the default).
-    engine: the model expert's engine (default: `experts.model_engine(config)`, SGLang's /generate at
-      `config.base_url`); tests pass a `ScriptedEngine`.
+    engine: the model expert's engine (default: `experts.model_engine(config)`, SGLang's /generate or an
+      OpenAI-compatible endpoint at `config.base_url`); tests pass a `ScriptedEngine`.
     system_prompt: the agent's instructions of the trajectories' system turn (`trajectory.system_prompt_text`;
       None = the builder's default).
   Returns:
@@ -422,7 +422,7 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
   repair_tools = set(degrade_lib.REPAIR_TOOLS.values())
   calls = sum(len(t.steps) - 1 for t in kept)
   episodes = len(todo) if config.expert == 'oracle' else len(trajs)
-  counts = {'expert': config.expert, 'model': config.model if config.expert == 'model' else 'oracle',
+  counts = {'expert': config.expert, 'model': config.model if config.expert != 'oracle' else 'oracle',
             'in': len(todo), 'episodes': episodes, 'kept': len(kept), 'items_kept': selected['items_kept'],
             'rejected': sum(reasons.values()), 'reasons': dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
             'surplus': selected['surplus'], 'passed': selected['passed'],

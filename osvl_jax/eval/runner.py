@@ -80,7 +80,8 @@ class Evaluator:
   Args:
     config: the eval config (`configs/eval.py`).
     workdir: output folder (results.jsonl, report.json, report.md, budget_sweep.*).
-    engine: the policy engine; None builds the embedded `JaxSampler` on `eval.policy.build(config)`.
+    engine: the policy engine; None = `rollout.factory.make_engine(config.rollout)`: the embedded `JaxSampler` on
+      `eval.policy.build(config)`, or the served model of `rollout.engine` 'sglang' / 'openai'.
     judge: accuracy judge; None = `judges.registry.get_judge(config.judge)`.
     env: tool environment; None = `tools.env.ToolEnv(config.tools)`.
     tokenizer: None = `trajectory.load_tokenizer()`.
@@ -92,9 +93,14 @@ class Evaluator:
     self.runs, self.benchmarks = runs_lib.check_config(config, check_judge=judge is None)  # before anything is built
     self.workdir = pathlib.Path(workdir)
     self.judge = judge or judges_registry.get_judge(config.get('judge'))
-    if engine is None:
+    served = factory.engine_name(config.rollout) != 'embedded'
+    if engine is None and not served:
       policy = policy_lib.policy_identity(config)
       engine_id = {'class': 'osvl_jax.rollout.jax_sampler.JaxSampler'}
+    elif engine is None:   # the policy is whatever the endpoint serves: named by where it is
+      policy = {'served': factory.engine_name(config.rollout),
+                **{k: config.rollout.get(k) for k in ('urls', 'base_url', 'model') if config.rollout.get(k)}}
+      engine_id = {'class': policy['served']}
     else:
       policy, engine_id = {'given_engine': True}, results_lib.engine_identity(engine)
     self.system_prompt, self.system_text = policy_lib.system_prompt(config)   # (name, text)
@@ -113,13 +119,13 @@ class Evaluator:
     self.env = env
     self.policy_name = 'given engine'
     if engine is None:
-      from osvl_jax.rollout import jax_sampler  # pylint: disable=g-import-not-at-top
-      model, self.policy_name = policy_lib.build(config, step=policy.get('step'))  # the fingerprinted one
-      r = config.rollout
-      engine = jax_sampler.JaxSampler(model, self.tokenizer, self.processor, max_new_tokens=r.max_new_tokens,
-                                      temperature=r.temperature, top_p=r.top_p, seed=config.seed,
-                                      max_len=r.max_total_tokens + r.max_new_tokens,
-                                      prefix_cache_slots=int(r.get('prefix_cache_slots') or 0))
+      model = None
+      if served:
+        self.policy_name = ', '.join(f'{k}={v}' for k, v in policy.items())
+      else:
+        model, self.policy_name = policy_lib.build(config, step=policy.get('step'))  # the fingerprinted one
+      engine = factory.make_engine(config.rollout, self.tokenizer, model=model, processor=self.processor,
+                                   seed=config.seed)
     self.engine = engine
     self.rejected: dict[str, list[bench_lib.Rejected]] = {}
     self.rejudged = 0
@@ -179,10 +185,9 @@ class Evaluator:
     system = self.system_text if tools else traj_lib.system_prompt_text(
         self.config.direct_prompt if run.mode == 'direct' else self.config.rag_prompt)
     make_builder = factory.make_builder(self.tokenizer, self.processor, self.env if tools else None, system)
-    return agent_loop.run_episodes(
-        self.engine, self.env if tools else _NoTools(), make_builder, prepared, num_generations=1,
-        max_turns=run.max_tool_calls + 1 if tools else 1, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
-        max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens)
+    limits = agent_loop.Limits.from_config(r, max_turns=run.max_tool_calls + 1 if tools else 1)
+    return agent_loop.run_episodes(self.engine, self.env if tools else _NoTools(), make_builder, prepared,
+                                   num_generations=1, limits=limits)
 
   def _rollout_each(self, run: runs_lib.Run, prepared: Sequence[dict]) -> list:
     """Trajectories (or the error string of an item whose rollout failed), batched, one by one on failure."""

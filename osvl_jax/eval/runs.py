@@ -10,9 +10,9 @@ from typing import Any
 
 import ml_collections
 
-from osvl_jax import config_checks as checks
 from osvl_jax.data import benchmarks as bench_lib
 from osvl_jax.judges import registry as judges_registry
+from osvl_jax.rollout import factory
 
 MODES = ('agentic', 'direct', 'rag', 'degrade')
 
@@ -101,10 +101,11 @@ def check_config(config: ml_collections.ConfigDict, check_judge: bool = True) ->
       judge object).
   Raises:
     ValueError: from `plan_runs`, `benchmark_names` or the judge check (an llm judge without judge.base_url /
-      judge.model, naming them); rollout.prefix_cache_slots (optional) not an int >= 0.
+      judge.model, naming them); a bad engine field (`rollout.factory.check_engine_config`: an unknown engine,
+      'sglang' without urls, 'openai' without base_url / model, prefix_cache_slots not an int >= 0, ...).
   """
   planned, names = plan_runs(config), benchmark_names(config)
-  checks.number(config, 'rollout.prefix_cache_slots', integer=True, low=0, optional=True)
+  factory.check_engine_config(config.rollout)
   if check_judge:
     judges_registry.check_config(config.get('judge'), 'judge')
   return planned, names

@@ -186,44 +186,30 @@ def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj
 async def run_episodes_async(engine: engine_lib.Engine, env,
                              make_builder: Callable[[], traj_lib.TrajectoryBuilder],
                              items: Sequence[Item | Mapping[str, Any]], num_generations: int = 1,
-                             max_turns: int = 8, fatal_k: int = 3, fatal_index: str = 'first',
-                             max_new_tokens: int | None = None, max_total_tokens: int | None = None,
-                             stop: Sequence[str] = (), policy_version: int = 0, tool_workers: int = 1,
-                             log_fn: Callable[[dict], None] | None = None, max_prompt_tokens: int | None = None,
-                             max_concurrency: int | None = None,
-                             max_seconds: float | None = None,
-                             stop_at_fatal: bool = True) -> list[traj_lib.Trajectory]:
+                             limits: 'Limits | None' = None, *, stop: Sequence[str] = (),
+                             sampling: engine_lib.Sampling | None = None, policy_version: int = 0,
+                             log_fn: Callable[[dict], None] | None = None,
+                             **limit_fields) -> list[traj_lib.Trajectory]:
   """Rolls out `num_generations` episodes per item, all concurrently (asyncio), each at its own pace.
 
   Args:
-    engine: the policy (`JaxSampler`, `SGLangEngine`, the pipeline's `OracleEngine`, or `ScriptedEngine` in
-      tests). Its turns are asked through `turn_queue.make_queue`: gathered into one batch per call for an
-      in-process engine, one request per turn for a server (`Engine.continuous_batching`).
+    engine: the policy (`JaxSampler`, `SGLangEngine`, `OpenAIEngine`, the pipeline's `OracleEngine`, or
+      `ScriptedEngine` in tests). Its turns are asked through `turn_queue.make_queue`: gathered into one batch per
+      call for an in-process engine, one request per turn for a server (`Engine.continuous_batching`).
     env: a `tools.env.ToolEnv` (anything with `call(name, arguments, images) -> ToolResult`); its calls run in a
-      pool of `tool_workers` threads, so a slow tool blocks no other episode.
+      pool of `limits.tool_workers` threads, so a slow tool blocks no other episode.
     make_builder: `() -> TrajectoryBuilder`, a fresh builder (tokenizer, image processor, tool schemas, profile).
     items: N items (`Item`, or mappings with prompt_id, question, image uint8 [H, W, 3] | None, answers).
     num_generations: G episodes per item (the GRPO group).
-    max_turns: at most this many steps (assistant turns) per episode.
-    fatal_k: K, consecutive execution errors that make an episode fatal (it stops there unless stop_at_fatal is
-      False).
-    fatal_index: 'first' (f_i = first step of the run) or 'kth' (the K-th), `rl.fatal.FATAL_INDEX`.
-    max_new_tokens: cap per assistant turn (None: the engine's default); a turn cut there is never executed.
-    max_total_tokens: token budget per trajectory (None: unlimited); a step that would cross it is dropped and
-      the episode ends at the last whole step (stop_reason 'token_budget').
+    limits: the budgets (`Limits`; callers with a config section: `Limits.from_config(section)`); None = the
+      defaults of `Limits`.
     stop: stop strings passed to the engine (empty: the engine's default).
+    sampling: the engine's sampling settings for every turn of this call (`engine.Sampling`; None: the engine's
+      defaults).
     policy_version: recorded in each Trajectory.
-    tool_workers: threads running tool calls (1: one call at a time, in the order the episodes ask).
     log_fn: optional callback receiving one dict per engine call (turn, active, generate_s, tools_s,
       new_tokens; `turn_queue.make_queue`).
-    max_prompt_tokens: token budget of the rendered prompt (None: only what max_total_tokens implies).
-    max_concurrency: episodes running at once (None: all N * G); the others wait their turn (asyncio.Semaphore).
-    max_seconds: wall-clock budget of one episode, seconds from its start (None: unlimited). On expiry the
-      episode stops at once (its engine request or tool call is abandoned), the trajectory ends at the last
-      whole step, stop_reason 'time_budget'.
-    stop_at_fatal: end an episode at its fatal cascade (the official abort, stop_reason 'fatal'); False lets it
-      run on to its other limits (the "blind" vanilla baseline of the paper), its fatal_step still recorded (the
-      first cascade), so the training masks and the clamp are the same either way.
+    **limit_fields: `Limits` fields that replace those of `limits` (e.g. `max_turns=4` in tests).
 
   Returns:
     N * G Trajectories, item-major (item i, samples 0..G-1), with steps, final_response, fatal_step,
@@ -235,13 +221,11 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
     engine and the cause; the other episodes go on. Nothing a tool, the engine, the image processor or the
     builder raises leaves this function.
   Raises:
-    ValueError: an unknown `fatal_index`, or max_concurrency / tool_workers / max_seconds out of range.
+    ValueError: a limit out of range (`Limits`), before any rollout.
+    TypeError: a keyword that is not a `Limits` field.
   """
-  fatal_lib.FATAL_INDEX.get(fatal_index)  # fail before any rollout (ValueError naming the known indexes)
-  if tool_workers < 1 or (max_concurrency is not None and max_concurrency < 1):
-    raise ValueError(f'tool_workers={tool_workers} and max_concurrency={max_concurrency} must be >= 1')
-  if max_seconds is not None and not max_seconds > 0:
-    raise ValueError(f'max_seconds must be > 0 or None, got {max_seconds}')
+  limits = dataclasses.replace(limits or Limits(), **limit_fields)
+  max_prompt_tokens, max_total_tokens = limits.max_prompt_tokens, limits.max_total_tokens
   prompt_limit = [b for b in (max_prompt_tokens, None if max_total_tokens is None else max_total_tokens - 1)
                   if b is not None]
   prompt_limit = min(prompt_limit) if prompt_limit else None
@@ -254,11 +238,9 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
                     "(stop_reason 'error'). First: %s", len({id(e.item) for e in failed}),
                     len({id(e.item) for e in episodes}), len(failed), failed[0].error)
 
-  limits = _Limits(max_turns, fatal_k, fatal_index, max_new_tokens, max_total_tokens, max_seconds,
-                   bool(stop_at_fatal))
-  queue = turn_queue.make_queue(engine, tuple(stop) if stop else None, log_fn)
-  semaphore = asyncio.Semaphore(max_concurrency or max(len(episodes), 1))
-  pool = concurrent.futures.ThreadPoolExecutor(tool_workers, thread_name_prefix='tools')
+  queue = turn_queue.make_queue(engine, tuple(stop) if stop else None, log_fn, sampling)
+  semaphore = asyncio.Semaphore(limits.max_concurrency or max(len(episodes), 1))
+  pool = concurrent.futures.ThreadPoolExecutor(limits.tool_workers, thread_name_prefix='tools')
 
   async def run(key: int, episode: _Episode) -> None:
     try:
@@ -292,19 +274,67 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
 
 
 @dataclasses.dataclass(frozen=True)
-class _Limits:
-  """The per-episode limits of `run_episodes_async` (see its Args)."""
-  max_turns: int
-  fatal_k: int
-  fatal_index: str
-  max_new_tokens: int | None
-  max_total_tokens: int | None
-  max_seconds: float | None
+class Limits:
+  """The budgets of a rollout: what every caller states, from its config section with `from_config`.
+
+  Attributes:
+    max_turns: at most this many steps (assistant turns) per episode.
+    fatal_k: K, consecutive execution errors that make an episode fatal (it stops there unless stop_at_fatal is
+      False).
+    fatal_index: 'first' (f_i = first step of the run) or 'kth' (the K-th), `rl.fatal.FATAL_INDEX`.
+    max_new_tokens: cap per assistant turn (None: the engine's default); a turn cut there is never executed.
+    max_total_tokens: token budget per trajectory (None: unlimited); a step that would cross it is dropped and the
+      episode ends at the last whole step (stop_reason 'token_budget').
+    max_prompt_tokens: token budget of the rendered prompt (None: only what max_total_tokens implies).
+    max_seconds: wall-clock budget of one episode, seconds from its start (None: unlimited). On expiry the episode
+      stops at once (its engine request or tool call is abandoned), the trajectory ends at the last whole step,
+      stop_reason 'time_budget'.
+    stop_at_fatal: end an episode at its fatal cascade (the official abort, stop_reason 'fatal'); False lets it run
+      on to its other limits (the "blind" vanilla baseline of the paper), its fatal_step still recorded (the first
+      cascade), so the training masks and the clamp are the same either way.
+    max_concurrency: episodes running at once (None: all N * G); the others wait their turn.
+    tool_workers: threads running tool calls (1: one call at a time, in the order the episodes ask).
+  Raises (constructor):
+    ValueError: an unknown fatal_index; max_turns / fatal_k / tool_workers / max_concurrency < 1; max_seconds not
+      > 0.
+  """
+  max_turns: int = 8
+  fatal_k: int = 3
+  fatal_index: str = 'first'
+  max_new_tokens: int | None = None
+  max_total_tokens: int | None = None
+  max_prompt_tokens: int | None = None
+  max_seconds: float | None = None
   stop_at_fatal: bool = True
+  max_concurrency: int | None = None
+  tool_workers: int = 1
+
+  def __post_init__(self):
+    fatal_lib.FATAL_INDEX.get(self.fatal_index)  # ValueError naming the known indexes
+    if min(self.max_turns, self.fatal_k, self.tool_workers, self.max_concurrency or 1) < 1:
+      raise ValueError(f'max_turns={self.max_turns}, fatal_k={self.fatal_k}, tool_workers={self.tool_workers} and '
+                       f'max_concurrency={self.max_concurrency} must be >= 1')
+    if self.max_seconds is not None and not self.max_seconds > 0:
+      raise ValueError(f'max_seconds must be > 0 or None, got {self.max_seconds}')
+
+  @classmethod
+  def from_config(cls, section, **overrides) -> 'Limits':
+    """The limits a config section states: each field of `Limits` the section holds (a `rollout` section, the
+    pipeline's `data.synthesize`), the defaults for the others, then `overrides` (e.g. evaluation's max_turns
+    per run). 0 or None for max_total_tokens, max_prompt_tokens, max_seconds, max_concurrency means unlimited.
+
+    Raises:
+      ValueError: a limit out of range (the constructor).
+    """
+    values = {f.name: section.get(f.name) for f in dataclasses.fields(cls) if section.get(f.name) is not None}
+    values.update(overrides)
+    for name in ('max_total_tokens', 'max_prompt_tokens', 'max_seconds', 'max_concurrency'):
+      values[name] = values.get(name) or None
+    return cls(**values)
 
 
 async def _run_episode(key: int, e: _Episode, engine: engine_lib.Engine, queue, env,
-                       pool: concurrent.futures.Executor, limits: _Limits) -> None:
+                       pool: concurrent.futures.Executor, limits: Limits) -> None:
   """Runs episode `e` to its end, recording why it ended on `e` (never raises but for cancellation)."""
   try:
     async with asyncio.timeout(limits.max_seconds):
@@ -323,7 +353,7 @@ async def _run_episode(key: int, e: _Episode, engine: engine_lib.Engine, queue, 
 
 
 async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, pool: concurrent.futures.Executor,
-                limits: _Limits) -> None:
+                limits: Limits) -> None:
   """One assistant turn of `e` and, for a tool call, its observation; sets `e.done` when the episode ends."""
   room = None
   cap = limits.max_new_tokens

@@ -113,18 +113,21 @@ class DecodeBatch:
     live: rows still decoding. capacity: slots B. stats: the sampler's `stats` layout, over the batch's life.
   """
 
-  def __init__(self, sampler, stop: Sequence[str] = (), chunk: int | None = None, until_first_done: bool = False):
+  def __init__(self, sampler, stop: Sequence[str] = (), chunk: int | None = None, until_first_done: bool = False,
+               sampling: engine_lib.Sampling | None = None):
     """Args:
-      sampler: the `JaxSampler` (its temperature / top_p at construction hold for the batch's life).
+      sampler: the `JaxSampler`.
       stop: stop strings of every row.
       chunk: decode steps per `step` (default: the sampler's `decode_steps`, at most `STOP_CHUNK` with stop strings).
       until_first_done: end a chunk early as soon as a row finishes (the server returns it at once).
+      sampling: temperature and top_p of every row for the batch's life (None: the sampler's defaults).
     """
     self.sampler, self.stop, self.until_first_done = sampler, tuple(stop), bool(until_first_done)
     self.chunk = int(chunk or (min(sampler.decode_steps, STOP_CHUNK) if stop else sampler.decode_steps))
-    self.greedy = sampler.temperature <= 0.0
-    self.use_top_p = (not self.greedy) and sampler.top_p < 1.0
-    self.temperature, self.top_p = jnp.float32(max(sampler.temperature, 1e-6)), jnp.float32(sampler.top_p)
+    temperature, top_p = sampling or engine_lib.Sampling(sampler.temperature, sampler.top_p)
+    self.greedy = temperature <= 0.0
+    self.use_top_p = (not self.greedy) and top_p < 1.0
+    self.temperature, self.top_p = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
     self.slots: list[_Slot | None] = []
     self.cache = self.carry = self.limits = self.decode_key = None
     self.emitted = np.zeros((0,), np.int32)

@@ -30,6 +30,27 @@ FINISH_LENGTH = 'length'      # max_new_tokens reached, or the context filled th
 FINISH_REASONS = (FINISH_STOP, FINISH_STOP_STRING, FINISH_LENGTH)
 
 
+class Sampling(NamedTuple):
+  """Sampling settings of one `Engine.generate` call (Tunix's per-call rollout config): they hold for that call only;
+  an engine's own settings are its defaults for calls without one. Nobody sets them on an engine.
+
+  Attributes:
+    temperature: finite, >= 0 (0: greedy).
+    top_p: nucleus mass in (0, 1] (1: no nucleus cut).
+  """
+  temperature: float = 1.0
+  top_p: float = 1.0
+
+  def checked(self) -> 'Sampling':
+    """This, as floats. Raises ValueError naming the setting out of its range (a NaN temperature, top_p 0)."""
+    temperature, top_p = float(self.temperature), float(self.top_p)
+    if not (temperature >= 0 and np.isfinite(temperature)):
+      raise ValueError(f'temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}')
+    if not 0 < top_p <= 1:
+      raise ValueError(f'top_p must be in (0, 1] (use temperature=0 for greedy), got {self.top_p!r}')
+    return Sampling(temperature, top_p)
+
+
 class Context(NamedTuple):
   """What the policy sees for one row: a plain tuple `(prompt_ids, images)` is accepted as well.
 
@@ -101,15 +122,18 @@ class Generation:
 class Engine(abc.ABC):
   """A policy that writes one assistant turn for each of a batch of contexts.
 
+  What an engine does is declared here, never found by probing (Tunix's `BaseRollout`): sampling settings travel
+  with each call (`Sampling`), reseeding is `reseed`, and weight updates are `weight_updates` + the method it names.
+
   Attributes:
     continuous_batching: False (in-process engines: `JaxSampler`, `TextEngine`): one `generate` call is one
       batch, so the asyncio agent loop gathers the episodes waiting for a turn into one call. True (a server
-      that batches concurrent requests itself, `SGLangEngine`): the loop sends each episode's turn on its own,
-      as soon as that episode is ready.
+      that batches concurrent requests itself, `SGLangEngine`, `OpenAIEngine`): the loop sends each episode's turn
+      on its own, as soon as that episode is ready.
     weight_updates: how published weights reach the engine (`weight_sync.WeightSync`): 'disk' (HTTP servers:
       `update_weights_from_disk(path, weight_version=...)` loads an exported folder, `SGLangEngine`), 'in_process'
-      (`set_model(model)` snapshots the trainer's model, `JaxSampler`), or None (an engine whose policy is fixed:
-      scripted engines; `WeightSync` refuses it).
+      (`set_model(model, weight_version)` snapshots the trainer's model, `JaxSampler`), or None (an engine whose
+      policy is fixed: scripted engines, an OpenAI endpoint; `WeightSync` refuses it).
   """
   continuous_batching: bool = False
   weight_updates: str | None = None
@@ -119,9 +143,31 @@ class Engine(abc.ABC):
     nothing to restart (servers sample with their own seeds; scripted engines do not sample)."""
     del seed
 
+  def set_model(self, model, weight_version: str | None = None) -> None:
+    """The in-process weight update (`weight_updates == 'in_process'`): later turns sample `model` and report
+    `weight_version` (None: unchanged).
+
+    Raises:
+      NotImplementedError: an engine that takes no in-process updates (this default).
+    """
+    raise NotImplementedError(f'{type(self).__name__} takes no in-process weight updates '
+                              f'(weight_updates={self.weight_updates!r})')
+
+  def update_weights_from_disk(self, model_path: str, weight_version: str | None = None, **fields) -> list[dict]:
+    """The weight update of servers (`weight_updates == 'disk'`): each loads the HF folder `model_path`.
+
+    Returns:
+      One answer per server.
+    Raises:
+      NotImplementedError: an engine that takes no updates from disk (this default).
+    """
+    del weight_version, fields
+    raise NotImplementedError(f'{type(self).__name__} takes no weight updates from disk ({model_path}; '
+                              f'weight_updates={self.weight_updates!r})')
+
   @abc.abstractmethod
   def generate(self, contexts: Sequence[Context | tuple], max_new_tokens: int | None = None,
-               stop: Sequence[str] | None = None) -> list[Generation]:
+               stop: Sequence[str] | None = None, sampling: Sampling | None = None) -> list[Generation]:
     """Samples one assistant turn per context.
 
     Args:
@@ -130,18 +176,20 @@ class Engine(abc.ABC):
       stop: stop strings (None: the engine's default); generation of a row ends once its text contains one
         (the ids up to and including the token that completes it are kept). `<|im_end|>` and `<|endoftext|>`
         always stop (finish_reason 'stop', the id kept).
+      sampling: temperature and top_p of this call (None: the engine's defaults); engines that do not sample
+        (scripted, the oracle) ignore it.
     Returns:
       B generations, in the order of `contexts`.
     """
 
   async def agenerate(self, contexts: Sequence[Context | tuple], max_new_tokens: int | None = None,
-                      stop: Sequence[str] | None = None) -> list[Generation]:
+                      stop: Sequence[str] | None = None, sampling: Sampling | None = None) -> list[Generation]:
     """`generate` for the asyncio agent loop; this default runs the synchronous `generate` in a worker thread
     (`asyncio.to_thread`), so the event loop keeps serving the other episodes meanwhile.
 
     Same arguments, result and errors as `generate`. An engine with native async I/O overrides it.
     """
-    return await asyncio.to_thread(self.generate, list(contexts), max_new_tokens, stop)
+    return await asyncio.to_thread(self.generate, list(contexts), max_new_tokens, stop, sampling)
 
   async def aclose(self) -> None:
     """Releases what the engine bound to the running event loop (the agent loop calls it before its loop ends).
@@ -213,33 +261,50 @@ class TextEngine(Engine):
   def turn_text(self, step: int, context: Context) -> str:
     """The assistant text of step `step` for `context` (without `<|im_end|>`)."""
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
-    stop = tuple(stop or ())
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
+    del sampling  # a text engine writes its turns, it does not sample
     cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-    out = []
-    for context in map(as_context, contexts):
-      text = self.turn_text(count_assistant_turns(context.prompt_ids, self.tokenizer), context)
-      ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-      eos = [k for k, i in enumerate(ids) if i in EOS_IDS]
-      end_id = IM_END_ID
-      if eos:  # like a sampling engine, the turn ends at the first end-of-sequence id.
-        end_id, ids = ids[eos[0]], ids[:eos[0]]
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-      reason = FINISH_STOP
-      for s in stop:
-        k = text.find(s)
-        if k >= 0:  # keep the ids that cover the text up to the end of the stop string.
-          prefix = self.tokenizer.encode(text[:k + len(s)], add_special_tokens=False)
-          ids, reason = list(prefix), FINISH_STOP_STRING
-          break
-      if reason == FINISH_STOP:
-        ids.append(end_id)
-      if len(ids) > cap:
-        ids, reason = ids[:cap], FINISH_LENGTH
-      out.append(Generation(ids=np.asarray(ids, np.int32),
-                            logprobs=np.zeros(len(ids), np.float32) if self.with_logprobs else None,
-                            text=decode_text(self.tokenizer, ids), finish_reason=reason))
-    return out
+    return [text_generation(self.tokenizer, self.turn_text(count_assistant_turns(c.prompt_ids, self.tokenizer), c),
+                            cap, stop, with_logprobs=self.with_logprobs)
+            for c in map(as_context, contexts)]
+
+
+def text_generation(tokenizer, text: str, cap: int, stop: Sequence[str] | None = None, stopped: bool = True,
+                    with_logprobs: bool = True) -> Generation:
+  """The `Generation` of an assistant turn written as text (`TextEngine`, `openai_engine.OpenAIEngine`).
+
+  The ids are `tokenizer.encode(text)` + `<|im_end|>`: exactly what `TrajectoryBuilder.append_assistant_text`
+  would append. Like a sampling engine, the turn ends at the first end-of-sequence id in the text (that id kept,
+  finish_reason 'stop'), else at the first of `stop` (the ids covering the text up to the end of that string,
+  finish_reason 'stop_string'), and is cut to `cap` ids (finish_reason 'length', no stop id).
+
+  Args:
+    tokenizer: the Qwen tokenizer.
+    text: the turn's text, without `<|im_end|>`.
+    cap: most ids emitted (>= 0).
+    stop: stop strings (None: none).
+    stopped: False for a text the writer cut at its own length limit (an API's finish_reason 'length'): no
+      `<|im_end|>` is appended and finish_reason is 'length'.
+    with_logprobs: zero log-probs (float32 [N]) or none (`Generation.logprobs` None).
+  """
+  ids = list(tokenizer.encode(text, add_special_tokens=False))
+  eos = [k for k, i in enumerate(ids) if i in EOS_IDS]
+  end_id = IM_END_ID
+  if eos:  # like a sampling engine, the turn ends at the first end-of-sequence id.
+    end_id, ids, stopped = ids[eos[0]], ids[:eos[0]], True
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+  reason = FINISH_STOP if stopped else FINISH_LENGTH
+  for s in tuple(stop or ()):
+    k = text.find(s)
+    if k >= 0:  # keep the ids that cover the text up to the end of the stop string.
+      ids, reason = list(tokenizer.encode(text[:k + len(s)], add_special_tokens=False)), FINISH_STOP_STRING
+      break
+  if reason == FINISH_STOP:
+    ids.append(end_id)
+  if len(ids) > cap:
+    ids, reason = ids[:cap], FINISH_LENGTH
+  return Generation(ids=np.asarray(ids, np.int32), logprobs=np.zeros(len(ids), np.float32) if with_logprobs else None,
+                    text=decode_text(tokenizer, ids), finish_reason=reason)
 
 
 class ScriptedEngine(TextEngine):
@@ -273,9 +338,9 @@ class ScriptedEngine(TextEngine):
       return self.texts(step, context)
     return self.texts[min(step, len(self.texts) - 1)]
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     contexts = [as_context(c) for c in contexts]
     self.calls.append(contexts)
-    out = super().generate(contexts, max_new_tokens, stop)
+    out = super().generate(contexts, max_new_tokens, stop, sampling)
     self.emitted.extend(out)
     return out

@@ -180,8 +180,9 @@ class JaxSampler(engine_lib.Engine):
   # Weights.
   # -------------------------------------------------------------------------------------------------------------
 
-  def set_model(self, model) -> None:
-    """Uses `model`'s current weights from now on (same architecture: compiled programs are reused).
+  def set_model(self, model, weight_version: str | None = None) -> None:
+    """Uses `model`'s current weights from now on (same architecture: compiled programs are reused), reported as
+    `weight_version` (None: the version is unchanged).
 
     The sampler keeps a snapshot (`nnx.clone`: new Variables over the same immutable arrays, nothing copied), so a
     trainer's later in-place update of `model` (e.g. while a rollout runs, `grpo.max_staleness` 1) does not reach
@@ -197,6 +198,8 @@ class JaxSampler(engine_lib.Engine):
       self._jit_cache = {}
     if self.prefix_cache is not None:
       self.prefix_cache.clear()
+    if weight_version is not None:
+      self.weight_version = str(weight_version)
 
   def reseed(self, seed: int) -> None:
     """Restarts the sampler's PRNG stream from `seed` (e.g. one seed per training step, for resumable runs).
@@ -304,13 +307,14 @@ class JaxSampler(engine_lib.Engine):
     self._key, key = jax.random.split(self._key)
     return key
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     """Samples one assistant turn per context (see `engine.Engine.generate`).
 
     Args:
       contexts: B `(prompt_ids int32 [T_b], images list[ImageRef])`.
       max_new_tokens: cap per row, an integer >= 1 (default: the sampler's).
       stop: non-empty stop strings (default: the sampler's); `<|im_end|>` and `<|endoftext|>` always stop.
+      sampling: temperature and top_p of this call (`engine.Sampling`; None: the sampler's).
     Returns:
       B `Generation`s; `logprobs` are log-probabilities of the emitted ids at the sampling temperature (module docstring).
     Raises:
@@ -321,6 +325,7 @@ class JaxSampler(engine_lib.Engine):
     contexts = [engine_lib.Context(c.prompt_ids, self._image_refs(c.images)) for c in contexts]
     max_new = self.max_new_tokens if max_new_tokens is None else _check_int('max_new_tokens', max_new_tokens, 1)
     stop = self.stop if stop is None else _check_stop('stop', stop)
+    sampling = None if sampling is None else engine_lib.Sampling(*sampling).checked()
     prefill_inputs.check_image_pads(contexts, self._rope_kw().get('image_token_id', prefill_inputs.IMAGE_PAD_ID))
     results: list[engine_lib.Generation | None] = [None] * len(contexts)
     self.cached_tokens = [0] * len(contexts)
@@ -334,7 +339,7 @@ class JaxSampler(engine_lib.Engine):
       else:
         live.append(i)
     if live:
-      gens, cached = self._generate_batch([contexts[i] for i in live], max_new, stop)
+      gens, cached = self._generate_batch([contexts[i] for i in live], max_new, stop, sampling)
       for i, gen, c in zip(live, gens, cached):
         results[i], self.cached_tokens[i] = gen, c
     return results
@@ -350,9 +355,10 @@ class JaxSampler(engine_lib.Engine):
       return {}
     return {'image_token_id': config.image_token_id, 'spatial_merge_size': config.vision.spatial_merge_size}
 
-  def _generate_batch(self, contexts: list, max_new: int, stop: tuple) -> tuple[list, list]:
+  def _generate_batch(self, contexts: list, max_new: int, stop: tuple,
+                      sampling: engine_lib.Sampling | None) -> tuple[list, list]:
     """(Generations, cached prefix length per row) of n live contexts, all run in one `decode_batch.DecodeBatch`."""
-    batch = decode_batch.DecodeBatch(self, stop)
+    batch = decode_batch.DecodeBatch(self, stop, sampling=sampling)
     n = len(contexts)
     limits = [min(max_new, self.max_len - len(c.prompt_ids)) for c in contexts]   # emitted ids per row
     results: list = [None] * n

@@ -171,9 +171,9 @@ class Scheduler:
     batch = self.batches.get(key)
     try:
       if batch is None:
-        sampler.temperature, sampler.top_p = temperature, top_p
         chunk = min(s.decode_steps, decode_batch.STOP_CHUNK) if stop else s.decode_steps
-        batch = decode_batch.DecodeBatch(sampler, stop, chunk=chunk, until_first_done=True)
+        batch = decode_batch.DecodeBatch(sampler, stop, chunk=chunk, until_first_done=True,
+                                         sampling=engine_lib.Sampling(temperature, top_p))
       limits = [min(row.max_new_tokens, sampler.max_len - len(row.context.prompt_ids)) for _, _, row in items]
       finished = batch.admit([row.context for _, _, row in items], limits, [(job, k) for job, k, _ in items],
                              [row.stop_token_ids for _, _, row in items])

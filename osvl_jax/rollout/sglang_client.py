@@ -209,19 +209,21 @@ class SGLangEngine(engine_lib.Engine):
 
   # -- generation ----------------------------------------------------------------------------------------------
   def request_body(self, context: engine_lib.Context | tuple, max_new_tokens: int | None = None,
-                   stop: Sequence[str] | None = None) -> dict:
+                   stop: Sequence[str] | None = None, sampling: engine_lib.Sampling | None = None) -> dict:
     """The `/generate` JSON body of one context (`sglang_protocol`'s docstring lists its fields): the vision ids
     banned by `sampling_params.logit_bias` unless `ban_vision_ids=False`; each `ImageRef`'s data URL from
     `self.image_urls` (encoded on its first request only).
 
     Raises:
       ValueError: the context's pad runs do not match its images (`collapse_image_pads`), or an image that is not
-        uint8 [H, W, 3].
+        uint8 [H, W, 3]; a `sampling` out of range.
     """
     context = engine_lib.as_context(context)
     stop = self.stop if stop is None else tuple(stop)
+    temperature, top_p = (engine_lib.Sampling(self.temperature, self.top_p) if sampling is None
+                          else engine_lib.Sampling(*sampling).checked())
     sampling = {'max_new_tokens': int(self.max_new_tokens if max_new_tokens is None else max_new_tokens),
-                'temperature': self.temperature, 'top_p': self.top_p,
+                'temperature': temperature, 'top_p': top_p,
                 'stop_token_ids': list(self.stop_token_ids), 'skip_special_tokens': False, 'no_stop_trim': True}
     if stop:
       sampling['stop'] = list(stop)
@@ -256,7 +258,7 @@ class SGLangEngine(engine_lib.Engine):
     resp = await self._request('POST', '/generate', json=body)
     return self.parse_response(self._json(resp), str(resp.url), prompt_len, len(body['input_ids']))
 
-  async def agenerate(self, contexts, max_new_tokens=None, stop=None):
+  async def agenerate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     """Samples one assistant turn per context (`engine.Engine.generate`): one HTTP request each, all in flight
     together (at most `concurrency` connections), on the running event loop.
 
@@ -269,13 +271,13 @@ class SGLangEngine(engine_lib.Engine):
         are dropped; the agent loop asks one context per call, so there a failure stays with its own trajectory.
     """
     contexts = [engine_lib.as_context(c) for c in contexts]
-    bodies = [self.request_body(c, max_new_tokens, stop) for c in contexts]
+    bodies = [self.request_body(c, max_new_tokens, stop, sampling) for c in contexts]
     return list(await asyncio.gather(*(self._generate_one(b, int(np.asarray(c.prompt_ids).size))
                                        for b, c in zip(bodies, contexts))))
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     """`agenerate` on a fresh event loop (same result and errors)."""
-    return self._sync(lambda: self.agenerate(contexts, max_new_tokens, stop))
+    return self._sync(lambda: self.agenerate(contexts, max_new_tokens, stop, sampling))
 
   # -- admin ---------------------------------------------------------------------------------------------------
   def _get_with_fallback(self, path: str, deprecated: str, url: str | None) -> dict:

@@ -34,14 +34,14 @@ def _new_tokens(gens: Sequence[engine_lib.Generation]) -> int:
   return int(sum(g.ids.size for g in gens))
 
 
-async def _call(engine: engine_lib.Engine, contexts: list, cap: int | None,
-                stop: Sequence[str] | None) -> list[engine_lib.Generation]:
+async def _call(engine: engine_lib.Engine, contexts: list, cap: int | None, stop: Sequence[str] | None,
+                sampling: engine_lib.Sampling | None) -> list[engine_lib.Generation]:
   """`engine.agenerate`, checked to return one generation per context.
 
   Raises:
     RuntimeError: the engine returned another number of generations; any error of the engine itself.
   """
-  gens = list(await engine.agenerate(contexts, max_new_tokens=cap, stop=stop))
+  gens = list(await engine.agenerate(contexts, max_new_tokens=cap, stop=stop, sampling=sampling))
   if len(gens) != len(contexts):
     raise RuntimeError(f'{type(engine).__name__}.agenerate returned {len(gens)} generations for '
                        f'{len(contexts)} contexts')
@@ -52,8 +52,8 @@ class DirectQueue:
   """One `engine.agenerate` call per turn, sent as soon as the episode asks (a server batches them)."""
 
   def __init__(self, engine: engine_lib.Engine, stop: Sequence[str] | None,
-               log_fn: Callable[[dict], None] | None = None):
-    self.engine, self.stop, self.log_fn = engine, stop, log_fn
+               log_fn: Callable[[dict], None] | None = None, sampling: engine_lib.Sampling | None = None):
+    self.engine, self.stop, self.log_fn, self.sampling = engine, stop, log_fn, sampling
     self.calls = 0
 
   def join(self, key: int) -> None:
@@ -67,7 +67,7 @@ class DirectQueue:
     new ids (None: the engine's default). Raises whatever the engine raised."""
     del key
     t0 = time.perf_counter()
-    (gen,) = await _call(self.engine, [context], cap, self.stop)
+    (gen,) = await _call(self.engine, [context], cap, self.stop, self.sampling)
     self.calls += 1
     if self.log_fn is not None:
       self.log_fn({'turn': self.calls - 1, 'active': 1, 'generate_s': time.perf_counter() - t0, 'tools_s': 0.0,
@@ -87,8 +87,8 @@ class BatchQueue:
   """
 
   def __init__(self, engine: engine_lib.Engine, stop: Sequence[str] | None,
-               log_fn: Callable[[dict], None] | None = None):
-    self.engine, self.stop, self.log_fn = engine, stop, log_fn
+               log_fn: Callable[[dict], None] | None = None, sampling: engine_lib.Sampling | None = None):
+    self.engine, self.stop, self.log_fn, self.sampling = engine, stop, log_fn, sampling
     self.live: set[int] = set()
     self.pending: dict[int, tuple[Any, int | None, asyncio.Future]] = {}
     self.calls = 0
@@ -145,7 +145,8 @@ class BatchQueue:
     t0 = time.perf_counter()
     contexts = [c for _, c, _, _ in batch]
     try:
-      outcomes: list[Any] = await _call(self.engine, contexts, _cap([cap for _, _, cap, _ in batch]), self.stop)
+      outcomes: list[Any] = await _call(self.engine, contexts, _cap([cap for _, _, cap, _ in batch]), self.stop,
+                                        self.sampling)
     except Exception as e:  # pylint: disable=broad-except
       outcomes = [e]
     self.calls += 1
@@ -153,7 +154,7 @@ class BatchQueue:
       outcomes = []
       for _, context, cap, _ in batch:
         try:
-          outcomes.extend(await _call(self.engine, [context], cap, self.stop))
+          outcomes.extend(await _call(self.engine, [context], cap, self.stop, self.sampling))
         except Exception as e:  # pylint: disable=broad-except  # recorded on that episode's trajectory
           outcomes.append(e)
         self.calls += 1
@@ -172,7 +173,8 @@ class BatchQueue:
 
 
 def make_queue(engine: engine_lib.Engine, stop: Sequence[str] | None,
-               log_fn: Callable[[dict], None] | None = None) -> DirectQueue | BatchQueue:
+               log_fn: Callable[[dict], None] | None = None,
+               sampling: engine_lib.Sampling | None = None) -> DirectQueue | BatchQueue:
   """`DirectQueue` for an engine with `continuous_batching`, else `BatchQueue`.
 
   Args:
@@ -181,6 +183,7 @@ def make_queue(engine: engine_lib.Engine, stop: Sequence[str] | None,
     log_fn: optional callback receiving one dict per engine call: turn (the call's index), active (its rows),
       generate_s (seconds of the call), tools_s (seconds the loop worked between calls: tool calls, appends;
       0 for `DirectQueue`), new_tokens (ids emitted).
+    sampling: sampling settings for every call (None: the engine's defaults).
   """
   cls = DirectQueue if engine.continuous_batching else BatchQueue
-  return cls(engine, stop, log_fn)
+  return cls(engine, stop, log_fn, sampling)

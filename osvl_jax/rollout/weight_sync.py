@@ -165,7 +165,6 @@ class WeightSync:
     elif jax.process_count() > 1:
       raise ValueError('WeightSync: the embedded engine runs in one process; a multi-process job needs servers')
     else:  # a snapshot: the trainer updates `model`'s Variables in place, maybe while the sampler generates
-      self.engine.set_model(model)  # the sampler keeps a snapshot (`JaxSampler.set_model`)
-      self.engine.weight_version = str(int(version))
+      self.engine.set_model(model, weight_version=str(int(version)))  # a snapshot (`JaxSampler.set_model`)
     self.version = int(version)
     return {'version': int(version), 'path': path, 'seconds': time.time() - t0, 'servers': answers}

@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 
 from osvl_jax import checkpoints
 from osvl_jax.checkpoints import storage
-from osvl_jax.train import rollouts
+from osvl_jax.rollout import factory
 
 HEALTH_TIMEOUT = 5.0   # seconds for one GET /health (a server that is up answers at once)
 
@@ -66,9 +66,9 @@ def check_servers(config: ml_collections.ConfigDict, timeout: float = HEALTH_TIM
   Raises:
     ConnectionError: naming the field and each URL that did not answer 200 within `timeout` seconds, and why.
   """
-  if (config.rollout.get('engine') or 'embedded') != 'sglang':
+  if factory.engine_name(config.rollout) != 'sglang':
     return []
-  fields = {url: field for field in ('admin_urls', 'urls') for url in rollouts.url_list(config, field)}
+  fields = {url: field for field in ('admin_urls', 'urls') for url in factory.url_list(config.rollout, field)}
   failed = []
   for url, field in fields.items():
     try:

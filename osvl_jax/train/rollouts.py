@@ -1,10 +1,12 @@
 """Rollouts of the policy against the real tool environment, and their rewards (Eq. 9).
 
-The engine (`config.rollout.engine`, DESIGN.md §6b): 'embedded' (default) is the in-process `JaxSampler`;
-'sglang' is any server of SGLang's native API at `rollout.urls` (SGLang on GPUs, `python -m osvl_jax.serve`, an
-`sglang-router`), whose weights are updated at `rollout.admin_urls` (default: the urls) from HF folders exported
-under `rollout.weights_dir` (default `<workdir>/weights`; a local folder the servers can read). The agent loop is
-the same for both; `RolloutRunner.publish` hands each policy version to the engine (`weight_sync.WeightSync`).
+The engine (`config.rollout.engine`, DESIGN.md §6b; built by `rollout.factory.make_engine`): 'embedded' (default)
+is the in-process `JaxSampler`; 'sglang' is any server of SGLang's native API at `rollout.urls` (SGLang on GPUs,
+`python -m osvl_jax.serve`, an `sglang-router`), whose weights are updated at `rollout.admin_urls` (default: the
+urls) from HF folders exported under `rollout.weights_dir` (default `<workdir>/weights`; a local folder the servers
+can read). The agent loop is the same for both; `RolloutRunner.publish` hands each policy version to the engine
+(`weight_sync.WeightSync`); each rollout states its sampling per call (`engine.Sampling`) and its budgets once
+(`agent_loop.Limits.from_config(config.rollout)`).
 """
 
 import concurrent.futures
@@ -19,10 +21,9 @@ from osvl_jax.checkpoints import storage
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import rule as rule_judge
 from osvl_jax.rl import rewards
-from osvl_jax.rollout import agent_loop, factory, jax_sampler, sglang_client, weight_sync
+from osvl_jax.rollout import agent_loop, factory, weight_sync
+from osvl_jax.rollout import engine as engine_lib
 from tools import env as tools_env
-
-ENGINES = ('embedded', 'sglang')
 
 
 def image_processor(config: ml_collections.ConfigDict) -> trajectory_lib.ImageProcessor:
@@ -33,36 +34,19 @@ def tool_env(config: ml_collections.ConfigDict) -> tools_env.ToolEnv:
   return tools_env.ToolEnv(config.get('tools'))
 
 
-def url_list(config: ml_collections.ConfigDict, field: str) -> list[str]:
-  """The URL(s) of `config.rollout.<field>` as a list. Raises ValueError naming the field for a non-http(s) one."""
-  value = config.rollout.get(field) or ()
-  urls = [value] if isinstance(value, str) else list(value)
-  bad = [u for u in urls if not isinstance(u, str) or not u.startswith(('http://', 'https://'))]
-  if bad:
-    raise ValueError(f'rollout.{field}={value!r}: expected an http(s):// URL or a list of them, got {bad[0]!r}')
-  return urls
-
-
 def check_engine_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None = None) -> None:
   """Checks the rollout engine fields (called by `grpo.check_config`).
 
-  Fields (config.rollout): engine ('embedded' default | 'sglang'); with 'embedded': prefix_cache_slots (optional
-  int >= 0, default 0: the embedded sampler's prefix cache, `jax_sampler.JaxSampler(prefix_cache_slots=...)`);
-  with 'sglang': urls (one URL or a list, required), admin_urls (optional list), weights_dir (local folder; default
+  Fields (config.rollout): those of `rollout.factory` (engine 'embedded' default | 'sglang'; 'openai' is refused:
+  RL needs the policy's own tokens and log-probs); with 'sglang' also weights_dir (local folder; default
   `<workdir>/weights`), weights_dtype ('bfloat16' default | 'float32'), weights_keep (int >= 1, default 2).
 
   Raises:
-    ValueError: naming the field: an unknown engine; prefix_cache_slots not an int >= 0; 'sglang' without urls,
-      or a url that is not http(s)://; a bad weights_dtype / weights_keep; weights_dir a URL, or unset while
-      `workdir` is a URL (gs://...).
+    ValueError: naming the field: from `factory.check_engine_config(training=True)`; a bad weights_dtype /
+      weights_keep; weights_dir a URL, or unset while `workdir` is a URL (gs://...).
   """
-  engine = checks.choice(config, 'rollout.engine', ENGINES) if config.rollout.get('engine') else 'embedded'
-  checks.number(config, 'rollout.prefix_cache_slots', integer=True, low=0, optional=True)
-  if engine != 'sglang':
+  if factory.check_engine_config(config.rollout, training=True) != 'sglang':
     return
-  if not url_list(config, 'urls'):
-    raise ValueError("rollout.urls is empty: rollout.engine='sglang' needs the server (or router) URL(s)")
-  url_list(config, 'admin_urls')
   if config.rollout.get('weights_dtype'):
     checks.choice(config, 'rollout.weights_dtype', weight_sync.DTYPES)
   checks.number(config, 'rollout.weights_keep', integer=True, low=1, optional=True)
@@ -91,12 +75,12 @@ class RolloutRunner:
   """Owns the tokenizer, image processor, tools, rollout engine and weight sync for one policy.
 
   Args:
-    config: the job config (`image`, `tools`, `rollout` fields; `grpo.temperature` / `grpo.top_p` as the
-      server engine's defaults). `check_engine_config` must have accepted it.
+    config: the job config (`image`, `tools`, `rollout` fields). `check_engine_config` must have accepted it.
     model: the policy; the embedded engine starts on its weights.
     workdir: the job folder (`<workdir>/weights` is the default export folder of the 'sglang' engine).
   Attributes:
-    engine: the `JaxSampler` ('embedded') or `SGLangEngine` ('sglang').
+    engine: the `JaxSampler` ('embedded') or `SGLangEngine` ('sglang'), `rollout.factory.make_engine`.
+    limits: the budgets of every rollout (`agent_loop.Limits.from_config(config.rollout)`).
     sync: the `weight_sync.WeightSync` that `publish` goes through.
 
   In a multi-host job ('sglang' only) every process builds one; process 0 alone calls `run` (`grpo.train` sends
@@ -109,18 +93,11 @@ class RolloutRunner:
     self.image_processor = image_processor(config)
     self.env = tool_env(config)
     self.system_prompt = trajectory_lib.system_prompt_text(config.get('system_prompt'))   # one per run
-    r, grpo = config.rollout, config.get('grpo') or {}
-    remote = (r.get('engine') or 'embedded') == 'sglang'
-    if remote:
-      self.engine = sglang_client.SGLangEngine(
-          url_list(config, 'urls'), self.tokenizer, max_new_tokens=r.max_new_tokens,
-          temperature=grpo.get('temperature', 1.0), top_p=grpo.get('top_p', 1.0),
-          admin_urls=url_list(config, 'admin_urls') or None)
-    else:
-      self.engine = jax_sampler.JaxSampler(model, self.tokenizer, self.image_processor,
-                                           max_new_tokens=r.max_new_tokens,
-                                           max_len=r.max_total_tokens + r.max_new_tokens,
-                                           prefix_cache_slots=int(r.get('prefix_cache_slots') or 0))
+    r = config.rollout
+    remote = factory.engine_name(r) == 'sglang'
+    self.engine = factory.make_engine(r, self.tokenizer, model=model, processor=self.image_processor,
+                                      training=True)
+    self.limits = agent_loop.Limits.from_config(r)   # the budgets of every rollout of the run
     self.sync = weight_sync.WeightSync(self.engine, root=weights_dir(config, workdir) if remote else None,
                                        min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels,
                                        dtype=r.get('weights_dtype') or 'bfloat16', keep=r.get('weights_keep') or 2)
@@ -150,15 +127,10 @@ class RolloutRunner:
       len(items) * num_generations trajectories; `policy_version` is the oldest emitted token's version as the
       engine reports it (the last published version for prompt-only trajectories).
     """
-    r = self.config.rollout
-    self.engine.temperature, self.engine.top_p = float(temperature), float(top_p)
     self.engine.reseed(seed)
     return agent_loop.run_episodes(self.engine, self.env, self.make_builder, items, num_generations=num_generations,
-                                   max_turns=r.max_turns, fatal_k=r.fatal_k, fatal_index=r.fatal_index,
-                                   max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
-                                   policy_version=self.version or 0, max_concurrency=r.get('max_concurrency'),
-                                   tool_workers=r.get('tool_workers', 1), max_seconds=r.get('max_seconds'),
-                                   stop_at_fatal=bool(r.get('stop_at_fatal', True)))
+                                   limits=self.limits, sampling=engine_lib.Sampling(temperature, top_p),
+                                   policy_version=self.version or 0)
 
 
 _RULE_JUDGE = rule_judge.RuleJudge()

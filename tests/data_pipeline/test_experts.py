@@ -78,6 +78,58 @@ def test_two_stage_rejection_keeps_the_best_passing_samples(graph, item, keep_pe
     assert traj.final_response == item['answers'][0] and traj.rollout_logprobs is not None
 
 
+def _api_model(scripts):
+  """A scripted API model behind an OpenAI-compatible endpoint (`tests.rollout.openai_double`): each new episode
+  (a request with system + user only) gets the next script in arrival order, later turns follow the script of
+  the episode's first assistant message."""
+  import threading
+  from tests.rollout.openai_double import ChatDouble
+  names, started, lock = list(scripts), [], threading.Lock()
+
+  def answer(body, n):
+    messages = body['messages']
+    if len(messages) == 2:
+      with lock:
+        started.append(names[len(started) % len(names)])
+        return scripts[started[-1]][0]
+    name = next(k for k in names if scripts[k][0] == messages[2]['content'])
+    return scripts[name][min((len(messages) - 2) // 2, len(scripts[name]) - 1)]
+  return ChatDouble(answer), started
+
+
+@pytest.mark.parametrize('keep_per_item, kept', [(1, {'once'}), (0, {'twice', 'once'})])
+def test_the_openai_expert_samples_k_per_item_and_keeps_what_passes_both_stages(graph, item, keep_per_item, kept):
+  """`expert=openai` over real HTTP: K = 4 episodes of an API model per item, each turn sent as OpenAI vision
+  messages (the item's image, the search results), the replies rendered into token-exact records (no log-probs);
+  the two-stage rejection keeps the best (keep_per_item=1) or every passing one (0)."""
+  from osvl_jax import trajectory as traj_lib
+  scripts = _scripts(item['answers'][0], 'Atlantis')
+  double, started = _api_model(scripts)
+  with double.serve() as url:
+    config = model_config(expert='openai', base_url=url, model='frontier', num_samples=4,
+                          keep_per_item=keep_per_item, max_turns=4, max_new_tokens=256, temperature=0.7)
+    records, counts = synthesize.synthesize([item], graph, osvl_paths.data_dir(), config=config)
+  assert sorted(started) == sorted(scripts)   # K = 4 episodes of the one item, one per script
+  assert {b['model'] for b in double.bodies} == {'frontier'} and {b['temperature'] for b in double.bodies} == {0.7}
+  assert all(len(images) >= 1 for images in double.images)   # the item's image goes with every turn
+  assert counts['expert'] == 'openai' and counts['model'] == 'frontier'
+  assert counts['episodes'] == 4 and counts['items_kept'] == 1 and counts['kept'] == len(kept)
+  assert counts['reasons'] == {'answer: incorrect': 1, 'process: below min_process_score': 1}
+  assert counts['process_score_mean'] == pytest.approx((0.75 + 1.0) / 2)
+  trajs = [traj_lib.Trajectory.from_record(r) for r in records]
+  assert {next(k for k in scripts if scripts[k][0] == t.steps[0].text) for t in trajs} == kept
+  for traj in trajs:
+    assert traj_lib.check_trajectory(traj) == [] and traj.rollout_logprobs is None
+    assert traj.final_response == item['answers'][0] and traj.steps[0].result.ok
+
+
+def test_an_openai_expert_config_without_its_endpoint_is_refused_naming_the_fields():
+  with pytest.raises(ValueError, match=r"data.synthesize.expert='openai' needs data.synthesize.base_url"):
+    experts.check_config(model_config(expert='openai', model=''))
+  with pytest.raises(ValueError, match=r'data.synthesize.base_url'):
+    experts.check_config(model_config(expert='openai', base_url='127.0.0.1:1/v1'))
+
+
 def test_judge_trajectory_reasons_and_the_min_score(graph, item):
   """The threshold decides stage 2: 0.75 passes at 0.75 and fails at 0.8; an empty response is stage 1's."""
   from osvl_jax import trajectory as traj_lib
@@ -116,12 +168,15 @@ def tiny_server(tmp_path_factory):
     yield url
 
 
-def test_model_expert_against_a_real_server_rejects_garbage_with_reasons(graph, grounded_items, tiny_server):
-  """K = 5 token-exact episodes per item from SGLang's /generate API; the random model answers nothing right."""
+@pytest.mark.parametrize('expert', ['model', 'openai'])
+def test_model_expert_against_a_real_server_rejects_garbage_with_reasons(graph, grounded_items, tiny_server, expert):
+  """K = 5 episodes per item from SGLang's /generate API ('model', token-exact) or the same server's
+  /v1/chat/completions ('openai', text rendered by the builder); the random model answers nothing right."""
   from osvl_jax import trajectory as traj_lib
   items = grounded_items[:2]
-  config = model_config(base_url=tiny_server, num_samples=5, max_turns=2, max_new_tokens=8, temperature=1.0,
-                        max_concurrency=10, timeout_s=120.0, retries=1)
+  url = tiny_server if expert == 'model' else f'{tiny_server}/v1'
+  config = model_config(expert=expert, base_url=url, model='osvl-jax', num_samples=5, max_turns=2,
+                        max_new_tokens=8, temperature=1.0, max_concurrency=10, timeout_s=120.0, retries=1)
   records, counts = synthesize.synthesize(items, graph, osvl_paths.data_dir(), config=config,
                                           processor=traj_lib.ImageProcessor(**TINY_PIXELS))
   assert records == [] and counts['in'] == 2 and counts['episodes'] == 10 and counts['kept'] == 0

@@ -38,7 +38,7 @@ class FailingEngine(engine_lib.ScriptedEngine):
     self.fail_step = fail_step
     self.continuous_batching = not batching
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     for c in map(engine_lib.as_context, contexts):
       if (engine_lib.count_assistant_turns(c.prompt_ids, self.tokenizer) == self.fail_step
           and 'Question bad' in self.tokenizer.decode(c.prompt_ids.tolist())):
@@ -130,11 +130,11 @@ def test_max_concurrency_bounds_the_episodes_in_flight_and_tools_overlap(tokeniz
 
 def test_the_time_budget_stops_an_episode_at_its_last_whole_step(tokenizer, env, make_builder):
   class SlowEngine(ServerLike):
-    async def agenerate(self, contexts, max_new_tokens=None, stop=None):
+    async def agenerate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
       text = self.tokenizer.decode(engine_lib.as_context(contexts[0]).prompt_ids.tolist())
       if 'Question bad' in text and engine_lib.count_assistant_turns(contexts[0][0], self.tokenizer) == 1:
         await asyncio.sleep(5)  # the second turn of the 'bad' episode never comes in time
-      return await super().agenerate(contexts, max_new_tokens, stop)
+      return await super().agenerate(contexts, max_new_tokens, stop, sampling)
 
   items = _items(2, bad=(0,))
   t0 = time.perf_counter()

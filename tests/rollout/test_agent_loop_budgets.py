@@ -61,7 +61,7 @@ def test_stop_reasons(tokenizer, env, make_builder):
   assert _run(tokenizer, env, make_builder, [CROP], max_turns=2).stop_reason == 'max_turns'
 
   class FullEngine(engine_lib.Engine):
-    def generate(self, contexts, max_new_tokens=None, stop=None):
+    def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
       return [engine_lib.Generation(np.zeros(0, np.int32), np.zeros(0, np.float32), '', 'length')
               for _ in contexts]
 

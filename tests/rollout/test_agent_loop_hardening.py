@@ -119,7 +119,7 @@ class _RawEngine(engine_lib.Engine):
   def __init__(self, tokenizer, ids_by_key):
     self.tokenizer, self.ids_by_key = tokenizer, ids_by_key
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     out = []
     for c in map(engine_lib.as_context, contexts):
       text = self.tokenizer.decode(c.prompt_ids.tolist())
@@ -225,7 +225,7 @@ class _FuzzEngine(engine_lib.Engine):
       text = text[:rng.integers(len(text))]  # cut anywhere
     return text
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     out = []
     for _ in contexts:
       rng = self.rng

@@ -32,11 +32,11 @@ class ScriptThenSample(engine_lib.Engine):
   def __init__(self, scripted, sampler, tokenizer):
     self.scripted, self.sampler, self.tokenizer = scripted, sampler, tokenizer
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     contexts = [engine_lib.as_context(c) for c in contexts]
     if engine_lib.count_assistant_turns(contexts[0].prompt_ids, self.tokenizer) < len(SCRIPT):
-      return self.scripted.generate(contexts, max_new_tokens, stop)
-    return self.sampler.generate(contexts, max_new_tokens, stop)
+      return self.scripted.generate(contexts, max_new_tokens, stop, sampling)
+    return self.sampler.generate(contexts, max_new_tokens, stop, sampling)
 
 
 @pytest.mark.parametrize('temperature', [1.0, 0.7])
@@ -72,11 +72,11 @@ class ImageBlind(engine_lib.Engine):
   def __init__(self, engine):
     self.engine = engine
 
-  def generate(self, contexts, max_new_tokens=None, stop=None):
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     blind = [engine_lib.Context(c.prompt_ids, [dataclasses.replace(im, pixel_values=np.zeros_like(im.pixel_values))
                                                for im in c.images])
              for c in map(engine_lib.as_context, contexts)]
-    return self.engine.generate(blind, max_new_tokens, stop)
+    return self.engine.generate(blind, max_new_tokens, stop, sampling)
 
 
 def test_the_mismatch_alarm_stops_an_image_blind_rollout_and_passes_a_healthy_one():

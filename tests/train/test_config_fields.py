@@ -3,6 +3,7 @@ it), found by parsing the trainer's source; and the checks of what lies outside 
 rollout servers) fail before anything is written, naming the field."""
 
 import ast
+import dataclasses
 import http.server
 import pathlib
 import socket
@@ -15,6 +16,7 @@ from flax import nnx
 from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
+from osvl_jax.rollout import agent_loop
 from osvl_jax.train import grpo, preflight
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -23,8 +25,12 @@ import demo as demo_config  # noqa: E402
 import qwen3vl_paper  # noqa: E402
 
 TRAINER = ('osvl_jax/train/grpo.py', 'osvl_jax/train/grpo_update.py', 'osvl_jax/train/rollouts.py',
-           'osvl_jax/train/policy.py', 'osvl_jax/train/preflight.py')
-ALIASES = {'cfg': 'grpo', 'r': 'rollout', 'grpo': 'grpo'}   # local names of config sections in those files
+           'osvl_jax/train/policy.py', 'osvl_jax/train/preflight.py', 'osvl_jax/rollout/factory.py')
+ALIASES = {'cfg': 'grpo', 'r': 'rollout', 'grpo': 'grpo', 'section': 'rollout'}   # local names of config sections
+# Fields of the rollout factory a training run never reads: the 'openai' engine's (refused for RL), and the
+# sampling defaults (the trainer passes grpo.temperature / grpo.top_p).
+NOT_FOR_TRAINING = {'rollout.base_url', 'rollout.model', 'rollout.api_key_env', 'rollout.temperature',
+                    'rollout.top_p'}
 SECTIONS = ('grpo', 'rollout', 'model', 'image')
 METHODS = {'get', 'get_ref', 'to_dict', 'lock', 'unlock'}
 
@@ -39,7 +45,8 @@ def _section(node) -> str | None:
 
 def trainer_reads() -> set[str]:
   """'section.field' for every `config.S.f`, `config.S.get('f')`, alias (`cfg.f`, `r.get('f')`), checked path
-  ('grpo.steps') and `url_list(config, 'f')` in the trainer's modules."""
+  ('grpo.steps'), `url_list(config, 'f')` and every `agent_loop.Limits` field of `Limits.from_config(r)` in the
+  trainer's modules."""
   out = set()
   for name in TRAINER:
     for node in ast.walk(ast.parse((REPO / name).read_text())):
@@ -48,13 +55,16 @@ def trainer_reads() -> set[str]:
         out.add(f'{_section(node.func.value)}.{node.args[0].value}')
       elif isinstance(node, ast.Attribute) and node.attr not in METHODS and _section(node.value):
         out.add(f'{_section(node.value)}.{node.attr}')
+      elif isinstance(node, ast.Call) and getattr(node.func, 'attr', '') == 'from_config' and \
+          ast.unparse(node.func.value).endswith('Limits') and node.args and _section(node.args[0]):
+        out.update(f'{_section(node.args[0])}.{f.name}' for f in dataclasses.fields(agent_loop.Limits))
       elif isinstance(node, ast.Call) and getattr(node.func, 'id', getattr(node.func, 'attr', '')) == 'url_list' \
           and isinstance(node.args[1], ast.Constant):
         out.add(f'rollout.{node.args[1].value}')
       elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count('.') == 1 and \
           node.value.split('.')[0] in SECTIONS and node.value.split('.')[1].isidentifier():
         out.add(node.value)
-  return {r for r in out if r.split('.')[0] in SECTIONS}
+  return {r for r in out if r.split('.')[0] in SECTIONS} - NOT_FOR_TRAINING
 
 
 CONFIGS = {'demo': demo_config.get_config, **{f'grpo_{size}': (lambda s=size: qwen3vl_paper.get_config('grpo', s))

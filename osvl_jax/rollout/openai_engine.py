@@ -1,0 +1,231 @@
+"""An `Engine` over any OpenAI-compatible `/v1/chat/completions` endpoint with image inputs (API models, vLLM,
+SGLang's OpenAI API, `python -m osvl_jax.serve`): text in, text out (DESIGN.md §9, the paper's API-model rows).
+
+Each turn, the context (the trajectory's ids so far and its images) is read back into chat messages
+(`context_messages`): one message per `<|im_start|>role ... <|im_end|>` turn, the system turn with its tool
+schemas as text, each image span `<|vision_start|>...<|vision_end|>` replaced by that image as an `image_url`
+part holding a PNG data URL (the OpenAI vision schema). The endpoint's reply text is then tokenized into the turn's
+ids exactly as `TrajectoryBuilder.append_assistant_text` would (`engine.text_generation`), so the trajectory stays
+one token-exact record of what the builder rendered. A reply the endpoint gives as `reasoning_content` (reasoning
+parsers of vLLM / SGLang, reasoning APIs) beside `content` is put back as `<think>...</think>` before it.
+
+No log-probabilities (`Generation.logprobs` None) and no weight updates: this engine evaluates a served policy and
+plays the pipeline's expert; RL cannot use it (`factory.make_engine` refuses it for training).
+
+Failures: the `openai` client retries a refused / dropped connection, a timeout, 408 / 409 / 429 and 5xx
+`retries` times with its exponential backoff; then (or at once for another 4xx) `sglang_protocol.EngineError` is
+raised, which the agent loop records on that trajectory (never a tool error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import openai
+
+from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import server_auth
+from osvl_jax.rollout import sglang_protocol as protocol
+from osvl_jax.trajectory import tokens as tokens_lib
+
+
+def context_messages(context: engine_lib.Context | tuple, tokenizer,
+                     image_url=protocol.image_data_url) -> list[dict]:
+  """A rendered context -> OpenAI chat messages (the trailing open `<|im_start|>assistant\\n` dropped).
+
+  Args:
+    context: `(prompt_ids int32 [T], images list[ImageRef])` as the agent loop sends it.
+    tokenizer: the Qwen tokenizer (decodes the text between special turns and image spans).
+    image_url: ImageRef -> data URL (`sglang_protocol.image_data_url`; engines pass their `DataURLCache.url`).
+  Returns:
+    [{'role': 'system' | 'user' | 'assistant', 'content': str | [{'type': 'text', 'text'} | {'type':
+    'image_url', 'image_url': {'url'}}]}], in turn order; a turn with images has the list form.
+  Raises:
+    ValueError: the context's image spans and images differ in number.
+  """
+  context = engine_lib.as_context(context)
+  ids = context.prompt_ids.tolist()
+  spans = ids.count(tokens_lib.VISION_START_ID)
+  if spans != len(context.images):
+    raise ValueError(f'the context has {spans} image spans but {len(context.images)} images')
+  starts = [k for k, i in enumerate(ids) if i == tokens_lib.IM_START_ID]
+  images = iter(context.images)
+  messages = []
+  for n, start in enumerate(starts):
+    end = starts[n + 1] if n + 1 < len(starts) else len(ids)
+    turn = ids[start + 1:end]
+    if tokens_lib.IM_END_ID not in turn:  # the open assistant turn the policy is asked to write
+      continue
+    turn = turn[:turn.index(tokens_lib.IM_END_ID)]
+    parts, text = [], []
+    k = 0
+    while k < len(turn):
+      if turn[k] == tokens_lib.VISION_START_ID and tokens_lib.VISION_END_ID in turn[k:]:
+        parts.append(('text', tokenizer.decode(text, skip_special_tokens=False)))
+        parts.append(('image', image_url(next(images))))
+        text, k = [], turn.index(tokens_lib.VISION_END_ID, k) + 1
+        continue
+      text.append(turn[k])
+      k += 1
+    parts.append(('text', tokenizer.decode(text, skip_special_tokens=False)))
+    role, _, first = parts[0][1].partition('\n')
+    parts[0] = ('text', first)
+    if len(parts) == 1:
+      messages.append({'role': role, 'content': first})
+      continue
+    messages.append({'role': role, 'content': [
+        {'type': 'text', 'text': value} if kind == 'text' else {'type': 'image_url', 'image_url': {'url': value}}
+        for kind, value in parts if kind == 'image' or value]})
+  return messages
+
+
+class OpenAIEngine(engine_lib.Engine):
+  """`Engine` over an OpenAI-compatible chat endpoint (module docstring). Thread-safe.
+
+  Each context is one request; the requests of a `generate` / `agenerate` call are in flight together (at most
+  `concurrency`), so `continuous_batching` is True: the agent loop sends each episode's turn as soon as it is ready.
+
+  Attributes:
+    base_url, model: the endpoint and the model name sent (part of the eval fingerprint).
+    stats: {'requests': turns asked, 'errors': turns failed after the retries, 'prompt_tokens',
+      'completion_tokens': the endpoint's own `usage` counts (its tokenizer, not ours)}.
+  """
+  continuous_batching = True
+
+  def __init__(self, base_url: str, model: str, tokenizer, max_new_tokens: int = 512, temperature: float = 1.0,
+               top_p: float = 1.0, stop: Sequence[str] = (), timeout: float = 600.0, retries: int = 4,
+               concurrency: int = 64, api_key: str | None = None):
+    """Args:
+      base_url: the endpoint including `/v1`, e.g. 'http://127.0.0.1:30000/v1'.
+      model: the model name each request carries.
+      tokenizer: the Qwen tokenizer (replies are tokenized with it into the trajectory's ids).
+      max_new_tokens: default cap per turn, sent as `max_tokens`; the reply is also cut to this many of our ids.
+      temperature: sampling temperature (>= 0; 0 = greedy).
+      top_p: nucleus mass in (0, 1].
+      stop: default stop strings (sent as `stop`; an OpenAI endpoint trims the matched string from the reply).
+      timeout: seconds per request.
+      retries: the `openai` client's retries of a failed request (connection, timeout, 408 / 409 / 429 / 5xx).
+      concurrency: requests in flight at once (more wait their turn).
+      api_key: sent as `Authorization: Bearer <key>`; None: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`
+        (`server_auth.api_key_from_env`), else 'EMPTY' (local servers need none). Never logged.
+    Raises:
+      ValueError: an empty base_url or model, or a parameter out of range.
+    """
+    if not base_url or not model:
+      raise ValueError(f'base_url={base_url!r} and model={model!r}: an OpenAI-compatible engine needs both')
+    if max_new_tokens < 1:
+      raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
+    if not (temperature >= 0 and np.isfinite(temperature)):
+      raise ValueError(f'temperature must be a finite number >= 0, got {temperature}')
+    if not 0 < top_p <= 1:
+      raise ValueError(f'top_p must be in (0, 1], got {top_p}')
+    if retries < 0 or concurrency < 1 or not timeout > 0:
+      raise ValueError(f'retries={retries}, concurrency={concurrency}, timeout={timeout}: out of range')
+    self.base_url, self.model, self.tokenizer = base_url.rstrip('/'), str(model), tokenizer
+    self.max_new_tokens, self.temperature, self.top_p = int(max_new_tokens), float(temperature), float(top_p)
+    self.stop, self.concurrency = tuple(stop), int(concurrency)
+    api_key = api_key if api_key is not None else server_auth.api_key_from_env()
+    self._client_args = {'base_url': self.base_url, 'api_key': api_key or 'EMPTY', 'timeout': float(timeout),
+                         'max_retries': int(retries)}
+    self._clients: dict[asyncio.AbstractEventLoop, tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = {}
+    self._lock = threading.Lock()
+    self.stats = {'requests': 0, 'errors': 0, 'prompt_tokens': 0, 'completion_tokens': 0}
+    self.image_urls = protocol.DataURLCache()   # each live ImageRef's data URL, encoded once
+
+  def _client(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+    """The client and request semaphore of the running event loop (made on first use; both are per loop)."""
+    loop = asyncio.get_running_loop()
+    with self._lock:
+      if loop not in self._clients:
+        self._clients[loop] = (openai.AsyncOpenAI(**self._client_args), asyncio.Semaphore(self.concurrency))
+      return self._clients[loop]
+
+  async def aclose(self) -> None:
+    """Closes the running event loop's client (`Engine.aclose`); a later call opens a new one."""
+    with self._lock:
+      client = self._clients.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+      await client[0].close()
+
+  def request_body(self, context: engine_lib.Context | tuple, max_new_tokens: int | None = None,
+                   stop: Sequence[str] | None = None, sampling: engine_lib.Sampling | None = None) -> dict:
+    """The `/v1/chat/completions` body of one context: model, messages (`context_messages`), max_tokens,
+    temperature and top_p (`sampling`, else the engine's) and, when there are any, stop.
+
+    Raises:
+      ValueError: the context's image spans and images differ in number; a `sampling` out of range.
+    """
+    temperature, top_p = (engine_lib.Sampling(self.temperature, self.top_p) if sampling is None
+                          else engine_lib.Sampling(*sampling).checked())
+    body = {'model': self.model, 'messages': context_messages(context, self.tokenizer, self.image_urls.url),
+            'max_tokens': int(self.max_new_tokens if max_new_tokens is None else max_new_tokens),
+            'temperature': temperature, 'top_p': top_p}
+    stop = self.stop if stop is None else tuple(stop)
+    if stop:
+      body['stop'] = list(stop)
+    return body
+
+  async def _generate_one(self, body: dict, cap: int, stop) -> engine_lib.Generation:
+    client, semaphore = self._client()
+    with self._lock:
+      self.stats['requests'] += 1
+    try:
+      async with semaphore:
+        reply = await client.chat.completions.create(**body)
+    except openai.APIStatusError as e:
+      raise self._failed(protocol.ERROR_HTTP, e, e.status_code) from e
+    except openai.APITimeoutError as e:
+      raise self._failed(protocol.ERROR_TIMEOUT, e) from e
+    except openai.APIConnectionError as e:
+      raise self._failed(protocol.ERROR_CONNECTION, e) from e
+    if not reply.choices or reply.choices[0].message is None:
+      raise self._failed(protocol.ERROR_RESPONSE, 'the reply has no choices')
+    choice = reply.choices[0]
+    text = choice.message.content or ''
+    reasoning = getattr(choice.message, 'reasoning_content', None)
+    if reasoning and '<think>' not in text:
+      text = f'<think>\n{reasoning.strip()}\n</think>\n{text.lstrip()}'
+    if reply.usage is not None:
+      with self._lock:
+        self.stats['prompt_tokens'] += int(reply.usage.prompt_tokens or 0)
+        self.stats['completion_tokens'] += int(reply.usage.completion_tokens or 0)
+    return engine_lib.text_generation(self.tokenizer, text, cap, stop, stopped=choice.finish_reason != 'length',
+                                      with_logprobs=False)
+
+  def _failed(self, kind: str, cause, status: int | None = None) -> protocol.EngineError:
+    with self._lock:
+      self.stats['errors'] += 1
+    return protocol.EngineError(kind, f'POST /chat/completions: {str(cause)[:500]}', self.base_url, status,
+                                1 + self._client_args['max_retries'])
+
+  async def agenerate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
+    """One assistant turn per context (`engine.Engine.generate`): one request each, all in flight together.
+
+    Returns:
+      B `Generation`s in the order of `contexts`: ids = our tokenization of the reply + `<|im_end|>` (none when
+      the endpoint stopped at its length limit, finish_reason 'length'), logprobs None.
+    Raises:
+      ValueError: a context whose image spans and images differ in number.
+      EngineError: a request that failed after its retries, or a reply without choices.
+    """
+    cap = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+    bodies = [self.request_body(c, cap, stop, sampling) for c in contexts]
+    return list(await asyncio.gather(*(self._generate_one(b, cap, b.get('stop')) for b in bodies)))
+
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
+    """`agenerate` on a fresh event loop (in a worker thread when this thread runs one); same result."""
+    async def main():
+      try:
+        return await self.agenerate(contexts, max_new_tokens, stop, sampling)
+      finally:
+        await self.aclose()
+    try:
+      asyncio.get_running_loop()
+    except RuntimeError:
+      return asyncio.run(main())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      return pool.submit(asyncio.run, main()).result()
