@@ -118,7 +118,7 @@ def get_config() -> ml_collections.ConfigDict:
   # the dataset, its fullest row's patches x the rows per shard (`batching.sft_buckets`): also one program.
   c.sft.patches_per_shard = 0
   # Tokens per row of the compiled SFT steps (batching.sft_buckets): a batch takes the smallest bucket holding its
-  # longest trajectory, one program per bucket used (the demo's 51 trajectories run 1,558-3,114 tokens; 4096 =
+  # longest trajectory, one program per bucket used (the demo's 23 trajectories run 1,862-2,654 tokens; 4096 =
   # rollout.max_total_tokens holds anything the pipeline builds); () = one bucket, the longest trajectory.
   c.sft.length_buckets = (2304, 2816, 3328, 4096)
   # Packing (dynamic batch size, sft.make_packed_step): > 0 packs each step's trajectories into rows of the largest
@@ -139,7 +139,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Sampling the SFT'd policy on the training prompts (sft_format_ok).
   c.eval = ml_collections.ConfigDict()
-  c.eval.num_prompts = 16
+  c.eval.num_prompts = 16  # at most: the demo's build holds 9 RL prompts (BENCHMARKS.md, issue 25)
   # Qwen3-VL-Instruct's generation_config defaults (temperature 0.7, top_p 0.8).
   c.eval.temperature = 0.7
   c.eval.top_p = 0.8

@@ -13,6 +13,7 @@ appends them verbatim to the trajectory, never re-tokenizing `Generation.text`.
 
 import abc
 import asyncio
+import concurrent.futures
 import dataclasses
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -196,6 +197,23 @@ class Engine(abc.ABC):
 
     The engine stays usable: a later `agenerate` opens what it needs again. Default: nothing to release.
     """
+
+
+def run_sync(coroutine_fn: Callable[[], Any], aclose: Callable[[], Any]) -> Any:
+  """Runs `coroutine_fn()` on a fresh event loop (in a worker thread when this thread already runs one), then
+  `aclose()` on that loop (an HTTP client belongs to the loop it was made on): how an HTTP engine's synchronous
+  methods wrap its async ones. Returns the coroutine's result; raises what it raises."""
+  async def main():
+    try:
+      return await coroutine_fn()
+    finally:
+      await aclose()
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return asyncio.run(main())
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(asyncio.run, main()).result()
 
 
 def as_context(context: Context | tuple) -> Context:

@@ -20,7 +20,6 @@ raised, which the agent loop records on that trajectory (never a tool error).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections.abc import Sequence
 
@@ -217,15 +216,5 @@ class OpenAIEngine(engine_lib.Engine):
     return list(await asyncio.gather(*(self._generate_one(b, cap, b.get('stop')) for b in bodies)))
 
   def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
-    """`agenerate` on a fresh event loop (in a worker thread when this thread runs one); same result."""
-    async def main():
-      try:
-        return await self.agenerate(contexts, max_new_tokens, stop, sampling)
-      finally:
-        await self.aclose()
-    try:
-      asyncio.get_running_loop()
-    except RuntimeError:
-      return asyncio.run(main())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-      return pool.submit(asyncio.run, main()).result()
+    """`agenerate` run synchronously (`engine.run_sync`, this loop's client closed after it); same result."""
+    return engine_lib.run_sync(lambda: self.agenerate(contexts, max_new_tokens, stop, sampling), self.aclose)

@@ -20,7 +20,6 @@ wrong; retrying cannot help); an answer whose `prompt_tokens` differs from the c
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import threading
 from collections.abc import Awaitable, Callable
@@ -141,19 +140,9 @@ class SGLangEngine(engine_lib.Engine):
       await client.aclose()
 
   def _sync(self, coroutine_fn: Callable[[], Awaitable[Any]]) -> Any:
-    """Runs `coroutine_fn()` on a fresh event loop (in a worker thread when this thread runs one) and closes that
-    loop's client: the synchronous methods are thin wrappers of the async ones."""
-    async def main():
-      try:
-        return await coroutine_fn()
-      finally:
-        await self.aclose()
-    try:
-      asyncio.get_running_loop()
-    except RuntimeError:
-      return asyncio.run(main())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-      return pool.submit(asyncio.run, main()).result()
+    """`coroutine_fn()` run synchronously (`engine.run_sync`), this loop's client closed after it: the synchronous
+    methods are thin wrappers of the async ones."""
+    return engine_lib.run_sync(coroutine_fn, self.aclose)
 
   def _next_url(self) -> str:
     with self._lock:

@@ -57,12 +57,17 @@ def load_prompts(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   them).
 
   Raises:
-    ValueError: an unknown `part`, or grpo.heldout_prompts not an int in [0, number of RL prompts) (naming both).
+    ValueError: an unknown `part`; an empty `rl` split (naming the folder); grpo.heldout_prompts not an int in
+      [0, number of RL prompts) (naming both).
     FileNotFoundError: no dataset or no `rl` split there.
   """
   if part not in PARTS:
     raise ValueError(f'part={part!r}: expected one of {PARTS}')
-  prompts = pipeline_data.load_prompts(_check(dataset_dir(config, workdir)))
+  folder = _check(dataset_dir(config, workdir))
+  prompts = pipeline_data.load_prompts(folder)
+  if not prompts:
+    raise ValueError(f'{folder}: the `rl` split holds no prompts (every accepted item has an SFT trajectory); build '
+                     'more items (data.num_items) or hold some out (data.rl_fraction)')
   held = checks.number(config, 'grpo.heldout_prompts', integer=True, low=0, optional=True) or 0
   if held >= len(prompts):
     raise ValueError(f'grpo.heldout_prompts={held!r}: must be < {len(prompts)} (the dataset has {len(prompts)} RL '

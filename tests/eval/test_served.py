@@ -15,7 +15,7 @@ import pytest
 from osvl_jax.eval import runner
 from tests.eval.conftest import SCRIPT, small_config
 from tests.rollout.openai_double import ChatDouble
-from tests.serve.conftest import healthy, router_process, serve_process, wait_until
+from tests.serve.conftest import router_cluster
 
 ROOT = pathlib.Path(__file__).parents[2]
 MODES = ('agentic', 'direct', 'rag', 'degrade')
@@ -80,17 +80,8 @@ def _assert_costs_filled(rep, records):
 def cluster(tmp_path_factory):
   """(router URL, [worker URLs]): two `osvl_jax.serve --tiny` workers (the same random model) behind
   `sglang_router.launch_router` (round robin)."""
-  logs = tmp_path_factory.mktemp('logs')
-  with serve_process(logs / 'w0.log', *WORKER_FLAGS) as (w0, p0), \
-      serve_process(logs / 'w1.log', *WORKER_FLAGS) as (w1, p1):
-    wait_until(lambda: healthy(w0), 180, 'worker 0', p0, logs / 'w0.log')
-    wait_until(lambda: healthy(w1), 180, 'worker 1', p1, logs / 'w1.log')
-    with router_process(logs / 'router.log', '--policy', 'round_robin', '--worker-urls', w0, w1) as (url, router):
-      def ready():
-        workers = httpx.get(url + '/workers', timeout=2).json().get('workers', [])
-        return sum(bool(w.get('is_healthy')) for w in workers) == 2
-      wait_until(ready, 60, 'router', router, logs / 'router.log')
-      yield url, [w0, w1]
+  with router_cluster(tmp_path_factory.mktemp('logs'), *WORKER_FLAGS, timeout=180) as urls:
+    yield urls
 
 
 @pytest.fixture(scope='module')

@@ -97,6 +97,23 @@ def router_process(log_path, *flags):
 
 
 @contextlib.contextmanager
+def router_cluster(logs: pathlib.Path, *worker_flags, timeout: float = 120.0):
+  """Two `osvl_jax.serve` workers started with `worker_flags` (the same random model) behind
+  `sglang_router.launch_router` (round robin), logs in `logs`; yields (router URL, [worker URLs]) once the router
+  counts both workers healthy (else fails with the late one's log tail), then stops them all."""
+  with serve_process(logs / 'w0.log', *worker_flags) as (w0, p0), \
+      serve_process(logs / 'w1.log', *worker_flags) as (w1, p1):
+    wait_until(lambda: healthy(w0), timeout, 'worker 0', p0, logs / 'w0.log')
+    wait_until(lambda: healthy(w1), timeout, 'worker 1', p1, logs / 'w1.log')
+    with router_process(logs / 'router.log', '--policy', 'round_robin', '--worker-urls', w0, w1) as (url, router):
+      def ready():
+        workers = httpx.get(url + '/workers', timeout=2).json().get('workers', [])
+        return sum(bool(w.get('is_healthy')) for w in workers) == 2
+      wait_until(ready, 60, 'router', router, logs / 'router.log')
+      yield url, [w0, w1]
+
+
+@contextlib.contextmanager
 def healthy_server(log_path, *flags, timeout: float = 120.0):
   """`serve_process` that yields only the URL, once /health answers (else fails with the log's tail)."""
   with serve_process(log_path, *flags) as (url, proc):

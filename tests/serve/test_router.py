@@ -2,7 +2,6 @@
 in-process engine's, directly and through the router; `/update_weights_from_disk` swaps in a checkpoint."""
 
 
-import httpx
 import numpy as np
 import pytest
 from flax import nnx
@@ -11,22 +10,14 @@ from osvl_jax import checkpoints as ckpt_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import sglang_client as sc
-from tests.serve.conftest import MAX_LEN, NEW, healthy, reference_sampler, router_process, serve_process, wait_until
+from tests.serve.conftest import MAX_LEN, NEW, reference_sampler, router_cluster
 
 
 @pytest.fixture(scope='module')
 def cluster(tmp_path_factory):
   """(router URL, [worker URLs]): two tiny workers and `sglang_router.launch_router` (round robin)."""
-  logs = tmp_path_factory.mktemp('logs')
-  with serve_process(logs / 'w0.log') as (w0, p0), serve_process(logs / 'w1.log') as (w1, p1):
-    wait_until(lambda: healthy(w0), 120, 'worker 0', p0, logs / 'w0.log')
-    wait_until(lambda: healthy(w1), 120, 'worker 1', p1, logs / 'w1.log')
-    with router_process(logs / 'router.log', '--policy', 'round_robin', '--worker-urls', w0, w1) as (url, router):
-      def ready():
-        workers = httpx.get(url + '/workers', timeout=2).json().get('workers', [])
-        return sum(bool(w.get('is_healthy')) for w in workers) == 2
-      wait_until(ready, 60, 'router', router, logs / 'router.log')
-      yield url, [w0, w1]
+  with router_cluster(tmp_path_factory.mktemp('logs')) as urls:
+    yield urls
 
 
 def _assert_same(got, want, atol):

@@ -89,3 +89,6 @@ def test_heldout_prompts_are_the_rl_splits_last_and_never_trained_on(monkeypatch
       data.load_prompts(config, None)
   with pytest.raises(ValueError, match="part='test'"):
     data.load_prompts(config, None, 'test')
+  prompts.clear()  # a build whose every accepted item went to SFT
+  with pytest.raises(ValueError, match='/unused: the `rl` split holds no prompts'):
+    data.load_prompts(config, None)
