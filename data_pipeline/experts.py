@@ -158,9 +158,9 @@ def judge_trajectory(traj: traj_lib.Trajectory, judge, min_process_score: float)
   return 'ok', score
 
 
-def select(trajectories: Sequence[traj_lib.Trajectory], judge, min_process_score: float, keep_per_item: int,
-           max_concurrency: int = 1) -> tuple[list[traj_lib.Trajectory], dict]:
-  """Judges every trajectory and keeps the best passing ones of each item.
+def select(trajectories: Sequence[traj_lib.Trajectory], judge, min_process_score: float,
+           keep_per_item: int) -> tuple[list[traj_lib.Trajectory], dict]:
+  """Judges every trajectory (in the judge's `max_concurrency` threads) and keeps the best passing ones of each item.
 
   Args:
     trajectories: any number per prompt_id, in sample order.
@@ -168,12 +168,11 @@ def select(trajectories: Sequence[traj_lib.Trajectory], judge, min_process_score
     min_process_score: stage 2 threshold.
     keep_per_item: passing trajectories kept per prompt_id, highest process score first, ties in sample order
       (0 = all).
-    max_concurrency: judgements in parallel threads (an LLM judge is I/O bound).
   Returns:
     (kept trajectories in input order, counts {'judged', 'passed', 'kept', 'items_kept', 'reasons' (reason ->
     n, rejections only), 'surplus' (passing but over keep_per_item), 'process_score_mean' (over the passing)}).
   """
-  with concurrent.futures.ThreadPoolExecutor(max(1, max_concurrency)) as pool:
+  with concurrent.futures.ThreadPoolExecutor(max(1, judge.max_concurrency)) as pool:
     verdicts = list(pool.map(lambda t: judge_trajectory(t, judge, min_process_score), trajectories))
   reasons: dict[str, int] = {}
   passing: dict[str, list[tuple[float, int]]] = {}

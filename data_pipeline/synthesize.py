@@ -415,8 +415,7 @@ def synthesize(items: list[dict], graph, data_dir, tool_config=None, top_k: int 
       trajs += experts.model_episodes(prompts, engine, env, make_builder, config)
     keep_per_item = int(config.keep_per_item)
   judge = experts.make_judge(config)
-  kept, selected = experts.select(trajs, judge, float(config.min_process_score), keep_per_item,
-                                  int(config.judge.max_concurrency) if config.judge.name != 'rule' else 1)
+  kept, selected = experts.select(trajs, judge, float(config.min_process_score), keep_per_item)
   for reason, n in selected['reasons'].items():
     reasons[reason] = reasons.get(reason, 0) + n
   repair_tools = set(degrade_lib.REPAIR_TOOLS.values())

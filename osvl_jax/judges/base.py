@@ -37,8 +37,11 @@ class Judge:
   """Interface of a judge; subclasses override `accuracy` and `query_quality`.
 
   `stats()` returns counters (calls, errors, retries, cache_hits) as ints; they are thread-safe.
+  `max_concurrency`: verdicts a caller may ask for at once, from threads (1: one at a time, a local CPU-bound judge;
+  a remote judge is I/O bound and says how many requests its endpoint takes).
   """
   name = 'base'
+  max_concurrency = 1
 
   def __init__(self):
     self._lock = threading.Lock()

@@ -271,6 +271,7 @@ class LLMJudge(base.Judge):
     super().__init__()
     registry.check_config(config)  # base_url, model, on_error, temperature, prompts: ValueError naming the field
     self.config = config
+    self.max_concurrency = int(config.max_concurrency)
     self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or 'EMPTY',
                                 timeout=float(config.timeout_s), max_retries=0)  # retries are ours, bounded
     self._cache: dict[str, float] = {}

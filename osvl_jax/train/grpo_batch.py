@@ -47,10 +47,8 @@ def check_budgets(config: ml_collections.ConfigDict) -> tuple[tuple[int, ...], i
 
 def score_batch(trajectories: list, cfg: ml_collections.ConfigDict,
                 judge: judges_base.Judge | None = None) -> list[dict]:
-  """`rollouts.score_all` (Eq. 9) of `trajectories` with `cfg.alpha`; a remote judge gets its `max_concurrency`
-  threads."""
-  concurrency = int(judge.config.max_concurrency) if judge is not None and hasattr(judge, 'config') else 1
-  return rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge, max_concurrency=concurrency)
+  """`rollouts.score_all` (Eq. 9) of `trajectories` with `cfg.alpha`, in the judge's `max_concurrency` threads."""
+  return rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge)
 
 
 def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: judges_base.Judge | None = None,

@@ -166,11 +166,12 @@ def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
 
 
 def score_all(trajectories: list[trajectory_lib.Trajectory], alpha: float = 0.8,
-              judge: judges_base.Judge | None = None, max_concurrency: int = 1) -> list[dict]:
-  """`score` of each trajectory, in order; `max_concurrency` threads when the judge is remote (I/O bound)."""
-  if max_concurrency <= 1 or judge is None or judge.name == 'rule' or len(trajectories) <= 1:
+              judge: judges_base.Judge | None = None) -> list[dict]:
+  """`score` of each trajectory, in order, in the judge's `max_concurrency` threads (a remote judge is I/O bound)."""
+  threads = judge.max_concurrency if judge is not None else 1
+  if threads <= 1 or len(trajectories) <= 1:
     return [score(t, alpha, judge) for t in trajectories]
-  with concurrent.futures.ThreadPoolExecutor(min(max_concurrency, len(trajectories))) as pool:
+  with concurrent.futures.ThreadPoolExecutor(min(threads, len(trajectories))) as pool:
     return list(pool.map(lambda t: score(t, alpha, judge), trajectories))
 
 

@@ -10,6 +10,8 @@ r_fmt = mean format_ok over the prefix: the search step is well formed and ok ->
 No final response -> r_acc = 0, so r = r_fmt · 0.2 · r_query.
 """
 
+import threading
+
 import pytest
 
 from osvl_jax import trajectory as tj
@@ -68,3 +70,29 @@ def test_any_judge_receives_the_prefix_only():
   assert calls == [('text_search', {'query': 'Agra'})]
   assert [r.ok for r in results] == [True]
   assert (answers, response) == (['Agra'], None)   # the reference answers and the (absent) final response
+
+
+class _BarrierJudge(_RecordingJudge):
+  """Its `max_concurrency` query_quality calls must all be in flight at once to pass the barrier (else it times
+  out)."""
+
+  def __init__(self, max_concurrency):
+    super().__init__()
+    self.max_concurrency = max_concurrency
+    self.barrier = threading.Barrier(max_concurrency, timeout=30)
+    self.threads = set()
+
+  def query_quality(self, question, tool_calls, results, *, answers=(), response=None):
+    self.threads.add(threading.get_ident())
+    if self.max_concurrency > 1:
+      self.barrier.wait()
+    return judges_base.Verdict(0.5)
+
+
+@pytest.mark.parametrize('threads', [1, 3])
+def test_score_all_asks_the_judge_for_max_concurrency_verdicts_at_once(threads):
+  trajectories = [_trajectory(1)] * 3
+  judge = _BarrierJudge(threads)
+  scores = rollouts.score_all(trajectories, judge=judge)
+  assert [s['r_query'] for s in scores] == [0.5] * 3
+  assert len(judge.threads) == threads  # 1: all in the caller's thread (the rule judge's default)
