@@ -23,7 +23,6 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
-import numpy as np
 import openai
 
 from osvl_jax.rollout import engine as engine_lib
@@ -118,10 +117,7 @@ class OpenAIEngine(engine_lib.Engine):
       raise ValueError(f'base_url={base_url!r} and model={model!r}: an OpenAI-compatible engine needs both')
     if max_new_tokens < 1:
       raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
-    if not (temperature >= 0 and np.isfinite(temperature)):
-      raise ValueError(f'temperature must be a finite number >= 0, got {temperature}')
-    if not 0 < top_p <= 1:
-      raise ValueError(f'top_p must be in (0, 1], got {top_p}')
+    engine_lib.Sampling(temperature, top_p).checked()  # ValueError naming an out-of-range setting
     if retries < 0 or concurrency < 1 or not timeout > 0:
       raise ValueError(f'retries={retries}, concurrency={concurrency}, timeout={timeout}: out of range')
     self.base_url, self.model, self.tokenizer = base_url.rstrip('/'), str(model), tokenizer

@@ -101,10 +101,7 @@ class SGLangEngine(engine_lib.Engine):
     self.tokenizer = tokenizer
     if max_new_tokens < 1:
       raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
-    if not (temperature >= 0 and np.isfinite(temperature)):
-      raise ValueError(f'temperature must be a finite number >= 0, got {temperature}')
-    if not 0 < top_p <= 1:
-      raise ValueError(f'top_p must be in (0, 1], got {top_p}')
+    engine_lib.Sampling(temperature, top_p).checked()  # ValueError naming an out-of-range setting
     if retries < 0 or backoff < 0 or concurrency < 1:
       raise ValueError(f'retries={retries}, backoff={backoff}, concurrency={concurrency}: out of range')
     self.max_new_tokens, self.temperature, self.top_p = int(max_new_tokens), float(temperature), float(top_p)
