@@ -16,9 +16,10 @@ Both go through the same rejection (`judge_trajectory`), with the judge of `data
   stage 1  answer correctness: `judge.accuracy(question, final_response, answers)` must be 1. Rejections:
            'answer: no response (<stop_reason>)', 'answer: incorrect', 'answer: judge error' (a reply the judge
            could not parse after its retries is a rejection, never a crash).
-  stage 2  process quality over the trajectory: the LLM judge's process score of its transcript
-           (`LLMJudge.process_quality`, prompt `process_v1`), else the judge's query-quality score over its
-           pre-fatal tool calls (`query_quality`, the r_query of Eq. 9); it must reach `min_process_score`.
+  stage 2  process quality over the trajectory: the judge's process score of the whole trajectory
+           (`Judge.process_quality`; the LLM judge's prompt `process_v1`), or, for a judge without a process judge
+           (it returns None: the rule judge), its query-quality score over the pre-fatal tool calls
+           (`query_quality`, the r_query of Eq. 9); it must reach `min_process_score`.
            Rejections: 'process: below min_process_score', 'process: judge error'.
 A trajectory `trajectory.check_trajectory` finds malformed is rejected first ('check_trajectory'). Of the
 passing trajectories of an item, at most `keep_per_item` are kept, highest process score first (ties: sample
@@ -127,7 +128,8 @@ def judge_trajectory(traj: traj_lib.Trajectory, judge, min_process_score: float)
 
   Args:
     traj: a finished trajectory (question, answers, final_response, steps, fatal_step).
-    judge: a `judges.base.Judge`; one with `process_quality` (the LLM judge) scores the transcript at stage 2.
+    judge: a `judges.base.Judge`; its `process_quality` scores stage 2, or its `query_quality` when it has no
+      process judge (`process_quality` returns None).
     min_process_score: the stage 2 threshold.
   Returns:
     ('ok' or the rejection reason, the process score (0.0 when stage 2 was not reached)).
@@ -141,11 +143,9 @@ def judge_trajectory(traj: traj_lib.Trajectory, judge, min_process_score: float)
     return 'answer: judge error', 0.0
   if verdict.score < 1:
     return 'answer: incorrect', 0.0
-  prefix = traj.steps if traj.fatal_step is None else traj.steps[:traj.fatal_step]
-  if hasattr(judge, 'process_quality'):
-    from osvl_jax.judges import llm
-    verdict = judge.process_quality(traj.question, llm.format_transcript(traj.steps), list(traj.answers))
-  else:
+  verdict = judge.process_quality(traj.question, traj.steps, list(traj.answers))
+  if verdict is None:   # no process judge: r_query over the pre-fatal tool calls stands in
+    prefix = traj.steps if traj.fatal_step is None else traj.steps[:traj.fatal_step]
     calls = [s for s in prefix if s.action.kind == 'tool_call']
     verdict = judge.query_quality(traj.question, [(s.action.name, s.action.arguments) for s in calls],
                                   [s.result for s in calls], answers=list(traj.answers),

@@ -1,25 +1,26 @@
-"""An async OpenAI-compatible chat client for the LLM stages of the pipeline (DESIGN.md §7: "every LLM-using stage
-talks to an OpenAI-compatible endpoint (`openai` client, base_url + model from config)").
+"""The async chat client of the LLM stages of the pipeline (DESIGN.md §7: "every LLM-using stage talks to an
+OpenAI-compatible endpoint (`openai` client, base_url + model from config)").
 
-`AsyncChatClient.chat(messages)` never raises: every failure (connection refused, timeout, HTTP status, an empty
-reply, an exhausted budget) comes back as `Reply.error`, a short reason the stage records on the item. Limits:
-  * concurrency: at most `max_concurrency` requests in flight (`asyncio.Semaphore`);
-  * retries: a failed attempt (connection, timeout, 429 / 5xx, empty reply) is retried up to `max_retries`
-    times after `retry_backoff_s * 2**k` seconds; other 4xx are not retried;
+`AsyncChatClient` is the project's one OpenAI-compatible client (`osvl_jax.openai_client.ChatClient`, built from
+`default_config()`'s fields) in the form the stages use: `chat(messages)` never raises; every failure (connection
+refused, timeout, HTTP status, an empty reply, a spent budget) comes back as `Reply.error`, a short reason
+`<kind>: <what>` the stage records on the item. The client's limits:
+  * concurrency: at most `max_concurrency` requests in flight;
+  * retries: a failed attempt (connection, timeout, 408 / 409 / 429 / 5xx, an empty reply: kind 'bad_reply') is
+    retried up to `max_retries` times after `retry_backoff_s * 2**(k-1)` seconds; other 4xx are not retried;
   * budgets: `max_requests` attempts and `max_total_tokens` tokens (the replies' `usage.total_tokens`) for the
     client's life (0 = unlimited); past either, requests are answered `budget: requests` / `budget: tokens`
     without being sent (the token budget is read before each attempt, so up to `max_concurrency - 1` requests
     already in flight can overshoot it; the request budget is exact).
-`stats()` counts requests (attempts sent), replies, errors (by kind), retries, tokens and budget refusals.
+`stats()` counts requests (attempts sent), replies, errors (by kind), retries, tokens (total; prompt and completion
+too) and budget refusals.
 
 Images go as `image_url` data URLs (PNG, base64) in the user message (`image_part`), the OpenAI vision format
 that `osvl_jax.serve`, vLLM and SGLang accept.
 """
 
-import asyncio
 import base64
 import dataclasses
-import os
 
 import cv2
 import ml_collections
@@ -34,7 +35,7 @@ def default_config() -> ml_collections.ConfigDict:
     api_key_env: environment variable holding the API key; unset -> 'EMPTY' (local servers need none).
     max_concurrency: requests in flight at most.
     max_retries: retries of a failed attempt (connection, timeout, 429 / 5xx, empty reply).
-    retry_backoff_s: the sleep before retry k is retry_backoff_s * 2**k, seconds.
+    retry_backoff_s: the sleep before retry k (k = 1, 2, ...) is retry_backoff_s * 2**(k-1), seconds.
     timeout_s: per-attempt timeout, seconds.
     max_tokens: reply budget per request, tokens.
     temperature: sampling temperature (0: greedy).
@@ -72,8 +73,19 @@ class Reply:
   tokens: int = 0
 
 
+# The reason a spent budget gives (`Reply.error`), by the client's budget field.
+_BUDGET_REASONS = {'max_requests': 'budget: requests', 'max_total_tokens': 'budget: tokens'}
+
+
+def _has_text(text: str | None) -> str:
+  """The reply text, or ValueError (an empty reply: retried by the client as a bad reply)."""
+  if not text or not text.strip():
+    raise ValueError('the reply has no text')
+  return text
+
+
 class AsyncChatClient:
-  """`openai.AsyncOpenAI` behind a concurrency limit, retries and request / token budgets; never raises.
+  """The project's `openai_client.ChatClient` for the stages: `await chat(messages) -> Reply`, never raising.
 
   The interface the stages use (a test double implements the same): `await chat(messages) -> Reply`,
   `stats() -> dict`, `await aclose()`.
@@ -83,78 +95,33 @@ class AsyncChatClient:
     """Args: config: `default_config()` fields (base_url must be set).
 
     Raises:
-      ValueError: an empty base_url or model.
+      ValueError: an empty base_url or model, a limit out of range.
     """
-    import openai  # pylint: disable=import-outside-toplevel
-    if not config.base_url:
-      raise ValueError('base_url is empty: no endpoint to call')
-    if not config.model:
-      raise ValueError(f'model is empty for the endpoint {config.base_url}')
+    from osvl_jax import openai_client  # pylint: disable=import-outside-toplevel  # (imports `openai`)
     self.config = config
-    self._openai = openai
-    self._client = openai.AsyncOpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or
-                                      'EMPTY', timeout=float(config.timeout_s), max_retries=0)
-    self._semaphore = asyncio.Semaphore(int(config.max_concurrency))
-    self._counts = {'requests': 0, 'replies': 0, 'errors': 0, 'retries': 0, 'tokens': 0, 'budget_refused': 0,
-                    'error_kinds': {}}
+    self._lib = openai_client
+    self.client = openai_client.ChatClient.from_config(config)
 
   def stats(self) -> dict:
-    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._counts.items()}
-
-  def _budget_left(self) -> str | None:
-    c = self.config
-    if c.max_requests and self._counts['requests'] >= c.max_requests:
-      return 'budget: requests'
-    if c.max_total_tokens and self._counts['tokens'] >= c.max_total_tokens:
-      return 'budget: tokens'
-    return None
-
-  def _error(self, kind: str, text: str) -> Reply:
-    self._counts['errors'] += 1
-    self._counts['error_kinds'][kind] = self._counts['error_kinds'].get(kind, 0) + 1
-    return Reply(error=f'{kind}: {text}'[:300])
+    """{'requests', 'replies', 'errors', 'retries', 'tokens' (total), 'prompt_tokens', 'completion_tokens',
+    'budget_refused', 'error_kinds'} of the client's life (`ChatClient.usage`)."""
+    usage = self.client.usage()
+    usage['tokens'] = usage.pop('total_tokens')
+    return usage
 
   async def chat(self, messages: list[dict]) -> Reply:
     """One chat completion of `messages` (OpenAI format); the reply text, or the reason there is none."""
-    async with self._semaphore:
-      last = None
-      for attempt in range(int(self.config.max_retries) + 1):
-        refused = self._budget_left()
-        if refused is not None:
-          self._counts['budget_refused'] += 1
-          return Reply(error=refused)
-        if attempt:
-          self._counts['retries'] += 1
-          await asyncio.sleep(float(self.config.retry_backoff_s) * 2 ** (attempt - 1))
-          refused = self._budget_left()  # another request may have spent the budget while this one slept
-          if refused is not None:
-            self._counts['budget_refused'] += 1
-            return Reply(error=refused)
-        self._counts['requests'] += 1
-        try:
-          resp = await self._client.chat.completions.create(
-              model=self.config.model, messages=messages, max_tokens=int(self.config.max_tokens),
-              temperature=float(self.config.temperature))
-        except (self._openai.APIConnectionError, self._openai.APITimeoutError) as e:
-          last = ('connection' if not isinstance(e, self._openai.APITimeoutError) else 'timeout', str(e))
-          continue
-        except self._openai.APIStatusError as e:
-          last = (f'http_{e.status_code}', str(e))
-          if e.status_code == 429 or e.status_code >= 500:
-            continue
-          break
-        except Exception as e:  # pylint: disable=broad-except  # A malformed response body, ...
-          last = ('bad_response', f'{type(e).__name__}: {e}')
-          break
-        tokens = int(getattr(resp.usage, 'total_tokens', 0) or 0) if resp.usage is not None else 0
-        self._counts['tokens'] += tokens
-        text = resp.choices[0].message.content if resp.choices else None
-        if not text or not text.strip():
-          last = ('empty_reply', 'the reply has no text')
-          continue
-        self._counts['replies'] += 1
-        return Reply(text=text, tokens=tokens)
-      return self._error(*last)
+    try:
+      reply = await self.client.acomplete(messages, parse=_has_text, max_tokens=int(self.config.max_tokens),
+                                          temperature=float(self.config.temperature))
+    except self._lib.BudgetExceeded as e:
+      return Reply(error=_BUDGET_REASONS[e.budget])
+    except self._lib.ChatError as e:
+      return Reply(error=f'{e.kind}: {e.reason}'[:300])
+    except Exception as e:  # pylint: disable=broad-except  # a stage records the reason, never crashes
+      return Reply(error=f'bad_response: {type(e).__name__}: {e}'[:300])
+    return Reply(text=reply.text, tokens=reply.total_tokens)
 
   async def aclose(self) -> None:
-    await self._client.close()
+    """Closes the running event loop's connections."""
+    await self.client.aclose()

@@ -6,6 +6,7 @@ import it (`metrics._import_tensorboardx`), transformers' image processor too (`
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -77,3 +78,28 @@ def test_engine_capabilities_are_declared_not_probed():
             for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1)
             if 'hasattr(' in line and 'engine' in line]
   assert probes == []
+
+
+def _lines(folders):
+  for folder in folders:
+    for path in sorted((REPO / folder).rglob('*.py')):
+      for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
+        yield f'{path.relative_to(REPO).as_posix()}:{n}', line
+
+
+def test_judge_capabilities_are_declared_not_probed():
+  """`judges.base.Judge` declares what a judge does (process_quality, hints, describe, max_concurrency): no caller
+  probes a judge with hasattr / getattr, tests its class, or reads its config."""
+  probe = re.compile(r'\b(hasattr|getattr|isinstance)\(\s*(self\.)?judge\b|\bjudge\.config\b|RuleJudge\(|'
+                     r'LLMJudge\(|_RULE_JUDGE')
+  probes = [where for where, line in _lines(('osvl_jax', 'data_pipeline', 'bench'))
+            if probe.search(line) and not where.startswith('osvl_jax/judges/')]
+  assert probes == []
+
+
+def test_one_openai_compatible_client():
+  """Judges, pipeline stages and the API-model engine all talk to OpenAI endpoints through `osvl_jax.openai_client`:
+  nothing else builds an `openai` client."""
+  built = [where for where, line in _lines(('osvl_jax', 'data_pipeline', 'tools', 'bench'))
+           if re.search(r'\b(Async)?OpenAI\(', line)]
+  assert built and all(where.startswith('osvl_jax/openai_client.py:') for where in built), built

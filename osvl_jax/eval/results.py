@@ -2,9 +2,9 @@
 
 `<workdir>/eval_settings.json` records what decides a result (`run_settings`): the policy (`eval.policy`
 identity: checkpoint path, step, metadata hash, modification time), the engine, the seed, the sampling and
-rollout settings, the agent prompts (name and text hash), the judge (name, model, endpoint, prompts), the tools
-and tool budgets, the image sizes. A rerun in the same workdir with other settings is refused, naming each
-differing field, as a pipeline build is (`data_pipeline/build.py`, build_config.json): one workdir holds one
+rollout settings, the agent prompts (name and text hash), the judge (its `describe()`: name, model, endpoint,
+prompts), the tools and tool budgets, the image sizes. A rerun in the same workdir with other settings is
+refused, naming each differing field, as a pipeline build is (`data_pipeline/build.py`, build_config.json): one workdir holds one
 evaluation, and a result is never reported for settings that did not produce it. Settings that only choose
 *which* results are wanted (modes, budgets, benchmarks, item limit, batch size) are not recorded: adding a mode or
 a benchmark to a workdir extends it.
@@ -32,10 +32,6 @@ RESULTS_FILE = 'results.jsonl'
 TRAJECTORIES_FILE = 'trajectories.jsonl'
 SETTINGS_FILE = 'eval_settings.json'
 
-# Judge config fields that do not change a verdict (how it is reached, not what it is).
-_JUDGE_OPERATIONAL = ('api_key_env', 'timeout_s', 'max_retries', 'retry_backoff_s', 'max_concurrency')
-
-
 class SettingsMismatch(ValueError):
   """A workdir holds results produced with other settings (or with unknown ones)."""
 
@@ -54,18 +50,6 @@ def engine_identity(engine: Any) -> dict:
   return out
 
 
-def judge_identity(judge: Any, judge_config: ml_collections.ConfigDict | dict | None, given: bool) -> dict:
-  """The judge's name, class, prompt names and texts' sha256, and (when built from the config) its settings."""
-  out = {'name': judge.name, 'class': _qualname(judge),
-         'prompts': {k: hashlib.sha256(v.encode('utf-8')).hexdigest()[:16]
-                     for k, v in sorted((getattr(judge, 'prompts', None) or {}).items())},
-         'prompt_names': dict(sorted((getattr(judge, 'prompt_names', None) or {}).items()))}
-  if not given and judge_config is not None:
-    cfg = judge_config.to_dict() if isinstance(judge_config, ml_collections.ConfigDict) else dict(judge_config)
-    out['config'] = {k: v for k, v in sorted(cfg.items()) if k not in _JUDGE_OPERATIONAL}
-  return out
-
-
 def run_settings(config: ml_collections.ConfigDict, policy: dict, engine: dict, judge: dict,
                  prompts: dict[str, tuple[str, str]]) -> dict:
   """The settings that decide an eval result, as JSON values (module docstring).
@@ -74,7 +58,7 @@ def run_settings(config: ml_collections.ConfigDict, policy: dict, engine: dict, 
     config: the eval config.
     policy: `eval.policy.policy_identity(config)` (or what describes a given engine's policy).
     engine: `engine_identity(engine)`.
-    judge: `judge_identity(...)`.
+    judge: the judge's `describe()` (`judges.base.Judge.describe`: name, class, prompts, verdict settings).
     prompts: {config field: (prompt name, prompt text)} of the agent prompts (system_prompt as resolved:
       'checkpoint:<name>' for a checkpoint's own, direct_prompt, rag_prompt).
   """

@@ -38,7 +38,6 @@ from osvl_jax.eval import plots, policy as policy_lib, report as report_lib, res
 from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
-from osvl_jax.judges import rule as rule_judge
 from osvl_jax.rollout import agent_loop, factory
 from tools import base as tools_base
 
@@ -106,9 +105,7 @@ class Evaluator:
     self.system_prompt, self.system_text = policy_lib.system_prompt(config)   # (name, text)
     prompts = {'system_prompt': (self.system_prompt, self.system_text),
                **{k: (config[k], traj_lib.system_prompt_text(config[k])) for k in ('direct_prompt', 'rag_prompt')}}
-    self.settings = results_lib.run_settings(
-        config, policy, engine_id, results_lib.judge_identity(self.judge, config.get('judge'), judge is not None),
-        prompts)
+    self.settings = results_lib.run_settings(config, policy, engine_id, self.judge.describe(), prompts)
     self.fingerprint = results_lib.check_resume(self.workdir, self.settings)  # refuses other settings
     self.store = results_lib.ResultStore(self.workdir / results_lib.RESULTS_FILE, self.fingerprint)
     self.tokenizer = tokenizer or traj_lib.load_tokenizer()
@@ -209,14 +206,7 @@ class Evaluator:
     """(correct or None on a judge error, judge error, the judge's score) of one response."""
     if response is None or not response.strip():
       return False, None, 0.0  # no answer: wrong by construction, no judge call (DESIGN §6)
-    if isinstance(self.judge, rule_judge.RuleJudge):
-      self.judge._count('calls')  # pylint: disable=protected-access
-      score = rule_judge.accuracy(
-          response, item.answers, rel_tol=float(item.metadata.get('numeric_tolerance', 1e-2)),
-          ranges=item.metadata.get('numeric_ranges') or (),
-          gold_letter=item.metadata.get('gold_letter') or rule_judge.gold_choice(item.question, item.answers))
-      return bool(score), None, score
-    verdict = self.judge.accuracy(item.question, response, item.answers)
+    verdict = self.judge.accuracy(item.question, response, item.answers, hints=item.metadata)
     if verdict.error is not None:
       return None, verdict.error, float(verdict.score)
     return bool(verdict.score >= 0.5), None, float(verdict.score)
@@ -308,7 +298,9 @@ class Evaluator:
           p['examples'].append(f"{r['id']}: {r['problems'][0]}")
     rep = {
         'meta': {'policy': self.policy_name, 'judge': self.judge.name,
-                 'judge_prompt': getattr(self.judge, 'prompt_names', {}).get('accuracy', 'rule (no prompt)'),
+                 'judge_prompt': self.settings['judge']['prompt_names'].get('accuracy',
+                                                                            f'{self.judge.name} (no prompt)'),
+                 'judge_identity': self.settings['judge'],
                  'system_prompt': self.system_prompt, 'results': str(self.store.path),
                  'fingerprint': self.fingerprint, 'settings': str(self.workdir / results_lib.SETTINGS_FILE),
                  'torn_result_lines': self.store.torn_lines, 'judge_errors_rejudged': self.rejudged,

@@ -12,30 +12,32 @@ earlier wordings are one config value away, `config.prompts = {'accuracy': 'accu
                  results to 400); only the search calls (`tools.base.SEARCH_TOOLS`) are rated, five criteria on
                  an anchored 0.0 / 0.3 / 0.5 / 0.7 / 1.0 scale; reply `score: <float>` then `reasoning: ...`.
                  v1 / v2: the tool calls as `format_calls` lists them, `Score: x`. -> r_query ∈ [0, 1]
-  process        a whole trajectory (Sec. 3, four dimensions), `Score:`          -> [0, 1] (`process_quality`)
+  process        a whole trajectory (Sec. 3, four dimensions; `format_transcript`), `Score:` -> [0, 1]
+                 (`process_quality`)
 Every template is filled from the same fields (`prompts.JUDGE_FIELDS`); a version leaves out those it does not use,
 and one asking for a field the judge does not fill is refused when the judge is built.
 
 Robustness: the reply is parsed leniently (`parse_binary`, `parse_score`: reasoning in <think> blocks dropped,
 a `correct:` / `score:` line decides, then JSON or free text, last verdict wins, 0-10 / percent / `7/10` scales
-mapped to [0, 1]). A failed request (HTTP error, timeout, connection error) or an unparseable reply is retried
-`max_retries` times with exponential backoff; then the error is recorded in the `Verdict` and the judge's counters
-and the fallback score is returned (`on_error`: the rule judge's value, or 0). A judge never raises into the
-trainer.
+mapped to [0, 1]). Requests go through the project's one OpenAI-compatible client (`osvl_jax.openai_client`, built
+from this config: timeout_s, max_retries, retry_backoff_s, max_concurrency and the budgets max_requests /
+max_total_tokens): a failed request (connection, timeout, 408 / 409 / 429 / 5xx) or an unparseable reply is retried
+`max_retries` times with exponential backoff; then, or at once for another 4xx or a spent budget, the error is
+recorded in the `Verdict` and the judge's counters and the fallback score is returned (`on_error`: the rule judge's
+value, or 0). A judge never raises into the trainer. The client's `usage()` (`judge.client`) holds the token counts.
 
 No call is made when there is nothing to judge: no final response -> r_acc = 0; no tool calls -> r_query = 0.
 """
 
+import hashlib
 import json
-import os
 import re
 import threading
-import time
 from typing import Any, Sequence
 
 import ml_collections
-import openai
 
+from osvl_jax import openai_client
 from osvl_jax.judges import base, prompts, registry, rule
 from tools import base as tools_base
 
@@ -256,14 +258,23 @@ def summarize_trajectory(tool_calls: Sequence[tuple[str, Any]], results: Sequenc
   return '\n'.join(lines)
 
 
+# Judge config fields that do not change a verdict (how it is reached, not what it is): left out of `describe`.
+OPERATIONAL_FIELDS = ('name', 'prompts', 'api_key_env', 'timeout_s', 'max_retries', 'retry_backoff_s',
+                      'max_concurrency', 'max_requests', 'max_total_tokens')
+
+
 class LLMJudge(base.Judge):
-  """Accuracy and query-quality judges over an OpenAI-compatible chat endpoint.
+  """Accuracy, query-quality and process judges over an OpenAI-compatible chat endpoint.
 
   Args:
     config: `registry.default_config()` fields (base_url, model, temperature, api_key_env, timeout_s,
-      max_retries, retry_backoff_s, max_tokens, on_error, max_result_chars).
+      max_retries, retry_backoff_s, max_tokens, max_concurrency, max_requests, max_total_tokens, on_error,
+      max_result_chars, prompts).
+  Attributes:
+    client: the `openai_client.ChatClient` of the endpoint (its `usage()`: requests and tokens, for cost figures).
+    prompt_names, prompts: {kind: prompt file name}, {kind: prompt text} in use.
   Raises:
-    ValueError: when base_url or model is empty, or on_error is unknown.
+    ValueError: when base_url or model is empty, on_error is unknown, or a limit is out of range.
   """
   name = 'llm'
 
@@ -272,54 +283,57 @@ class LLMJudge(base.Judge):
     registry.check_config(config)  # base_url, model, on_error, temperature, prompts: ValueError naming the field
     self.config = config
     self.max_concurrency = int(config.max_concurrency)
-    self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or 'EMPTY',
-                                timeout=float(config.timeout_s), max_retries=0)  # retries are ours, bounded
+    self.client = openai_client.ChatClient.from_config(config)
     self._cache: dict[str, float] = {}
     self._cache_lock = threading.Lock()
     chosen = {**DEFAULT_PROMPTS, **dict(config.get('prompts') or {})}
-    self.prompt_names = {k: prompts.check_judge_prompt(k, v) for k, v in chosen.items()}  # recorded by reports
+    self.prompt_names = {k: prompts.check_judge_prompt(k, v) for k, v in chosen.items()}
     self.prompts = {k: prompts.load(v) for k, v in self.prompt_names.items()}
 
+  def describe(self) -> dict:
+    """`base.Judge.describe` with the prompts in use and the verdict-deciding settings (base_url, model,
+    temperature, max_tokens, on_error, max_result_chars: every config field but `OPERATIONAL_FIELDS`)."""
+    cfg = self.config.to_dict() if isinstance(self.config, ml_collections.ConfigDict) else dict(self.config)
+    return {**super().describe(),
+            'prompt_names': dict(sorted(self.prompt_names.items())),
+            'prompts': {k: hashlib.sha256(v.encode('utf-8')).hexdigest()[:16] for k, v in sorted(self.prompts.items())},
+            'settings': {k: v for k, v in sorted(cfg.items()) if k not in OPERATIONAL_FIELDS}}
+
   def _ask(self, prompt: str, parse) -> tuple[float | None, str | None, str]:
-    """(score, None, raw) on success, (None, error, raw) after 1 + max_retries failed attempts."""
+    """(score, None, raw) on success, (None, error, raw of the last reply) after the client gave up."""
     with self._cache_lock:
       if prompt in self._cache:
         self._count('cache_hits')
         return self._cache[prompt], None, ''
     self._count('calls')
-    error, raw = None, ''
-    for attempt in range(1 + int(self.config.max_retries)):
-      if attempt:
-        self._count('retries')
-        time.sleep(float(self.config.retry_backoff_s) * 2 ** (attempt - 1))
-      try:
-        reply = self.client.chat.completions.create(
-            model=self.config.model, messages=[{'role': 'user', 'content': prompt}],
-            temperature=float(self.config.temperature), max_tokens=int(self.config.max_tokens))
-        if not reply.choices:
-          raise JudgeParseError('reply has no choices')
-        raw = reply.choices[0].message.content or ''
-        score = parse(reply.choices[0].message.content)
-      except Exception as e:  # noqa: BLE001 — a judge never crashes the trainer; every failure is retried
-        error = f'{type(e).__name__}: {str(e)[:300]}'
-        continue
-      with self._cache_lock:
-        self._cache[prompt] = score
-      return score, None, raw
-    self._count('errors')
-    return None, error, raw
+    try:
+      reply = self.client.complete([{'role': 'user', 'content': prompt}], parse=parse,
+                                   temperature=float(self.config.temperature), max_tokens=int(self.config.max_tokens))
+    except openai_client.ChatError as e:  # after the retries, a 4xx, a spent budget
+      self._count('retries', max(e.attempts - 1, 0))
+      self._count('errors')
+      return None, str(e)[:600], e.text or ''
+    except Exception as e:  # noqa: BLE001 — a judge never crashes the trainer
+      self._count('errors')
+      return None, f'{type(e).__name__}: {str(e)[:300]}', ''
+    self._count('retries', reply.attempts - 1)
+    with self._cache_lock:
+      self._cache[prompt] = reply.parsed
+    return reply.parsed, None, reply.text or ''
 
   def _fallback(self, rule_score: float) -> float:
     return rule_score if self.config.on_error == 'rule' else 0.0
 
-  def accuracy(self, question: str, response: str | None, answers: Sequence[str]) -> base.Verdict:
-    """r_acc ∈ {0, 1}; 0 without a call when there is no (or an empty) final response."""
+  def accuracy(self, question: str, response: str | None, answers: Sequence[str], *,
+               hints=None) -> base.Verdict:
+    """r_acc ∈ {0, 1}; 0 without a call when there is no (or an empty) final response. `hints` (a benchmark item's
+    metadata) are not shown to the judge model; its fallback (`on_error='rule'`) is the rule judge with them."""
     if response is None or not response.strip():
       return base.Verdict(0.0)
     prompt = self.prompts['accuracy'].format(question=question, answers=' | '.join(answers), response=response)
     score, error, raw = self._ask(prompt, parse_binary)
     if error is not None:
-      return base.Verdict(self._fallback(rule.accuracy(response, answers)), error, raw)
+      return base.Verdict(self._fallback(rule.accuracy_with_hints(question, response, answers, hints)), error, raw)
     return base.Verdict(score, None, raw)
 
   def query_quality(self, question: str, tool_calls: Sequence[tuple[str, Any]], results: Sequence[Any], *,
@@ -346,18 +360,19 @@ class LLMJudge(base.Judge):
       return base.Verdict(self._fallback(rule.query_quality(tool_calls, results, question)), error, raw)
     return base.Verdict(score, None, raw)
 
-  def process_quality(self, question: str, transcript: str, answers: Sequence[str]) -> base.Verdict:
+  def process_quality(self, question: str, steps: Sequence[Any], answers: Sequence[str]) -> base.Verdict:
     """The process judge (Sec. 3; prompt `process_v1`): score in [0, 1] of how a trajectory reached its answer.
 
     Args:
       question: the user question.
-      transcript: the trajectory as text (`format_transcript`).
+      steps: the trajectory's steps, all of them (shown as `format_transcript` writes them).
       answers: the reference answer and its aliases.
     Returns:
       Verdict(score); after failed retries or an unparseable reply, Verdict(0.0, error, raw): a caller must
       read `error`, never the fallback score, as the verdict.
     """
-    prompt = self.prompts['process'].format(question=question, answers=' | '.join(answers), transcript=transcript)
+    prompt = self.prompts['process'].format(question=question, answers=' | '.join(answers),
+                                            transcript=format_transcript(steps))
     score, error, raw = self._ask(prompt, parse_score)
     if error is not None:
       return base.Verdict(0.0, error, raw)

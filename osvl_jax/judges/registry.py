@@ -42,10 +42,14 @@ def default_config() -> ml_collections.ConfigDict:
     temperature: sampling temperature of the judge (0: deterministic).
     api_key_env: environment variable holding the API key; unset -> 'EMPTY' (local servers need none).
     timeout_s: per-request timeout, seconds.
-    max_retries: retries after a failed request or an unparseable reply (bounded), then the error is recorded.
-    retry_backoff_s: sleep before retry k is retry_backoff_s * 2**k.
+    max_retries: retries after a failed request (connection, timeout, 408 / 409 / 429 / 5xx) or an unparseable
+      reply (bounded), then the error is recorded.
+    retry_backoff_s: seconds slept before retry k (k = 1, 2, ...) are retry_backoff_s * 2**(k-1).
     max_tokens: judge reply budget.
-    max_concurrency: trajectories scored in parallel threads (llm).
+    max_concurrency: trajectories scored in parallel threads, and requests in flight at most (llm).
+    max_requests: requests the judge may send in its life, retries included (0 = no limit); past it every verdict
+      is a judge error naming the budget (llm).
+    max_total_tokens: tokens (the endpoint's usage.total_tokens) the judge may use in its life (0 = no limit) (llm).
     on_error: fallback score after the retries: 'rule' (the rule judge's value) or 'zero'.
     max_result_chars: tool-result text shown to the query judge per call by query_quality_v1 / v2 (v3 follows the
       paper's summary limits, `llm.summarize_trajectory`).
@@ -63,6 +67,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.retry_backoff_s = 1.0
   c.max_tokens = 512
   c.max_concurrency = 8
+  c.max_requests = 0
+  c.max_total_tokens = 0
   c.on_error = 'rule'
   c.max_result_chars = 600
   return c

@@ -27,13 +27,16 @@
               Omitted from the mean when there are no text queries.
   No tool calls at all -> 0.0 (an agent that never searched has issued no query to reward).
 
-`RuleJudge` is both as a `base.Judge` (the judge registered as 'rule').
+`accuracy_with_hints` reads a benchmark item's metadata into `accuracy`'s arguments (`base.Judge.accuracy`'s
+`hints`). `RuleJudge` is both as a `base.Judge` (the judge registered as 'rule'); it has no process judge
+(`process_quality` -> None).
 """
 
 import json
 import math
 import re
 import unicodedata
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import ml_collections
@@ -227,6 +230,17 @@ def accuracy(response: str | None, answers: Sequence[str], rel_tol: float = 1e-2
   return 0.0
 
 
+def accuracy_with_hints(question: str, response: str | None, answers: Sequence[str],
+                        hints: Mapping[str, Any] | None = None) -> float:
+  """`accuracy` with a benchmark item's metadata (`base.Judge.accuracy`'s `hints`): rel_tol from
+  `numeric_tolerance` (default 1e-2), ranges from `numeric_ranges`, the gold letter from `gold_letter`, else the
+  option of `question` that is a gold answer (`gold_choice`). Other keys are ignored."""
+  hints = hints or {}
+  return accuracy(response, answers, rel_tol=float(hints.get('numeric_tolerance', 1e-2)),
+                  ranges=hints.get('numeric_ranges') or (),
+                  gold_letter=hints.get('gold_letter') or gold_choice(question, answers))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Query quality
 # ----------------------------------------------------------------------------------------------------------------
@@ -294,16 +308,18 @@ def query_quality(tool_calls: Sequence[tuple[str, Any]], results: Sequence[tools
 
 
 class RuleJudge(base.Judge):
-  """The offline rule judge: `accuracy` and `query_quality` above as a `base.Judge` (registered as 'rule')."""
+  """The offline rule judge: `accuracy` and `query_quality` above as a `base.Judge` (registered as 'rule'). It has
+  no process judge (`process_quality`: None) and no prompts or settings (`describe`: the base's)."""
   name = 'rule'
 
   def __init__(self, config: ml_collections.ConfigDict | None = None):
     super().__init__()
     del config
 
-  def accuracy(self, question, response, answers):
+  def accuracy(self, question, response, answers, *, hints=None):
+    """`accuracy_with_hints` above: a benchmark item's `hints` give its numeric tolerance, ranges, gold letter."""
     self._count('calls')
-    return base.Verdict(accuracy(response, answers, gold_letter=gold_choice(question, answers)))
+    return base.Verdict(accuracy_with_hints(question, response, answers, hints))
 
   def query_quality(self, question, tool_calls, results, *, answers=(), response=None):
     """`query_quality` above; `answers` and `response` are not used (a heuristic of the calls alone)."""

@@ -12,9 +12,11 @@ parsers of vLLM / SGLang, reasoning APIs) beside `content` is put back as `<thin
 No log-probabilities (`Generation.logprobs` None) and no weight updates: this engine evaluates a served policy and
 plays the pipeline's expert; RL cannot use it (`factory.make_engine` refuses it for training).
 
-Failures: the `openai` client retries a refused / dropped connection, a timeout, 408 / 409 / 429 and 5xx
-`retries` times with its exponential backoff; then (or at once for another 4xx) `sglang_protocol.EngineError` is
-raised, which the agent loop records on that trajectory (never a tool error).
+Requests go through the project's one OpenAI-compatible client (`osvl_jax.openai_client.ChatClient`: one
+connection pool per event loop, `concurrency` requests in flight per loop). Failures: it retries a refused /
+dropped connection, a timeout, 408 / 409 / 429, 5xx and a reply without choices `retries` times with exponential
+backoff (`retry_backoff_s`, doubling); then (or at once for another 4xx) `sglang_protocol.EngineError` is raised,
+which the agent loop records on that trajectory (never a tool error).
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
-import openai
-
+from osvl_jax import openai_client
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import server_auth
 from osvl_jax.rollout import sglang_protocol as protocol
@@ -81,6 +82,11 @@ def context_messages(context: engine_lib.Context | tuple, tokenizer,
   return messages
 
 
+# The client's failure kinds -> the engine's (`sglang_protocol.ERROR_KINDS`); an 'http_<status>' is ERROR_HTTP.
+_ERROR_KINDS = {'connection': protocol.ERROR_CONNECTION, 'timeout': protocol.ERROR_TIMEOUT,
+                'bad_reply': protocol.ERROR_RESPONSE, 'bad_response': protocol.ERROR_RESPONSE}
+
+
 class OpenAIEngine(engine_lib.Engine):
   """`Engine` over an OpenAI-compatible chat endpoint (module docstring). Thread-safe.
 
@@ -89,6 +95,7 @@ class OpenAIEngine(engine_lib.Engine):
 
   Attributes:
     base_url, model: the endpoint and the model name sent (part of the eval fingerprint).
+    client: the `openai_client.ChatClient` (its `usage()`: requests sent, retries included, and tokens).
     stats: {'requests': turns asked, 'errors': turns failed after the retries, 'prompt_tokens',
       'completion_tokens': the endpoint's own `usage` counts (its tokenizer, not ours)}.
   """
@@ -96,7 +103,7 @@ class OpenAIEngine(engine_lib.Engine):
 
   def __init__(self, base_url: str, model: str, tokenizer, max_new_tokens: int = 512, temperature: float = 1.0,
                top_p: float = 1.0, stop: Sequence[str] = (), timeout: float = 600.0, retries: int = 4,
-               concurrency: int = 64, api_key: str | None = None):
+               concurrency: int = 64, api_key: str | None = None, retry_backoff_s: float = 0.5):
     """Args:
       base_url: the endpoint including `/v1`, e.g. 'http://127.0.0.1:30000/v1'.
       model: the model name each request carries.
@@ -106,10 +113,11 @@ class OpenAIEngine(engine_lib.Engine):
       top_p: nucleus mass in (0, 1].
       stop: default stop strings (sent as `stop`; an OpenAI endpoint trims the matched string from the reply).
       timeout: seconds per request.
-      retries: the `openai` client's retries of a failed request (connection, timeout, 408 / 409 / 429 / 5xx).
+      retries: retries of a failed request (connection, timeout, 408 / 409 / 429 / 5xx, a reply without choices).
       concurrency: requests in flight at once (more wait their turn).
       api_key: sent as `Authorization: Bearer <key>`; None: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`
         (`server_auth.api_key_from_env`), else 'EMPTY' (local servers need none). Never logged.
+      retry_backoff_s: seconds before the first retry, doubling with each further one.
     Raises:
       ValueError: an empty base_url or model, or a parameter out of range.
     """
@@ -123,28 +131,24 @@ class OpenAIEngine(engine_lib.Engine):
     self.base_url, self.model, self.tokenizer = base_url.rstrip('/'), str(model), tokenizer
     self.max_new_tokens, self.temperature, self.top_p = int(max_new_tokens), float(temperature), float(top_p)
     self.stop, self.concurrency = tuple(stop), int(concurrency)
-    api_key = api_key if api_key is not None else server_auth.api_key_from_env()
-    self._client_args = {'base_url': self.base_url, 'api_key': api_key or 'EMPTY', 'timeout': float(timeout),
-                         'max_retries': int(retries)}
-    self._clients: dict[asyncio.AbstractEventLoop, tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = {}
+    self.client = openai_client.ChatClient(
+        self.base_url, self.model, api_key=api_key if api_key is not None else server_auth.api_key_from_env(),
+        timeout_s=float(timeout), max_retries=int(retries), retry_backoff_s=float(retry_backoff_s),
+        max_concurrency=self.concurrency)
     self._lock = threading.Lock()
-    self.stats = {'requests': 0, 'errors': 0, 'prompt_tokens': 0, 'completion_tokens': 0}
+    self._turns = {'requests': 0, 'errors': 0}
     self.image_urls = protocol.DataURLCache()   # each live ImageRef's data URL, encoded once
 
-  def _client(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
-    """The client and request semaphore of the running event loop (made on first use; both are per loop)."""
-    loop = asyncio.get_running_loop()
+  @property
+  def stats(self) -> dict:
+    """{'requests': turns asked, 'errors': turns failed, 'prompt_tokens', 'completion_tokens' (the client's)}."""
+    usage = self.client.usage()
     with self._lock:
-      if loop not in self._clients:
-        self._clients[loop] = (openai.AsyncOpenAI(**self._client_args), asyncio.Semaphore(self.concurrency))
-      return self._clients[loop]
+      return {**self._turns, 'prompt_tokens': usage['prompt_tokens'], 'completion_tokens': usage['completion_tokens']}
 
   async def aclose(self) -> None:
-    """Closes the running event loop's client (`Engine.aclose`); a later call opens a new one."""
-    with self._lock:
-      client = self._clients.pop(asyncio.get_running_loop(), None)
-    if client is not None:
-      await client[0].close()
+    """Closes the running event loop's connections (`Engine.aclose`); a later call opens new ones."""
+    await self.client.aclose()
 
   def request_body(self, context: engine_lib.Context | tuple, max_new_tokens: int | None = None,
                    stop: Sequence[str] | None = None, sampling: engine_lib.Sampling | None = None) -> dict:
@@ -165,37 +169,22 @@ class OpenAIEngine(engine_lib.Engine):
     return body
 
   async def _generate_one(self, body: dict, cap: int, stop) -> engine_lib.Generation:
-    client, semaphore = self._client()
     with self._lock:
-      self.stats['requests'] += 1
+      self._turns['requests'] += 1
+    params = {k: v for k, v in body.items() if k not in ('model', 'messages')}
     try:
-      async with semaphore:
-        reply = await client.chat.completions.create(**body)
-    except openai.APIStatusError as e:
-      raise self._failed(protocol.ERROR_HTTP, e, e.status_code) from e
-    except openai.APITimeoutError as e:
-      raise self._failed(protocol.ERROR_TIMEOUT, e) from e
-    except openai.APIConnectionError as e:
-      raise self._failed(protocol.ERROR_CONNECTION, e) from e
-    if not reply.choices or reply.choices[0].message is None:
-      raise self._failed(protocol.ERROR_RESPONSE, 'the reply has no choices')
-    choice = reply.choices[0]
-    text = choice.message.content or ''
-    reasoning = getattr(choice.message, 'reasoning_content', None)
-    if reasoning and '<think>' not in text:
-      text = f'<think>\n{reasoning.strip()}\n</think>\n{text.lstrip()}'
-    if reply.usage is not None:
+      reply = await self.client.acomplete(body['messages'], **params)
+    except openai_client.ChatError as e:
       with self._lock:
-        self.stats['prompt_tokens'] += int(reply.usage.prompt_tokens or 0)
-        self.stats['completion_tokens'] += int(reply.usage.completion_tokens or 0)
-    return engine_lib.text_generation(self.tokenizer, text, cap, stop, stopped=choice.finish_reason != 'length',
+        self._turns['errors'] += 1
+      kind = protocol.ERROR_HTTP if e.kind.startswith('http_') else _ERROR_KINDS.get(e.kind, protocol.ERROR_RESPONSE)
+      raise protocol.EngineError(kind, f'POST /chat/completions: {e.reason[:500]}', self.base_url, e.status,
+                                 e.attempts) from e
+    text = reply.text or ''
+    if reply.reasoning and '<think>' not in text:
+      text = f'<think>\n{reply.reasoning.strip()}\n</think>\n{text.lstrip()}'
+    return engine_lib.text_generation(self.tokenizer, text, cap, stop, stopped=reply.finish_reason != 'length',
                                       with_logprobs=False)
-
-  def _failed(self, kind: str, cause, status: int | None = None) -> protocol.EngineError:
-    with self._lock:
-      self.stats['errors'] += 1
-    return protocol.EngineError(kind, f'POST /chat/completions: {str(cause)[:500]}', self.base_url, status,
-                                1 + self._client_args['max_retries'])
 
   async def agenerate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
     """One assistant turn per context (`engine.Engine.generate`): one request each, all in flight together.
@@ -205,7 +194,8 @@ class OpenAIEngine(engine_lib.Engine):
       the endpoint stopped at its length limit, finish_reason 'length'), logprobs None.
     Raises:
       ValueError: a context whose image spans and images differ in number.
-      EngineError: a request that failed after its retries, or a reply without choices.
+      EngineError: a request that failed after its retries (kind connection / timeout / http_status /
+        bad_response: a reply without choices).
     """
     cap = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     bodies = [self.request_body(c, cap, stop, sampling) for c in contexts]

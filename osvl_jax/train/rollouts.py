@@ -19,7 +19,7 @@ from osvl_jax import config_checks as checks
 from osvl_jax import trajectory as trajectory_lib
 from osvl_jax.checkpoints import storage
 from osvl_jax.judges import base as judges_base
-from osvl_jax.judges import rule as rule_judge
+from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rl import rewards
 from osvl_jax.rollout import agent_loop, factory, weight_sync
 from osvl_jax.rollout import engine as engine_lib
@@ -133,12 +133,10 @@ class RolloutRunner:
                                    policy_version=self.version or 0)
 
 
-_RULE_JUDGE = rule_judge.RuleJudge()
-
-
 def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
           judge: judges_base.Judge | None = None) -> dict:
-  """r(τ) = r_fmt · (α r_acc + (1−α) r_query) (Eq. 9) with `judge` (default: the offline rule judge, DESIGN §6).
+  """r(τ) = r_fmt · (α r_acc + (1−α) r_query) (Eq. 9) with `judge` (None: the registry's default, the offline rule
+  judge, DESIGN §6).
 
   r_fmt and r_query look only at steps before the fatal step (the query judge is also given the reference answers
   and the final response, as the paper's is); r_acc is 0 without a final response (no judge call). A judge error
@@ -148,7 +146,7 @@ def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
     {'reward', 'r_fmt', 'r_acc', 'r_query': float, 'judge_errors': int (judgements that fell back),
      'judge_error_messages': list[str]}.
   """
-  judge = judge or _RULE_JUDGE
+  judge = judge if judge is not None else judges_registry.get_judge(None)
   prefix = traj.steps if traj.fatal_step is None else traj.steps[:traj.fatal_step]
   r_fmt = rewards.format_reward([s.format_ok for s in traj.steps], traj.fatal_step)
   if traj.final_response is not None:
@@ -167,8 +165,10 @@ def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
 
 def score_all(trajectories: list[trajectory_lib.Trajectory], alpha: float = 0.8,
               judge: judges_base.Judge | None = None) -> list[dict]:
-  """`score` of each trajectory, in order, in the judge's `max_concurrency` threads (a remote judge is I/O bound)."""
-  threads = judge.max_concurrency if judge is not None else 1
+  """`score` of each trajectory, in order, in the judge's `max_concurrency` threads (a remote judge is I/O bound);
+  `judge` None: the registry's default (the rule judge), built once for the batch."""
+  judge = judge if judge is not None else judges_registry.get_judge(None)
+  threads = judge.max_concurrency
   if threads <= 1 or len(trajectories) <= 1:
     return [score(t, alpha, judge) for t in trajectories]
   with concurrent.futures.ThreadPoolExecutor(min(threads, len(trajectories))) as pool:

@@ -147,6 +147,28 @@ def test_judge_trajectory_reasons_and_the_min_score(graph, item):
   assert experts.judge_trajectory(traj, judge, 0.5) == ('answer: no response (response)', 0.0)
 
 
+def test_a_judge_with_a_process_judge_scores_stage_2_with_it(graph, item):
+  """The LLM judge declares a process judge: stage 2 is its score of the whole transcript (prompt process_v1), not
+  r_query; its failure is a 'process: judge error'. Real HTTP against a scripted judge model."""
+  from osvl_jax import trajectory as traj_lib
+  from osvl_jax.judges import llm, registry
+  from tests.rollout.openai_double import ChatDouble
+  tokenizer = traj_lib.load_tokenizer()
+  engine, _ = _engine({'twice': _scripts(item['answers'][0], 'x')['twice']}, tokenizer)
+  records, _ = synthesize.synthesize([item], graph, osvl_paths.data_dir(), config=model_config(num_samples=1,
+                                                                                               max_turns=4),
+                                     engine=engine)
+  traj = traj_lib.Trajectory.from_record(records[0])
+  replies = ['correct: yes', 'score: 0.9', 'correct: yes', 'Maybe.']
+  double = ChatDouble(lambda body, n: replies[min(n, len(replies) - 1)])
+  with double.serve() as url:
+    judge = registry.get_judge({'name': 'llm', 'base_url': url, 'model': 'judge', 'max_retries': 0})
+    assert experts.judge_trajectory(traj, judge, 0.8) == ('ok', 0.9)   # r_query would be 0.75 < 0.8
+    judge = registry.get_judge({'name': 'llm', 'base_url': url, 'model': 'judge', 'max_retries': 0})
+    assert experts.judge_trajectory(traj, judge, 0.8) == ('process: judge error', 0.0)
+  assert llm.format_transcript(traj.steps) in double.bodies[1]['messages'][0]['content']
+
+
 def test_a_bad_synthesize_config_is_refused_naming_the_field():
   with pytest.raises(ValueError, match=r'data.synthesize.expert'):
     experts.check_config(model_config(expert='gpt'))

@@ -50,7 +50,7 @@ class CountingJudge(judges_base.Judge):
     super().__init__()
     self.judged, self.kill_at, self.error = [], kill_at, error
 
-  def accuracy(self, question, response, answers):
+  def accuracy(self, question, response, answers, *, hints=None):
     if self.kill_at is not None and len(self.judged) + 1 == self.kill_at:
       raise KeyboardInterrupt('killed')
     self.judged.append(question)

@@ -21,7 +21,7 @@ class ScriptedJudge(judges_base.Judge):
     super().__init__()
     self.outcome, self.judged = outcome, []
 
-  def accuracy(self, question, response, answers):
+  def accuracy(self, question, response, answers, *, hints=None):
     self.judged.append(question)
     what = self.outcome(question)
     if what == 'error':
@@ -79,6 +79,38 @@ def test_judge_errors_are_judged_again_on_resume_without_a_new_rollout(tmp_path,
   with pytest.raises(ValueError, match='already in'):
     runner.Evaluator(config, tmp_path, engine=engine, judge=third, env=env, tokenizer=tokenizer).store.append(
         _records(tmp_path)[-1])
+
+
+class DescribedJudge(ScriptedJudge):
+  """A scripted judge that describes a model setting and records the hints it is given."""
+
+  def __init__(self, outcome, model):
+    super().__init__(outcome)
+    self.model, self.hints = model, []
+
+  def accuracy(self, question, response, answers, *, hints=None):
+    self.hints.append(hints)
+    return super().accuracy(question, response, answers)
+
+  def describe(self):
+    return {**super().describe(), 'settings': {'model': self.model}}
+
+
+def test_the_judge_describes_itself_into_the_settings_and_the_report(tmp_path, tokenizer, env):
+  config = small_config(benchmarks=('fvqa',), max_items_per_benchmark=2, modes=('direct',))
+  judge = DescribedJudge(lambda q: 'right', 'judge-a')
+  rep = runner.evaluate(config, tmp_path, engine=_direct(tokenizer), judge=judge, env=env, tokenizer=tokenizer)
+  assert rep['meta']['judge_identity'] == judge.describe() == {
+      'name': 'scripted', 'class': f'{__name__}.DescribedJudge', 'prompt_names': {}, 'prompts': {},
+      'settings': {'model': 'judge-a'}}
+  assert rep['meta']['judge_prompt'] == 'scripted (no prompt)'
+  assert json.loads((tmp_path / results.SETTINGS_FILE).read_text())['judge'] == judge.describe()
+  items = benchmarks.load_benchmark('fvqa', limit=2)
+  assert sorted(map(repr, judge.hints)) == sorted(repr(it.metadata) for it in items)   # each item's own hints
+  # A judge that describes itself otherwise produced other results: the workdir refuses it, naming the field.
+  with pytest.raises(results.SettingsMismatch, match=r"judge.settings.model: recorded 'judge-a', asked 'judge-b'"):
+    runner.evaluate(config, tmp_path, engine=_direct(tokenizer), judge=DescribedJudge(lambda q: 'right', 'judge-b'),
+                    env=env, tokenizer=tokenizer)
 
 
 def _browsecomp(path, rows):

@@ -55,7 +55,7 @@ class _RecordingJudge(judges_base.Judge):
     super().__init__()
     self.calls = None
 
-  def accuracy(self, question, response, answers):
+  def accuracy(self, question, response, answers, *, hints=None):
     return judges_base.Verdict(0.0)
 
   def query_quality(self, question, tool_calls, results, *, answers=(), response=None):

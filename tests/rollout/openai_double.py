@@ -2,7 +2,8 @@
 run here), on a real HTTP socket of 127.0.0.1.
 
 It answers each request with what `answer(body, n)` returns (n: the request's arrival index, from 0): a reply
-text, a `Reply` (text, finish_reason, reasoning_content, or an HTTP error status), and records every parsed body.
+text, a `Reply` (text, finish_reason, reasoning_content, usage, or an HTTP error status), and records every parsed
+body and its `Authorization` header. `answer` runs in the request's server thread: it may sleep (a slow endpoint).
 It checks what an OpenAI endpoint checks of the vision schema: `model`, a non-empty `messages` list of
 {role, content: str | [text / image_url parts]}, every image a base64 PNG / JPEG data URL (decoded into `images`).
 """
@@ -26,6 +27,10 @@ class Reply:
   finish_reason: str = 'stop'
   reasoning_content: str | None = None
   status: int = 200   # != 200: answered with this HTTP status and an OpenAI error body
+  usage: dict | None = None   # the reply's `usage`; None: USAGE
+
+
+USAGE = {'prompt_tokens': 100, 'completion_tokens': 7, 'total_tokens': 107}
 
 
 def decode_image(url: str) -> np.ndarray:
@@ -40,6 +45,7 @@ class ChatDouble:
 
   Attributes:
     bodies: every request body, parsed, in arrival order.
+    auth: the `Authorization` header of every request (None when absent), in arrival order.
     images: per request, the decoded images (uint8 [H, W, 3]) of its messages, in order.
   """
 
@@ -47,10 +53,11 @@ class ChatDouble:
     self.answer = answer
     self.bodies: list[dict] = []
     self.images: list[list[np.ndarray]] = []
+    self.auth: list[str | None] = []
     self._lock = threading.Lock()
 
-  def complete(self, body: dict) -> tuple[int, dict]:
-    """(status, JSON answer) of one request."""
+  def complete(self, body: dict, auth: str | None = None) -> tuple[int, dict]:
+    """(status, JSON answer) of one request (`auth`: its Authorization header)."""
     if not isinstance(body.get('model'), str) or not body['model']:
       return 400, {'error': {'message': 'model is required'}}
     messages = body.get('messages')
@@ -69,6 +76,7 @@ class ChatDouble:
       n = len(self.bodies)
       self.bodies.append(body)
       self.images.append(images)
+      self.auth.append(auth)
     reply = self.answer(body, n)
     reply = reply if isinstance(reply, Reply) else Reply(str(reply))
     if reply.status != 200:
@@ -78,7 +86,7 @@ class ChatDouble:
       message['reasoning_content'] = reply.reasoning_content
     return 200, {'id': f'chatcmpl-{n}', 'object': 'chat.completion', 'created': 0, 'model': body['model'],
                  'choices': [{'index': 0, 'message': message, 'finish_reason': reply.finish_reason}],
-                 'usage': {'prompt_tokens': 100, 'completion_tokens': 7, 'total_tokens': 107}}
+                 'usage': dict(USAGE if reply.usage is None else reply.usage)}
 
   @contextlib.contextmanager
   def serve(self):
@@ -96,13 +104,16 @@ class ChatDouble:
         if self.path != '/v1/chat/completions':
           status, out = 404, {'error': {'message': self.path}}
         else:
-          status, out = double.complete(json.loads(raw))
+          status, out = double.complete(json.loads(raw), self.headers.get('Authorization'))
         data = json.dumps(out).encode()
-        self.send_response(status)
-        self.send_header('Content-Type', 'application/json')
-        self.send_header('Content-Length', str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+          self.send_response(status)
+          self.send_header('Content-Type', 'application/json')
+          self.send_header('Content-Length', str(len(data)))
+          self.end_headers()
+          self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+          pass
 
     httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

@@ -35,7 +35,7 @@ def test_openai_names_its_endpoint_and_reads_the_key_from_the_named_variable(tok
                                tokenizer)
   assert isinstance(engine, openai_engine.OpenAIEngine)
   assert (engine.base_url, engine.model, engine.max_new_tokens) == ('http://h:1/v1', 'm', 16)
-  assert engine._client_args['api_key'] == 'sk-test'  # pylint: disable=protected-access
+  assert engine.client.api_key == 'sk-test' and 'sk-test' not in repr(engine.client)
   assert engine.weight_updates is None and engine.continuous_batching
 
 

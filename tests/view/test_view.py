@@ -126,8 +126,8 @@ def test_a_rollout_dump_shows_images_steps_the_fatal_step_and_the_masked_tokens(
 class FirstCorrect(CountingJudge):
   """The counting judge that finds only the first answer it judges correct."""
 
-  def accuracy(self, question, response, answers):
-    super().accuracy(question, response, answers)
+  def accuracy(self, question, response, answers, *, hints=None):
+    super().accuracy(question, response, answers, hints=hints)
     return judges_base.Verdict(float(len(self.judged) == 1))
 
 
