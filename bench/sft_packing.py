@@ -3,7 +3,7 @@
 Command: `.venv/bin/python bench/sft_packing.py --workdir=workdir/demo [--steps 26] [--batch_size 2] [--pack_rows 1]`
 (the dataset is `<workdir>/data`, e.g. the demo's: `python -m data_pipeline.build --config=configs/demo.py
 --workdir=W`). The demo config's model on one device; both runs start from the same initial weights and take the
-same batches (`sft.batch_indices`), one after the other in one process. Prints per mode
+same batches (`train.data.batch_indices`), one after the other in one process. Prints per mode
   mode=<plain|packed> steady_step_s=<mean after the first 6 steps> micro_batches=<mean per step> loss_last=<x>
 and the packed budget (T, K, P). The losses of the two modes must agree (packing changes no loss; Eq. 8 sums over
 the step's tokens); the speed is what packing buys or costs for this dataset's lengths.
@@ -40,7 +40,7 @@ def run(workdir: str, mode: str, steps: int, batch_size: int, pack_rows: int) ->
     step = sft.make_step(config.sft, sft.placer(config.sft, trajectories, mesh, rules, model.config.vision))
   times, losses, micro = [], [], []
   for i in range(steps):
-    rows = [trajectories[j] for j in sft.batch_indices(i, batch_size, len(trajectories), config.seed)]
+    rows = [trajectories[j] for j in data.batch_indices(i, batch_size, len(trajectories), config.seed)]
     t0 = time.perf_counter()
     with sharding.use_mesh(mesh, rules):
       metrics = jax.device_get(step(model, optimizer, rows))

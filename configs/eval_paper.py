@@ -9,7 +9,7 @@ paper's was GPT-4o): the CLI stops before building anything, naming both fields,
 
 Run:
   python -m osvl_jax.evaluate --config=configs/eval_paper.py --workdir=W \
-      --config.checkpoint=gs://BUCKET/grpo_qwen3vl_8b --config.data_dir=/path/to/osvl_data_dir \
+      --config.checkpoint=gs://BUCKET/grpo_8b --config.data_dir=/path/to/osvl_data_dir \
       --config.judge.base_url=http://JUDGE_HOST:PORT/v1 --config.judge.model=JUDGE_MODEL
   (VDR-Bench and InfoSeek are read when their files are under <data_dir>/benchmarks, or given in
   --config.benchmark_files; a benchmark without its files is reported, not run.)

@@ -1,6 +1,43 @@
-"""The paper's official run settings (PAPER.md, "Official run settings": Tables 4 and 5; DESIGN.md §6), shared by the
-six run configs `configs/{sft,grpo}_qwen3vl_{8b,30b_a3b,32b}.py`. Not a config itself: `get_config(stage, size)`
-builds one. Each value names its source in a comment; `tests/test_paper_recipe.py` holds them to the tables.
+"""The paper's runs of Qwen3-VL (PAPER.md, "Official run settings": Tables 4 and 5; DESIGN.md §6), one variant each,
+big_vision style: `--config=configs/qwen3vl_paper.py:<variant>` calls `get_config('<variant>')`.
+
+  sft_8b   sft_30b_a3b   sft_32b     SFT on the expert trajectories (Table 4: lr 2e-5, 8 epochs, 32k context,
+                                     images <= 262,144 pixels)
+  grpo_8b  grpo_30b_a3b  grpo_32b    fatal-aware GRPO (Table 5: lr 1e-6, G = 8 (16 for 30B-A3B), 256 prompts/step in
+                                     mini-batches of 64 (128), clip (0.2, 0.28), beta 0, 4,096 new tokens x up to
+                                     50 calls)
+  data                               the pipeline settings of the paper's dataset (`python -m data_pipeline.build`)
+Slices (config.tpu; mesh in config.mesh): 8B v5p-64, 30B-A3B and 32B v5p-128. Each value names its source in a
+comment; `tests/test_paper_recipe.py` holds them to the tables. An unknown variant is refused, listing these.
+
+Set the placeholders: model.hf_path (the released Qwen3-VL-8B-Instruct / -30B-A3B-Instruct / -32B-Instruct folder),
+data.dir (the built / converted dataset); for GRPO also grpo.init_from (the SFT run's workdir) and the judge's
+endpoint judge.base_url / judge.model (the paper's LLM judges; GRPO refuses to start without them).
+`model.hf_config` names the architecture for shapes-only tools (`python -m osvl_jax.plan`) without weights.
+
+Run (8B shown; for 30B-A3B / 32B change the variant, --name and --accelerator_type=v5p-128):
+  tpu_scripts/launch.sh --name=osvl-8b --zone=ZONE --accelerator_type=v5p-64 \
+      --entry=osvl_jax.train.sft --config=configs/qwen3vl_paper.py:sft_8b --workdir=gs://BUCKET/sft_8b \
+      -- --config.model.hf_path=/path/to/Qwen3-VL-8B-Instruct --config.data.dir=/path/to/osvl_data
+  tpu_scripts/launch.sh --name=osvl-8b --zone=ZONE --accelerator_type=v5p-64 \
+      --entry=osvl_jax.train.grpo --config=configs/qwen3vl_paper.py:grpo_8b --workdir=gs://BUCKET/grpo_8b \
+      -- --config.model.hf_path=/path/to/Qwen3-VL-8B-Instruct --config.data.dir=/path/to/osvl_data \
+      --config.grpo.init_from=gs://BUCKET/sft_8b \
+      --config.judge.base_url=http://JUDGE_HOST:PORT/v1 --config.judge.model=JUDGE_MODEL
+  What launch.sh starts on every host:
+  python -m osvl_jax.train.sft --config=configs/qwen3vl_paper.py:sft_8b --workdir=gs://BUCKET/sft_8b
+  python -m osvl_jax.train.grpo --config=configs/qwen3vl_paper.py:grpo_8b --workdir=gs://BUCKET/grpo_8b
+Memory plan per chip (shapes only, no weights; `--compile` also compiles the step on the local devices):
+  python -m osvl_jax.plan --config=configs/qwen3vl_paper.py:sft_8b [--chip=v5p]
+The resolved settings, overrides applied: python -m osvl_jax.show_config --config=configs/qwen3vl_paper.py:grpo_8b
+The dataset (its pipeline settings; `data.source` the pages-articles dump of the full English Wikipedia), written
+to `W/data` (the trainers' --config.data.dir):
+  python -m data_pipeline.build --config=configs/qwen3vl_paper.py:data --workdir=W \
+      --config.data.source=/path/enwiki-latest-pages-articles.xml.bz2
+
+The trainer variants carry a small `data` section, what training reads of the dataset: its folder (`dir`), the
+image budget its trajectories were rendered with (`min_pixels` / `max_pixels`, references to image.*: the trainers
+refuse a difference) and the SFT cutoff (`max_length`). How the dataset is built is the `data` variant's.
 
 From the tables: SFT lr 2e-5 cosine, warmup ratio 0.1, 8 epochs, cutoff 32,000 tokens, image max pixels 262,144;
 RL lr 1e-6 constant, G = 8 samples per prompt (16 for 30B-A3B), 256 prompts per step in PPO mini-batches of 64
@@ -31,9 +68,6 @@ What the tables do not fix, chosen here (override on the command line, e.g. `--c
   * grpo.pack_rows: packed rows per gradient-accumulation micro-batch = the batch shards of the mesh (one 71,680-token
     row per data-parallel shard: Table 5's dynamic batch size); grpo.steps = 200 (the paper's training-dynamics run).
   * image.min_pixels = 1,024 (LLaMA-Factory's default image_min_pixels).
-Placeholders the user sets: model.hf_path (the released weights), data.dir (the built / converted dataset),
-grpo.init_from (the SFT run's workdir); `model.hf_config` names the architecture for shapes-only tools
-(`python -m osvl_jax.plan`) without weights.
 """
 
 import ml_collections
@@ -59,6 +93,15 @@ MESHES = {
     ('grpo', '32b'): dict(data=1, fsdp=-1, tensor=8, expert=1),  # 64 chips: 8 batch shards = G (a group splits)
 }
 SFT_EXAMPLES = 36_592
+STAGES = ('sft', 'grpo')
+VARIANTS = tuple(f'{stage}_{size}' for stage in STAGES for size in SIZES) + ('data',)
+DATASET_DIR = '/path/to/osvl_data'  # set: the dataset folder (data_pipeline.build, or the converted release)
+# Shared by the trainer variants and the `data` variant (the dataset's trajectories must be rendered with them).
+MIN_PIXELS = 32 * 32  # LLaMA-Factory's default image_min_pixels (chosen here)
+MAX_PIXELS = 262_144  # Table 4: image max pixels, 512 x 512: at most 256 image tokens per image
+# One agent system prompt per run (pipeline synthesis via data.system_prompt, SFT data check, GRPO rollouts,
+# checkpoint meta -> evaluation): the paper's agent protocol (PAPER.md, "judge and agent protocols"), written here.
+SYSTEM_PROMPT = 'agent_system_v2'
 TOOLS = ('text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution', 'perspective_correct')
 
 
@@ -68,14 +111,38 @@ def _chips(tpu: str) -> int:
   return int(n) // 2 if kind in ('v4', 'v5p') else int(n)
 
 
-def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
-  """The config of the paper's `stage` ('sft' | 'grpo') run of Qwen3-VL `size` ('8b' | '30b_a3b' | '32b').
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The config of variant `arg` (`VARIANTS`): '<stage>_<size>', the paper's `stage` ('sft' | 'grpo') run of
+  Qwen3-VL `size` ('8b' | '30b_a3b' | '32b'), or 'data', the pipeline settings of its dataset.
 
   Raises:
-    ValueError: an unknown stage or size.
+    ValueError: an unknown (or no) variant, listing the valid ones.
   """
-  if stage not in ('sft', 'grpo') or size not in SIZES:
-    raise ValueError(f'stage={stage!r}, size={size!r}: expected sft|grpo and one of {sorted(SIZES)}')
+  if arg not in VARIANTS:
+    raise ValueError(f'configs/qwen3vl_paper.py:{arg}: unknown variant; expected one of {", ".join(VARIANTS)} '
+                     '(e.g. --config=configs/qwen3vl_paper.py:sft_8b)')
+  if arg == 'data':
+    return _data_config()
+  stage, size = arg.split('_', 1)
+  return _trainer_config(stage, size)
+
+
+def _data_config() -> ml_collections.ConfigDict:
+  """`python -m data_pipeline.build`'s settings for the paper's dataset: the pipeline's defaults (Appendix D.1's
+  512-pixel anchor images, tau = 10,000 for the full English Wikipedia), the trainers' image budget and agent
+  prompt, and the RL prompts held out of synthesis."""
+  c = ml_collections.ConfigDict()
+  c.data = build.default_config()
+  c.data.dir = ''  # '' = <workdir>/data (what the trainer variants' data.dir then names)
+  c.data.min_pixels = MIN_PIXELS  # the trainers' image.min_pixels / max_pixels (they refuse another budget)
+  c.data.max_pixels = MAX_PIXELS
+  c.data.system_prompt = SYSTEM_PROMPT  # the trainers' system_prompt (SFT refuses a dataset made with another)
+  c.data.rl_fraction = 0.18  # PAPER.md: ~8K RL prompts apart from the 36,592 SFT trajectories (8/44.6)
+  return c
+
+
+def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
+  """The paper's `stage` run of Qwen3-VL `size`."""
   hf_name, family, tpu = SIZES[size]
   c = ml_collections.ConfigDict()
   c.seed = 3407 if stage == 'grpo' else 0  # Table 5: RL data seed 3407 (SFT: chosen here)
@@ -89,19 +156,17 @@ def get_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.sharding_rules = ((('batch', ('data', 'fsdp', 'expert')),) if size == '30b_a3b' else ())
 
   c.image = ml_collections.ConfigDict()
-  c.image.min_pixels = 32 * 32
-  c.image.max_pixels = 262_144  # 512 x 512: at most 256 image tokens per image
+  c.image.min_pixels = MIN_PIXELS
+  c.image.max_pixels = MAX_PIXELS
 
-  c.data = build.default_config()
-  c.data.dir = '/path/to/osvl_data'  # set: the dataset folder (data_pipeline.build, or the converted release)
-  c.data.min_pixels = c.image.get_ref('min_pixels')
+  # What training reads of the dataset (train/data.py, policy_config.check_model_config, the planner); how it is
+  # built is the `data` variant's.
+  c.data = ml_collections.ConfigDict()
+  c.data.dir = DATASET_DIR
+  c.data.min_pixels = c.image.get_ref('min_pixels')  # the budget its trajectories were rendered with
   c.data.max_pixels = c.image.get_ref('max_pixels')
   c.data.max_length = 32_000  # Table 4: cutoff 32,000 tokens per SFT trajectory
-  c.data.rl_fraction = 0.18  # PAPER.md: ~8K RL prompts apart from the 36,592 SFT trajectories (8/44.6)
-  # One agent system prompt per run (pipeline synthesis via data.system_prompt, SFT data check, GRPO rollouts,
-  # checkpoint meta -> evaluation): the paper's agent protocol (PAPER.md, "judge and agent protocols"), written here.
-  c.system_prompt = 'agent_system_v2'
-  c.data.system_prompt = c.get_ref('system_prompt')
+  c.system_prompt = SYSTEM_PROMPT
 
   c.model = ml_collections.ConfigDict()
   c.model.name = hf_name

@@ -27,6 +27,7 @@ from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.checkpoints import storage
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.train import curves, data, grpo, metrics, rollouts, sft
 
 
@@ -81,13 +82,15 @@ def evaluate_format(config, workdir: pathlib.Path, model) -> dict:
   return result
 
 
-def run(config, workdir: str | pathlib.Path) -> str:
-  """Runs every stage; returns the summary line.
+def run(config, workdir: str | pathlib.Path, mesh=None) -> str:
+  """Runs every stage on `mesh` (main's; None = built here from `config.mesh`, once: SFT and GRPO share it);
+  returns the summary line.
 
   Raises:
     ValueError: from `check_config`, before any stage runs or anything is written.
   """
   check_config(config)
+  mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
   workdir = storage.path(workdir)  # gs://... stays a URL (its dataset then needs --config.data.dir)
   workdir.mkdir(parents=True, exist_ok=True)
   t0 = time.time()
@@ -95,12 +98,12 @@ def run(config, workdir: str | pathlib.Path) -> str:
   stats = build_lib.build_dataset(config.data, data.dataset_dir(config, workdir))
   print(f"demo: data {json.dumps(stats['summary'])}", flush=True)
   _stage('sft', 2)
-  model = sft.train(config, workdir)
+  model = sft.train(config, workdir, mesh)
   _stage('eval: sampling the SFT policy on the RL prompts', 3)
   evaluation = evaluate_format(config, workdir, model)
   print(f"demo: sft_format_ok={evaluation['sft_format_ok']:.3f} over {evaluation['num_steps']} steps", flush=True)
   _stage(f'grpo (fatal_mode={config.grpo.fatal_mode})', 4)
-  grpo.train(config, workdir)
+  grpo.train(config, workdir, mesh)
   print(f'demo: finished in {time.time() - t0:.0f} s; GRPO curves: {workdir / "grpo_reward.png"}', flush=True)
   return summary(config, evaluation, metrics.read_metrics(workdir, 'grpo'), workdir)
 
@@ -128,7 +131,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
   compile_cache.enable_for_run(_CONFIG.value, _WORKDIR.value)
-  print(run(_CONFIG.value, _WORKDIR.value), flush=True)
+  print(run(_CONFIG.value, _WORKDIR.value), flush=True)  # builds the run's one mesh after checking the config
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """Prints a config file's resolved settings, overrides applied (ml_collections' YAML-like dump, references resolved).
 
-  python -m osvl_jax.show_config --config=configs/grpo_qwen3vl_8b.py [--config.grpo.lr=2e-6 ...]
+  python -m osvl_jax.show_config --config=configs/qwen3vl_paper.py:grpo_8b [--config.grpo.lr=2e-6 ...]
 
 Reads the config only: nothing is built, loaded or written.
 """

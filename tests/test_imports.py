@@ -64,6 +64,16 @@ def test_nothing_below_the_trainers_imports_them():
   assert offenders == []
 
 
+def test_the_trainers_share_code_through_train_modules_not_through_each_other():
+  """sft.py and grpo.py are entry points (absl mains): what both use lives in a `train/` module named for it
+  (`policy_config`, `policy`, `data`, `batching`, ...); no `train/` module imports either trainer."""
+  trainers = {'osvl_jax.train.sft', 'osvl_jax.train.grpo'}
+  offenders = [f'{path.relative_to(REPO).as_posix()}: {m}'
+               for path in sorted((REPO / 'osvl_jax' / 'train').glob('*.py'))
+               for m in sorted(_imported_modules(path) & trainers)]
+  assert offenders == []
+
+
 def test_one_load_policy():
   defs = [path.relative_to(REPO).as_posix() for path in sorted((REPO / 'osvl_jax').rglob('*.py'))
           if 'def load_policy(' in path.read_text(encoding='utf-8')]

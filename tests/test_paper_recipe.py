@@ -1,5 +1,6 @@
-"""The six run files carry the official settings of the paper's Tables 4 (SFT) and 5 (RL), transcribed here from
-PAPER.md ("Official run settings") field by field; 32B is not in Table 5 and takes the 8B column. The learning-rate
+"""The six run variants of configs/qwen3vl_paper.py (`--config=configs/qwen3vl_paper.py:sft_8b`, ...) carry the
+official settings of the paper's Tables 4 (SFT) and 5 (RL), transcribed here from PAPER.md ("Official run
+settings") field by field; 32B is not in Table 5 and takes the 8B column. The learning-rate
 schedules are checked as optax evaluates them (Table 4's cosine with warmup ratio 0.1, Table 5's constant). The
 judges are the paper's protocols (PAPER.md, "The paper's judge and agent protocols": an LLM judge, temperature 0),
 their endpoint given on the command line; configs/eval_paper.py evaluates at the paper's scale."""
@@ -7,11 +8,13 @@ their endpoint given on the command line; configs/eval_paper.py evaluates at the
 import importlib.util
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 
+from data_pipeline import build
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.train import grpo, policy
 
@@ -50,14 +53,21 @@ PAPER_JUDGE = {
     'judge.name': 'llm', 'judge.temperature': 0.0, 'judge.prompts.accuracy': 'accuracy_v2',
     'judge.prompts.query_quality': 'query_quality_v3', 'judge.base_url': '', 'judge.model': '',
 }
-RUNS = [f'{stage}_qwen3vl_{size}' for stage in ('sft', 'grpo') for size in SIZES]
+RUNS = [f'{stage}_{size}' for stage in ('sft', 'grpo') for size in SIZES]
 
 
-def _load(name: str):
+def _module(name: str):
   spec = importlib.util.spec_from_file_location(name, CONFIGS / f'{name}.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module
+
+
+def _load(name: str):
+  """configs/<name>.py's config; `name` 'file:variant' calls `get_config('variant')`, as config_flags does."""
+  name, _, variant = name.partition(':')
+  module = _module(name)
+  return module.get_config(variant) if variant else module.get_config()
 
 
 def _get(config, path: str):
@@ -67,17 +77,19 @@ def _get(config, path: str):
 
 
 def _one_agent_prompt_and_the_pipelines_rules(config):
-  # One system prompt per run (the paper's agent protocol), the pipeline's tied to it; D.1's 512 x 512 anchor
-  # images; RL prompts held out of SFT synthesis (~8K of ~44.6K).
-  assert config.system_prompt == config.data.system_prompt == 'agent_system_v2'
-  config.system_prompt = 'builder_default'
-  assert config.data.system_prompt == 'builder_default'   # a reference, not a copy
-  assert config.data.min_image_side == 512 and config.data.rl_fraction == 0.18
+  # One system prompt per run (the paper's agent protocol), the dataset's (the `data` variant's pipeline settings)
+  # the same, with the same image budget; D.1's 512 x 512 anchor images; RL prompts held out of SFT synthesis (~8K
+  # of ~44.6K).
+  pipeline = _load('qwen3vl_paper:data').data
+  assert config.system_prompt == pipeline.system_prompt == 'agent_system_v2'
+  assert (config.data.min_pixels, config.data.max_pixels) == (pipeline.min_pixels, pipeline.max_pixels) == (
+      config.image.min_pixels, config.image.max_pixels)
+  assert pipeline.min_image_side == 512 and pipeline.rl_fraction == 0.18
 
 
 @pytest.mark.parametrize('size', SIZES)
 def test_sft_run_files_carry_table_4(size):
-  config = _load(f'sft_qwen3vl_{size}')
+  config = _load(f'qwen3vl_paper:sft_{size}')
   got = {k: _get(config, k) for k in TABLE_4}
   assert got == TABLE_4
   assert config.rollout.max_total_tokens == 32_000   # the cutoff bounds a trajectory
@@ -92,7 +104,7 @@ def test_sft_run_files_carry_table_4(size):
 
 @pytest.mark.parametrize('size', SIZES)
 def test_grpo_run_files_carry_table_5(size):
-  config = _load(f'grpo_qwen3vl_{size}')
+  config = _load(f'qwen3vl_paper:grpo_{size}')
   want = {**TABLE_5_COMMON, **TABLE_5[size]}
   got = {k: _get(config, k) for k in want}
   assert got == want
@@ -112,18 +124,21 @@ def test_a_constant_schedule_with_warmup_ramps_then_holds():
 
 @pytest.mark.parametrize('name', RUNS)
 def test_run_files_use_the_papers_llm_judges(name):
-  config = _load(name)
+  config = _load(f'qwen3vl_paper:{name}')
   assert {k: _get(config, k) for k in PAPER_JUDGE} == PAPER_JUDGE
   assert _load('demo').judge.name == 'rule'   # the demo stays offline
 
 
 def _parse(monkeypatch, name: str, *overrides: str):
-  """configs/<name>.py with `--config.X=...` overrides, parsed as the trainers' absl mains parse them."""
+  """--config=configs/<name>.py[:variant] with `--config.X=...` overrides, parsed as the trainers' absl mains parse
+  them."""
   from absl import flags
   from ml_collections import config_flags
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', str(CONFIGS / f'{name}.py'), flag_values=fv, lock_config=True)
-  argv = ['prog', f'--config={CONFIGS / f"{name}.py"}', *overrides]
+  file, _, variant = name.partition(':')
+  path = f'{CONFIGS / f"{file}.py"}' + (f':{variant}' if variant else '')
+  config_flags.DEFINE_config_file('config', path, flag_values=fv, lock_config=True)
+  argv = ['prog', f'--config={path}', *overrides]
   monkeypatch.setattr(sys, 'argv', argv)   # config_flags reads the overrides from sys.argv
   fv(argv)
   return fv.config
@@ -131,14 +146,14 @@ def _parse(monkeypatch, name: str, *overrides: str):
 
 @pytest.mark.parametrize('size', SIZES)
 def test_grpo_without_a_judge_endpoint_stops_naming_both_fields(monkeypatch, size):
-  config = _parse(monkeypatch, f'grpo_qwen3vl_{size}')
+  config = _parse(monkeypatch, f'qwen3vl_paper:grpo_{size}')
   with pytest.raises(ValueError, match=r"judge.name='llm' needs judge.base_url and judge.model \(empty\): give "
                                        r'the OpenAI-compatible endpoint on the command line'):
     grpo.check_config(config)   # the first check of `grpo.train`, before anything is read or written
 
 
 def test_the_judge_endpoint_comes_on_the_command_line(monkeypatch):
-  config = _parse(monkeypatch, 'grpo_qwen3vl_8b', '--config.judge.base_url=http://127.0.0.1:8000/v1',
+  config = _parse(monkeypatch, 'qwen3vl_paper:grpo_8b', '--config.judge.base_url=http://127.0.0.1:8000/v1',
                   '--config.judge.model=gpt-4o')
   assert (config.judge.base_url, config.judge.model) == ('http://127.0.0.1:8000/v1', 'gpt-4o')
   judges_registry.check_config(config.judge)   # passes; no request is made
@@ -146,7 +161,7 @@ def test_the_judge_endpoint_comes_on_the_command_line(monkeypatch):
   assert judge.name == 'llm' and judge.config.temperature == 0.0
   assert judge.prompt_names == {'accuracy': 'accuracy_v2', 'query_quality': 'query_quality_v3',
                                 'process': 'process_v1'}
-  old = _parse(monkeypatch, 'grpo_qwen3vl_8b', '--config.judge.base_url=http://127.0.0.1:8000/v1',
+  old = _parse(monkeypatch, 'qwen3vl_paper:grpo_8b', '--config.judge.base_url=http://127.0.0.1:8000/v1',
                '--config.judge.model=m', '--config.judge.prompts.accuracy=accuracy_v1')   # the earlier wording
   assert judges_registry.get_judge(old.judge).prompt_names['accuracy'] == 'accuracy_v1'
 
@@ -190,13 +205,69 @@ def test_eval_paper_carries_the_papers_evaluation_and_the_cli_accepts_it(monkeyp
 @pytest.mark.parametrize('stage', ('sft', 'grpo'))
 @pytest.mark.parametrize('size', SIZES)
 def test_moe_run_files_carry_the_router_losses_of_table_5(stage, size):
-  config = _load(f'{stage}_qwen3vl_{size}')
+  config = _load(f'qwen3vl_paper:{stage}_{size}')
   assert {k: config[stage][k] for k in MOE_ROW} == (MOE_ROW if size == '30b_a3b' else NO_ROUTER)
   assert policy.router_loss_coefs(config[stage]) == tuple((MOE_ROW if size == '30b_a3b' else NO_ROUTER).values())
 
 
 def test_show_config_prints_a_run_files_settings_with_overrides():
-  out = subprocess.run([sys.executable, '-m', 'osvl_jax.show_config', '--config=configs/grpo_qwen3vl_8b.py',
+  out = subprocess.run([sys.executable, '-m', 'osvl_jax.show_config', '--config=configs/qwen3vl_paper.py:grpo_8b',
                         '--config.grpo.lr=2e-6'], capture_output=True, text=True, check=True, timeout=300,
                        cwd=CONFIGS.parent).stdout
   assert 'estimator: rloo' in out and 'lr: 2.0e-06' in out and 'system_prompt: agent_system_v2' in out
+
+
+def test_every_variant_loads_through_config_flags_and_an_unknown_one_is_refused_listing_them(monkeypatch):
+  """big_vision's `file.py:variant`: config_flags passes the text after ':' to `get_config(arg)`. The six runs and
+  the dataset's pipeline settings are variants of one file (no wrapper files); a misspelt or missing variant stops
+  with the valid ones named."""
+  paper = _module('qwen3vl_paper')
+  assert paper.VARIANTS == (*RUNS, 'data')
+  assert sorted(p.name for p in CONFIGS.glob('*qwen3vl*.py')) == ['qwen3vl_paper.py']   # the wrappers are gone
+  for variant in paper.VARIANTS:
+    config = _parse(monkeypatch, f'qwen3vl_paper:{variant}')
+    assert ('stage' not in config) if variant == 'data' else (config.stage == variant.split('_')[0])
+  build.check_config(_load('qwen3vl_paper:data').data)   # what `python -m data_pipeline.build` checks first
+  listing = ', '.join(paper.VARIANTS)
+  for bad in ('sft_9b', 'sft', 'grpo_8B', '', None):
+    with pytest.raises(ValueError, match=f'unknown variant; expected one of {listing}'):
+      paper.get_config(bad)
+  with pytest.raises(ValueError, match='unknown variant'):
+    paper.get_config()
+
+
+# What training reads of `config.data`, and where: the dataset folder (train/data.py, data/pipeline.py), the image
+# budget its trajectories were rendered with (`policy_config.check_model_config`: `checks.pixel_limits(config,
+# 'data')`), the SFT cutoff (the planner's `step_shapes` without length buckets). The pipeline's settings are not
+# the trainers' (`qwen3vl_paper.py:data` holds the paper's).
+TRAINING_DATA_FIELDS = {'dir', 'min_pixels', 'max_pixels', 'max_length'}
+_DATA_READ = re.compile(r"config\.data\.get\('(\w+)'|config\.data\.(\w+)|'data\.(\w+)'")
+
+
+def _data_fields_read() -> set[str]:
+  """Every `config.data` field the trainer side (osvl_jax/) names: `config.data.X`, `config.data.get('X')`, a
+  checked path 'data.X', and the pixel limits `checks.pixel_limits(config, 'data')` reads."""
+  found = set()
+  for path in (CONFIGS.parent / 'osvl_jax').rglob('*.py'):
+    text = path.read_text(encoding='utf-8')
+    found |= {next(g for g in m.groups() if g) for m in _DATA_READ.finditer(text)}
+    if "pixel_limits(config, 'data')" in text:
+      found |= {'min_pixels', 'max_pixels'}
+  return found - {'get', 'get_ref'}
+
+
+@pytest.mark.parametrize('name', RUNS)
+def test_the_trainer_variants_data_section_holds_only_what_training_reads(name):
+  assert _data_fields_read() == TRAINING_DATA_FIELDS   # the allow-list is what osvl_jax reads, no more, no less
+  config = _load(f'qwen3vl_paper:{name}')
+  assert set(config.data.keys()) == TRAINING_DATA_FIELDS
+  assert (config.data.min_pixels, config.data.max_pixels) == (config.image.min_pixels, config.image.max_pixels)
+  config.image.max_pixels = 65_536
+  assert config.data.max_pixels == 65_536   # a reference: the dataset's budget follows the policy's
+
+
+def test_the_planner_runs_a_variant_from_the_command_line():
+  out = subprocess.run([sys.executable, '-m', 'osvl_jax.plan', '--config=configs/qwen3vl_paper.py:sft_8b'],
+                       capture_output=True, text=True, check=True, timeout=300, cwd=CONFIGS.parent).stdout
+  assert out.splitlines()[0].startswith('config: stage=sft tpu=v5p-64')
+  assert out.splitlines()[-1].endswith('fits=true')

@@ -3,7 +3,7 @@
 #
 #   tpu_scripts/launch.sh [run] --name=NAME --zone=ZONE [--project=P] [--accelerator_type=v5p-32]
 #       [--runtime_version=tpu-ubuntu2204-base] [--queued_resource] [--spot | --best_effort]
-#       [--entry=osvl_jax.train.sft] --config=configs/sft_qwen3vl_8b.py --workdir=gs://BUCKET/run
+#       [--entry=osvl_jax.train.sft] --config=configs/qwen3vl_paper.py:sft_8b --workdir=gs://BUCKET/run
 #       [--data_dir=DIR] [--env=KEY=VALUE ...] [--skip_setup] [--dry_run] [-- --config.sft.lr=1e-5 ...]
 #   tpu_scripts/launch.sh logs   --name=NAME --zone=ZONE [--worker=0|all]   # stream the job's log
 #   tpu_scripts/launch.sh stop   --name=NAME --zone=ZONE                    # stop the job on every worker

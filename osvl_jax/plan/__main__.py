@@ -1,4 +1,4 @@
-"""`python -m osvl_jax.plan --config=configs/grpo_qwen3vl_8b.py [--chip=v5p] [--compile] [--compile_tokens=2048]`
+"""`python -m osvl_jax.plan --config=configs/qwen3vl_paper.py:grpo_8b [--chip=v5p] [--compile] [--compile_tokens=2048]`
 
 Prints the per-chip memory plan of the config's training step on its slice (`config.tpu`, `config.mesh`), from
 abstract shapes only; the last line is

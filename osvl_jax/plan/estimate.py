@@ -47,7 +47,6 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 from flax import traverse_util
-from jax.sharding import AbstractMesh
 
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
@@ -85,11 +84,6 @@ def hbm_bytes(chip: str) -> int:
   if chip not in HBM_GIB:
     raise ValueError(f'chip={chip!r}: known chips are {sorted(HBM_GIB)}')
   return HBM_GIB[chip] * GIB
-
-
-def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
-  """A device-free mesh with axes `sharding.MESH_AXES` of the given sizes."""
-  return AbstractMesh(tuple(sizes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
 
 
 def architecture(config: ml_collections.ConfigDict) -> config_lib.Qwen3VLConfig:
@@ -247,7 +241,7 @@ def estimate(config: ml_collections.ConfigDict, sizes: dict[str, int], *, seq_le
   if seq_len < 1 or global_rows < 1:
     raise ValueError(f'seq_len={seq_len}, global_rows={global_rows}: both must be >= 1')
   arch = arch or architecture(config)
-  mesh, rule_table = abstract_mesh(sizes), sharding.rules_from_config(config)
+  mesh, rule_table = sharding.abstract_mesh(sizes), sharding.rules_from_config(config)
   model = abstract_model(config, arch)
   table = param_bytes(model, mesh, rule_table)
   dtype, param_dtype = dtypes(config)

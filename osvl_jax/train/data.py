@@ -1,9 +1,11 @@
-"""The built dataset as the trainers read it: SFT trajectories and RL prompts (through `osvl_jax.data`)."""
+"""The built dataset as the trainers read it: SFT trajectories and RL prompts (through `osvl_jax.data`), and the
+seeded order in which a run draws them (`batch_indices`)."""
 
 import json
 import pathlib
 
 import ml_collections
+import numpy as np
 
 from osvl_jax import config_checks as checks
 from osvl_jax.checkpoints import storage
@@ -74,3 +76,11 @@ def load_prompts(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                      'prompts; at least one must stay for training)')
   cut = len(prompts) - held
   return prompts[:cut] if part == 'train' else prompts[cut:]
+
+
+def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> np.ndarray:
+  """Example indices of `step`: epochs are seeded permutations, so a resumed run sees the same order (SFT's
+  trajectories; GRPO's prompts with seed + 1)."""
+  flat = np.arange(step * batch_size, (step + 1) * batch_size)
+  epochs, offsets = np.divmod(flat, num_examples)
+  return np.array([np.random.default_rng([seed, e]).permutation(num_examples)[o] for e, o in zip(epochs, offsets)])

@@ -10,9 +10,10 @@ update (`train`).
 The update (`grpo_update.make_update_fn`): old log-probs computed once for the rollout batch, then one optimizer
 step per mini-batch of `grpo.mini_batch_prompts` prompts' groups, `grpo.ppo_epochs` passes; each mini-batch's
 gradient accumulated over `grpo.micro_batch_size`-row micro-batches (normalised by the mini-batch, so
-micro-batching and the mesh size do not change it). Everything runs on the mesh of `config.mesh` (rows over
-('data', 'fsdp'), parameters and optimizer state sharded by the model's rules, as in SFT: `policy.create` /
-`policy.shard_batch`).
+micro-batching and the mesh size do not change it). Everything runs on the mesh of `config.mesh`, built once in
+main and passed down (rows over ('data', 'fsdp'), parameters and optimizer state sharded by the model's rules, as
+in SFT: `policy.create` / `policy.shard_batch`). What it shares with SFT lives in `train/` modules
+(`policy_config`, `policy`, `data`), never in `sft.py`.
 
   .venv/bin/python -m osvl_jax.train.grpo --config=configs/demo.py --workdir=workdir/demo
   ... --config.rollout.engine=sglang --config.rollout.urls=http://127.0.0.1:30000 --config.grpo.max_staleness=1
@@ -44,7 +45,7 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import data, grpo_batch, grpo_update, metrics, policy, preflight, rollouts, sft
+from osvl_jax.train import data, grpo_batch, grpo_update, metrics, policy, policy_config, preflight, rollouts
 
 
 
@@ -52,9 +53,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   """Fails fast, before anything is read or written, on a GRPO config the trainer cannot run.
 
   Raises:
-    ValueError: naming the field: `sft.check_model_config`'s; an unknown fatal_mode / fatal_index / estimator /
-      aggregation; the judge's (`judges.registry.check_config`: judge.name, and for 'llm' an empty judge.base_url /
-      judge.model, on_error, temperature, prompts); grpo.steps / prompts_per_step / ckpt_every not ints >= 1,
+    ValueError: naming the field: `policy_config.check_model_config`'s; an unknown fatal_mode / fatal_index /
+      estimator / aggregation; the judge's (`judges.registry.check_config`: judge.name, and for 'llm' an empty
+      judge.base_url / judge.model, on_error, temperature, prompts); grpo.steps / prompts_per_step / ckpt_every not ints >= 1,
       num_generations < 2 (a group of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay
       < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof
       not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1], heldout_prompts (optional) < 0;
@@ -73,7 +74,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   # judge.name registered; an llm judge needs judge.base_url and judge.model (the paper configs give neither: they
   # come on the command line), valid on_error / temperature / prompts. First, as it needs no devices.
   judges_registry.check_config(config.get('judge'), 'judge')
-  sft.check_model_config(config)
+  policy_config.check_model_config(config)
   cfg = config.grpo
   for choices, name in ((fatal_lib.FATAL_MODES, cfg.fatal_mode),
                         (fatal_lib.FATAL_INDEX, config.rollout.fatal_index),
@@ -110,7 +111,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   rollouts.check_engine_config(config, workdir)
   rows = (cfg.get('mini_batch_prompts') or cfg.prompts_per_step) * cfg.num_generations  # one mini-batch
   micro = cfg.get('micro_batch_size') or rows
-  shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
+  shards = policy_config.batch_shards(config)
   if micro % shards:
     raise ValueError(f'grpo.micro_batch_size={micro} (rows per micro-batch) is not a multiple of the {shards} '
                      'data x fsdp devices of config.mesh')
@@ -125,17 +126,16 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
 
 def prompt_indices(step: int, prompts_per_step: int, num_prompts: int, seed: int) -> np.ndarray:
   """Prompts of `step` (seeded epochs, so a resumed run continues the same order)."""
-  return sft.batch_indices(step, prompts_per_step, num_prompts, seed + 1)
+  return data.batch_indices(step, prompts_per_step, num_prompts, seed + 1)
 
 
 def _init_dir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathlib.Path:
   return storage.path(config.grpo.get('init_from') or workdir)  # gs://... stays a URL
 
 
-def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: jax.sharding.Mesh | None = None):
-  """Policy + optimizer created sharded on `mesh` (default: `config.mesh`), resumed from `<workdir>/grpo_ckpt`,
-  else initialised from the SFT checkpoint (restored onto this placement, whatever mesh wrote it)."""
-  mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
+def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: jax.sharding.Mesh):
+  """Policy + optimizer created sharded on the run's `mesh`, resumed from `<workdir>/grpo_ckpt`, else initialised
+  from the SFT checkpoint (restored onto this placement, whatever mesh wrote it)."""
   model, optimizer = policy.create(config, mesh, 'grpo')
   mngr = checkpoints.manager(workdir, 'grpo_ckpt')
   meta = checkpoints.restore(mngr, model, optimizer)
@@ -149,22 +149,21 @@ def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: 
                             'or set config.grpo.init_from (leave it empty to start from model.hf_path)')
   source = init_dir / 'sft_ckpt' if sft_meta is not None else config.model.hf_path
   if (sft_meta or {}).get('system_prompt'):
-    sft.check_system_prompt(config, sft_meta['system_prompt']['text'], f'the SFT checkpoint {source}')
+    policy_config.check_system_prompt(config, sft_meta['system_prompt']['text'], f'the SFT checkpoint {source}')
   print(f'grpo: policy initialised from {source}', flush=True)
   return model, optimizer, mngr, 0
 
 
 def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path,
-                   mesh: jax.sharding.Mesh | None = None) -> nnx.Module | None:
-  """π_ref for the KL term: a second, frozen copy of the SFT policy, sharded like the policy on `mesh` (default:
-  `config.mesh`); None when beta = 0 (no KL, no second model).
+                   mesh: jax.sharding.Mesh) -> nnx.Module | None:
+  """π_ref for the KL term: a second, frozen copy of the SFT policy, sharded like the policy on the run's `mesh`;
+  None when beta = 0 (no KL, no second model).
 
   Raises:
     FileNotFoundError: beta > 0 but there is no SFT checkpoint (and no hf_path) to take π_ref from.
   """
   if not config.grpo.beta:
     return None
-  mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
   ref = policy.create_model(config, mesh, seed=config.seed)
   init_dir = _init_dir(config, workdir)
   if checkpoints.restore(checkpoints.manager(init_dir, 'sft_ckpt'), ref) is None and not config.model.get('hf_path'):
@@ -224,8 +223,10 @@ def _load_prompts(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> l
   return prompts
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
-  """Runs (or resumes) GRPO; returns the policy. Checkpoints in `<workdir>/grpo_ckpt`.
+def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+          mesh: jax.sharding.Mesh | None = None) -> nnx.Module:
+  """Runs (or resumes) GRPO on `mesh` (main's; None = built here from `config.mesh`, once); returns the policy.
+  Checkpoints in `<workdir>/grpo_ckpt`.
 
   Config (config.grpo unless noted): fatal_mode (none | hard | mask | mask_clamp), rollout.fatal_index
   (first | kth), estimator (grpo | rloo | dr_grpo), aggregation (seq_mean_token_mean = Eq. 12 | token_mean |
@@ -257,7 +258,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   check_config(config, workdir)
   preflight.check(config, workdir)  # the init checkpoint exists, the servers answer: before anything is written
   prompts = _load_prompts(config, workdir)  # only process 0 rolls out (and reads them)
-  mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
+  mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh  # the run's one mesh
+  rules = sharding.rules_from_config(config)
   model, optimizer, mngr, start = init_policy(config, workdir, mesh)
   ref_model = init_reference(config, workdir, mesh)
   runner = rollouts.RolloutRunner(config, model, workdir)
@@ -330,7 +332,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
       })
       publish_seconds = 0.0
       if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-        checkpoints.save(mngr, step + 1, model, optimizer, {'stage': 'grpo', **sft.checkpoint_meta(config)})
+        checkpoints.save(mngr, step + 1, model, optimizer,
+                         {'stage': 'grpo', **policy_config.checkpoint_meta(config)})
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
   writer.close()
@@ -343,7 +346,8 @@ def main(argv):
   distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
   check_config(_CONFIG.value, _WORKDIR.value)
   compile_cache.enable_for_run(_CONFIG.value, _WORKDIR.value)
-  train(_CONFIG.value, _WORKDIR.value)
+  mesh = sharding.mesh_from_config(_CONFIG.value.get('mesh'))  # the run's one mesh, passed down (big_vision)
+  train(_CONFIG.value, _WORKDIR.value, mesh)
 
 
 if __name__ == '__main__':

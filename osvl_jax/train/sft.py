@@ -1,6 +1,7 @@
 """SFT on expert trajectories: masked next-token loss on the policy's own tokens (Eq. 7-8).
 
-Reads top to bottom (big_vision style): data, model, optimizer, resume, loop, checkpoint.
+Reads top to bottom (big_vision style): data, mesh (built once, in main), model, optimizer, resume, loop,
+checkpoint. What it shares with GRPO lives in `train/` modules (`policy_config`, `policy`, `data`, `batching`).
 
   .venv/bin/python -m osvl_jax.train.sft --config=configs/demo.py --workdir=workdir/demo
 
@@ -15,7 +16,6 @@ from typing import Callable
 
 import jax
 import ml_collections
-import numpy as np
 import optax
 import tqdm
 from absl import app, flags, logging
@@ -26,45 +26,19 @@ from osvl_jax import checkpoints
 from osvl_jax import compile_cache
 from osvl_jax import config_checks as checks
 from osvl_jax import distributed
-from osvl_jax import trajectory as traj_lib
 from osvl_jax.checkpoints import storage
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, data, metrics, policy
-
-
-def check_model_config(config: ml_collections.ConfigDict) -> None:
-  """Checks what every trainer shares: seed, model choice, mesh, the policy's image processor budget.
-
-  Raises:
-    ValueError: naming the field: a non-int seed, an unknown model.name without model.hf_path, a `mesh.<axis>`
-      that does not fit the devices (`sharding.mesh_from_config`), a malformed `sharding_rules` entry, a
-      model.dtype / param_dtype outside `checkpoints.DTYPES`, an unknown system_prompt, image pixel
-      limits that are not ints >= 1 with min <= max, or data.min_pixels / max_pixels (the budget the dataset's
-      trajectories were rendered with) differing from image.min_pixels / max_pixels.
-  """
-  checks.number(config, 'seed', integer=True)
-  traj_lib.system_prompt_text(config.get('system_prompt'))   # ValueError naming it
-  sharding.mesh_from_config(config.get('mesh'))
-  sharding.rules_from_config(config)
-  checkpoints.model_dtypes(config)
-  if not checks.get(config, 'model.hf_path') and checks.get(config, 'model.name') != 'tiny':
-    raise ValueError(f"model.name={checks.get(config, 'model.name')!r}: only 'tiny' is built in; set model.hf_path")
-  limits = checks.pixel_limits(config, 'image')
-  if checks.get(config, 'data.min_pixels') is not None:
-    data_limits = checks.pixel_limits(config, 'data')
-    if data_limits != limits:
-      raise ValueError(f'data.min_pixels/max_pixels={data_limits} differ from image.min_pixels/max_pixels={limits}: '
-                       "the dataset's image tokens must come from the policy's image processor")
+from osvl_jax.train import batching, data, metrics, policy, policy_config
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Fails fast, before anything is read or written, on an SFT config that cannot run.
 
   Raises:
-    ValueError: naming the field: `check_model_config`'s, sft.steps / batch_size / log_every / ckpt_every not
-      ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps) (`checks.warmup_steps`: the message says
-      which value fits), sft.weight_decay < 0, sft.grad_clip <= 0,
+    ValueError: naming the field: `policy_config.check_model_config`'s, sft.steps / batch_size / log_every /
+      ckpt_every not ints >= 1, sft.lr <= 0, sft.warmup_steps outside [0, sft.steps) (`checks.warmup_steps`: the
+      message says which value fits), sft.weight_decay < 0, sft.grad_clip <= 0,
       sft.micro_batch_size (optional; 0 = the batch) not an int >= 0 dividing sft.batch_size, the micro-batch not a
       multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int >= 0, sft.length_buckets
       (optional) not increasing ints >= 1,
@@ -72,7 +46,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       an int >= 0 or not a multiple of the data x fsdp devices, or set beside sft.micro_batch_size,
       sft.max_loss_tokens (optional) not an int >= 0.
   """
-  check_model_config(config)
+  policy_config.check_model_config(config)
   checks.positive_int(config, 'sft.steps')
   for field in ('batch_size', 'log_every', 'ckpt_every'):
     checks.positive_int(config, f'sft.{field}')
@@ -90,7 +64,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   micro = checks.number(config, 'sft.micro_batch_size', integer=True, low=0, optional=True) or config.sft.batch_size
   if config.sft.batch_size % micro:
     raise ValueError(f'sft.micro_batch_size={micro} does not divide sft.batch_size={config.sft.batch_size}')
-  shards = sharding.batch_shards(sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config))
+  shards = policy_config.batch_shards(config)
   checks.number(config, 'sft.max_loss_tokens', integer=True, low=0, optional=True)
   pack_rows = checks.number(config, 'sft.pack_rows', integer=True, low=0, optional=True)
   if pack_rows:
@@ -105,35 +79,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     field = 'micro_batch_size' if config.sft.get('micro_batch_size') else 'batch_size'
     raise ValueError(f'sft.{field}={micro} (rows per step or micro-batch) does not split over the {shards} '
                      'data x fsdp devices of config.mesh')
-
-
-def checkpoint_meta(config: ml_collections.ConfigDict) -> dict:
-  """What a checkpoint records of the config beside the architecture: the policy's image processor budget and the
-  agent's system prompt (`system_prompt`: {name, text}; evaluation uses it by default)."""
-  spec = config.get('system_prompt') or traj_lib.BUILDER_DEFAULT
-  return {'image_processor': {'min_pixels': int(config.image.min_pixels), 'max_pixels': int(config.image.max_pixels)},
-          'system_prompt': {'name': spec, 'text': traj_lib.system_prompt_text(spec)}}
-
-
-def check_system_prompt(config: ml_collections.ConfigDict, text: str, source: str) -> None:
-  """One system prompt per run: `text` (what `source` was made with: the dataset's trajectories, the SFT
-  checkpoint) must be the instructions of `config.system_prompt` (`trajectory.system_prompt_text`).
-
-  Raises:
-    ValueError: naming config.system_prompt, the source and the start of both texts.
-  """
-  spec = config.get('system_prompt') or traj_lib.BUILDER_DEFAULT
-  want = traj_lib.system_prompt_text(spec)
-  if text != want:
-    raise ValueError(f'config.system_prompt={spec!r} ({want[:60]!r}...) is not the system prompt {source} was made '
-                     f'with ({text[:60]!r}...): one system prompt per run; set --config.system_prompt to that one')
-
-
-def batch_indices(step: int, batch_size: int, num_examples: int, seed: int) -> np.ndarray:
-  """Example indices of `step`: epochs are seeded permutations, so a resumed run sees the same order."""
-  flat = np.arange(step * batch_size, (step + 1) * batch_size)
-  epochs, offsets = np.divmod(flat, num_examples)
-  return np.array([np.random.default_rng([seed, e]).permutation(num_examples)[o] for e, o in zip(epochs, offsets)])
 
 
 def loss_fn(model, batch: dict, router_coefs: tuple[float, float] = (0.0, 0.0), num_tokens=None,
@@ -316,8 +261,10 @@ def packer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, visi
   return make_packed_step(cfg, place, budget, budget.patches // rows_per_shard), budget
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx.Module:
-  """Runs (or resumes) SFT; returns the trained model. Checkpoints in `<workdir>/sft_ckpt`.
+def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+          mesh: jax.sharding.Mesh | None = None) -> nnx.Module:
+  """Runs (or resumes) SFT on `mesh` (main's; None = built here from `config.mesh`, once); returns the trained
+  model. Checkpoints in `<workdir>/sft_ckpt`.
 
   The checkpoints' meta records the image processor budget (`image_processor`: min_pixels, max_pixels), which
   `osvl_jax.export_hf` writes into the exported preprocessor_config.json.
@@ -331,11 +278,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   trajectories = data.load_sft_trajectories(config, workdir)
   recorded = data.build_system_prompt(config, workdir)
   if recorded is not None:
-    check_system_prompt(config, recorded, f'the dataset {data.dataset_dir(config, workdir)}')
+    policy_config.check_system_prompt(config, recorded, f'the dataset {data.dataset_dir(config, workdir)}')
   print(f'sft: {len(trajectories)} expert trajectories', flush=True)
 
-  # The mesh of config.mesh (every host's devices); model and optimizer state created sharded on it by the rules.
-  mesh, rules = sharding.mesh_from_config(config.get('mesh')), sharding.rules_from_config(config)
+  # The mesh of config.mesh (every host's devices): model and optimizer state created sharded on it by the rules.
+  mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
+  rules = sharding.rules_from_config(config)
   model, optimizer = policy.create(config, mesh, 'sft')
   mngr = checkpoints.manager(workdir, 'sft_ckpt')
   meta = checkpoints.restore(mngr, model, optimizer)  # onto the placement above, whatever mesh wrote it
@@ -352,7 +300,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
   t0, tokens = time.time(), 0
   for step in tqdm.trange(start, cfg.steps, desc='sft', initial=start, total=cfg.steps,
                           disable=not distributed.is_main()):
-    idx = batch_indices(step, cfg.batch_size, len(trajectories), config.seed)
+    idx = data.batch_indices(step, cfg.batch_size, len(trajectories), config.seed)
     with sharding.use_mesh(mesh, rules):  # activation constraints on
       out = train_step(model, optimizer, [trajectories[i] for i in idx])
     tokens += out['num_tokens']
@@ -361,7 +309,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> nnx
       writer.write(step + 1, {**out, 'target_tokens_per_s': tokens / (time.time() - t0)})
       t0, tokens = time.time(), 0
     if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
-      checkpoints.save(mngr, step + 1, model, optimizer, {'stage': 'sft', **checkpoint_meta(config)},
+      checkpoints.save(mngr, step + 1, model, optimizer, {'stage': 'sft', **policy_config.checkpoint_meta(config)},
                       wait=step + 1 == cfg.steps)  # asynchronous but the last
   writer.close()
   return model
@@ -373,7 +321,8 @@ def main(argv):
   distributed.initialize()  # multi-host (TPU pod, or OSVL_* / JAX_COORDINATOR_ADDRESS variables); else a no-op
   check_config(_CONFIG.value)
   compile_cache.enable_for_run(_CONFIG.value, _WORKDIR.value)
-  train(_CONFIG.value, _WORKDIR.value)
+  mesh = sharding.mesh_from_config(_CONFIG.value.get('mesh'))  # the run's one mesh, passed down (big_vision)
+  train(_CONFIG.value, _WORKDIR.value, mesh)
 
 
 if __name__ == '__main__':

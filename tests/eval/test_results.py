@@ -203,17 +203,19 @@ def test_policy_identity_names_the_checkpoint_step_and_content(tmp_path):
 
 
 def test_the_agent_prompt_is_the_checkpoints_unless_the_config_names_one(tmp_path):
-  """One system prompt per run: evaluation defaults to the one the checkpoint's meta records (sft.checkpoint_meta),
-  'builder_default' for a checkpoint from before it was recorded, the paper's agent prompt for an HF folder."""
+  """One system prompt per run: evaluation defaults to the one the checkpoint's meta records
+  (train.policy_config.checkpoint_meta), 'builder_default' for a checkpoint from before it was recorded, the paper's
+  agent prompt for an HF folder."""
   from osvl_jax import trajectory as traj_lib
   from osvl_jax import checkpoints
-  from osvl_jax.train import sft
+  from osvl_jax.train import policy_config
   config = small_config()
   config.model.text.num_hidden_layers = 1
   model = checkpoints.build_model(config)
   trained = small_config()
   trained.system_prompt = 'agent_system_v2'
-  checkpoints.save(checkpoints.manager(tmp_path / 'new', 'sft_ckpt'), 1, model, None, sft.checkpoint_meta(trained))
+  checkpoints.save(checkpoints.manager(tmp_path / 'new', 'sft_ckpt'), 1, model, None,
+                   policy_config.checkpoint_meta(trained))
   checkpoints.save(checkpoints.manager(tmp_path / 'old', 'sft_ckpt'), 1, model, None, {'note': 'before'})
   assert config.system_prompt == 'checkpoint'
   config.checkpoint = str(tmp_path / 'new' / 'sft_ckpt')

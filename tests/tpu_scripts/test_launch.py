@@ -52,8 +52,9 @@ TPU = ['--name=osvl-8b', '--zone=us-east5-a', '--project=my-proj', '--accelerato
 
 @pytest.mark.parametrize('entry, config', [
     ('osvl_jax.train.sft', 'configs/demo.py'), ('osvl_jax.train.grpo', 'configs/demo.py'),
-    ('osvl_jax.train.sft', 'configs/sft_qwen3vl_8b.py'), ('osvl_jax.train.grpo', 'configs/grpo_qwen3vl_32b.py'),
-    ('osvl_jax.train.sft', 'configs/sft_qwen3vl_30b_a3b.py')])
+    ('osvl_jax.train.sft', 'configs/qwen3vl_paper.py:sft_8b'),
+    ('osvl_jax.train.grpo', 'configs/qwen3vl_paper.py:grpo_32b'),
+    ('osvl_jax.train.sft', 'configs/qwen3vl_paper.py:sft_30b_a3b')])
 def test_dry_run_prints_create_copy_setup_and_start_on_every_worker(fake_gcloud, entry, config):
   env, log = fake_gcloud
   out = launch(env, '--dry_run', *TPU, f'--entry={entry}', f'--config={config}', '--workdir=gs://bkt/run',

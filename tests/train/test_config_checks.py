@@ -14,7 +14,7 @@ from osvl_jax import demo
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo, grpo_batch, policy, sft
+from osvl_jax.train import grpo, grpo_batch, policy, policy_config, sft
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
@@ -226,7 +226,7 @@ def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
   c.model.hf_path = ''
   from osvl_jax import checkpoints
   checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, {'stage': 'sft'})
-  model, optimizer, _, start = grpo.init_policy(c, tmp_path)
+  model, optimizer, _, start = grpo.init_policy(c, tmp_path, sharding.mesh_from_config(c.mesh))
   assert start == 0
   before = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
   grads = jax.tree.map(jax.numpy.ones_like, nnx.state(model, nnx.Param))
@@ -246,11 +246,11 @@ def test_grpo_refuses_an_sft_checkpoint_of_another_system_prompt_and_rolls_out_w
   from osvl_jax import trajectory as traj_lib
   from osvl_jax.train import rollouts
   from osvl_jax import checkpoints
-  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, sft.checkpoint_meta(trained))
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, small(c), None, policy_config.checkpoint_meta(trained))
   with pytest.raises(ValueError, match=r"config.system_prompt='builder_default' .* the SFT checkpoint"):
-    grpo.init_policy(c, tmp_path)
+    grpo.init_policy(c, tmp_path, sharding.mesh_from_config(c.mesh))
   c.system_prompt = 'agent_system_v2'
-  model, _, _, start = grpo.init_policy(c, tmp_path)
+  model, _, _, start = grpo.init_policy(c, tmp_path, sharding.mesh_from_config(c.mesh))
   assert start == 0
   builder = rollouts.RolloutRunner(c, model).make_builder()
   assert builder.system_prompt == traj_lib.system_prompt_text('agent_system_v2')

@@ -67,7 +67,7 @@ def trainer_reads() -> set[str]:
   return {r for r in out if r.split('.')[0] in SECTIONS} - NOT_FOR_TRAINING
 
 
-CONFIGS = {'demo': demo_config.get_config, **{f'grpo_{size}': (lambda s=size: qwen3vl_paper.get_config('grpo', s))
+CONFIGS = {'demo': demo_config.get_config, **{f'grpo_{size}': (lambda s=size: qwen3vl_paper.get_config(f'grpo_{s}'))
                                              for size in ('8b', '32b', '30b_a3b')}}
 
 

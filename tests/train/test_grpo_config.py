@@ -18,6 +18,7 @@ from osvl_jax import checkpoints
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
+from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
 from osvl_jax.train import grpo, grpo_batch, grpo_update, policy
 from tools import base
@@ -151,13 +152,14 @@ def test_reference_policy_is_the_frozen_sft_checkpoint_only_when_beta_positive(t
   sft_model = _small_model(0)
   checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 7, sft_model, None, {'stage': 'sft'})
   c = demo_config.get_config()
-  assert grpo.init_reference(c, tmp_path) is None  # beta = 0: no second model
+  mesh = sharding.mesh_from_config(c.mesh)   # the run's mesh (grpo.train builds it once and passes it down)
+  assert grpo.init_reference(c, tmp_path, mesh) is None  # beta = 0: no second model
   c.grpo.beta = 0.04
-  ref = grpo.init_reference(c, tmp_path)
+  ref = grpo.init_reference(c, tmp_path, mesh)
   for a, b in zip(_params(ref), _params(sft_model)):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(FileNotFoundError, match='reference policy'):
-    grpo.init_reference(c, tmp_path / 'empty')
+    grpo.init_reference(c, tmp_path / 'empty', mesh)
 
 
 def test_grad_fn_uses_clip_range_beta_and_aggregation_from_config():

@@ -1,5 +1,5 @@
 """The memory planner (`python -m osvl_jax.plan`, osvl_jax/plan/) and the paper's run configs
-(configs/{sft,grpo}_qwen3vl_{8b,30b_a3b,32b}.py).
+(configs/qwen3vl_paper.py:{sft,grpo}_{8b,30b_a3b,32b}).
 
 Run with 8 simulated devices: XLA_FLAGS=--xla_force_host_platform_device_count=8 (the compile test needs >= 2).
 """
@@ -21,23 +21,24 @@ from osvl_jax.paths import data_dir
 from osvl_jax.train import grpo, sft
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / 'configs'
-RUNS = [f'{stage}_qwen3vl_{size}' for stage in ('sft', 'grpo') for size in ('8b', '30b_a3b', '32b')]
+RUNS = [f'{stage}_{size}' for stage in ('sft', 'grpo') for size in ('8b', '30b_a3b', '32b')]
 LAST_LINE = re.compile(r'params_gb_per_chip=(\d+\.\d{3}) optimizer_gb_per_chip=(\d+\.\d{3}) '
                        r'activations_gb_per_chip=(\d+\.\d{3}) fits=(true|false)')
 ONE_DEVICE = {'data': 1, 'fsdp': 1, 'tensor': 1, 'expert': 1}
 
 
-def load(name: str):
-  """The config file as `config_flags` loads it: the module at its path, then `get_config()`."""
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f'{name}.py')
+def load(variant: str):
+  """`--config=configs/qwen3vl_paper.py:<variant>` as `config_flags` loads it: the module at its path, then
+  `get_config(variant)`."""
+  spec = importlib.util.spec_from_file_location('qwen3vl_paper', CONFIGS / 'qwen3vl_paper.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(variant)
 
 
 def tiny_sft_config():
   """The 8B SFT config with the tiny model (2 layers, real vocabulary) in place of the real architecture."""
-  config = load('sft_qwen3vl_8b')
+  config = load('sft_8b')
   config.model.hf_config = ''
   config.model.hf_path = ''
   config.model.name = 'tiny'
@@ -46,7 +47,7 @@ def tiny_sft_config():
 
 @pytest.fixture(scope='module')
 def plan_8b():
-  config = load('sft_qwen3vl_8b')
+  config = load('sft_8b')
   return plan.estimate(config, dict(ONE_DEVICE, fsdp=8), seq_len=4096, global_rows=8)
 
 
@@ -56,7 +57,7 @@ def test_8b_parameter_bytes_are_four_times_the_transformers_parameter_count(plan
   expected = 4 * params_count.hf_param_count(hf_dict)
   _, table = plan_8b
   assert sum(total for total, _, _ in table.values()) == expected
-  one_chip, _ = plan.estimate(load('sft_qwen3vl_8b'), ONE_DEVICE, seq_len=16, global_rows=1)
+  one_chip, _ = plan.estimate(load('sft_8b'), ONE_DEVICE, seq_len=16, global_rows=1)
   assert one_chip.params == expected and one_chip.gradients == expected and one_chip.optimizer == 2 * expected
 
 
@@ -68,7 +69,7 @@ def test_per_chip_bytes_divide_by_the_mesh_axes_of_each_dim(plan_8b):
   total, per_chip, spec = table['language_model.norm.weight']             # replicated
   assert (total, per_chip, spec) == (4096 * 4, 4096 * 4, P(None))
   # Stacked q_proj [36, 4096, 4096] on fsdp=2 x tensor=4: 'embed' over fsdp, 'heads' over tensor -> 1/8.
-  config = load('sft_qwen3vl_8b')
+  config = load('sft_8b')
   _, table = plan.estimate(config, dict(ONE_DEVICE, fsdp=2, tensor=4), seq_len=16, global_rows=2)
   total, per_chip, spec = table['language_model.layers.self_attn.q_proj.kernel']
   assert spec == P(None, 'fsdp', 'tensor') and total == 36 * 4096 * 4096 * 4 and per_chip == total // 8
@@ -91,7 +92,7 @@ def test_moe_activation_formula_by_hand():
   tokens, bf16, fsdp=8 x expert=8. The routed buffers (3kI + 2kH per token) count ep_b = 8 times under the
   config's rules, which split the batch over 'expert' too (each device gathers its expert group's tokens before
   routing, `moe.Experts`), and once under the default rules."""
-  config = load('sft_qwen3vl_30b_a3b')
+  config = load('sft_30b_a3b')
   sizes = dict(ONE_DEVICE, fsdp=8, expert=8)
   b, t, h, c, k, i = 1, 1024, 2048, 2, 8, 768
   dense = c * (4 * h + 3 * 32 * 128 + 4 * 4 * 128) + 4 * 32 + 4 * 128
@@ -118,7 +119,7 @@ def test_parse_slice_counts_chips():
 
 
 def test_last_line_and_fits():
-  config = load('sft_qwen3vl_8b')
+  config = load('sft_8b')
   config.tpu = 'v5e-8'   # 8.77e9 parameters x 16 bytes (weights, grads, Adam) / 8 chips = 17.5 GB > 16 GiB
   out = plan.run(config).splitlines()
   match = LAST_LINE.fullmatch(out[-1])
@@ -140,7 +141,7 @@ def test_last_line_and_fits():
 @pytest.mark.parametrize('name', RUNS)
 def test_paper_configs_load_and_pass_the_trainer_checks(name):
   config = load(name)
-  stage, size = name.split('_qwen3vl_')
+  stage, size = name.split('_', 1)
   assert config.stage == stage and config.model.dtype == 'bfloat16' and config.model.param_dtype == 'float32'
   assert config.model.remat and config.model.scan_layers and config.image.max_pixels == 262_144
   assert config.model.hf_config in params_count.REAL or config.model.hf_config in params_count.ASSEMBLED
@@ -173,7 +174,7 @@ def test_paper_configs_fit_their_slice():
 
 
 def test_step_shapes_of_each_stage_and_a_config_without_a_slice():
-  config = load('grpo_qwen3vl_8b')   # 70k-token packed rows; one per batch shard (fsdp=8 of 32 chips)
+  config = load('grpo_8b')   # 70k-token packed rows; one per batch shard (fsdp=8 of 32 chips)
   assert plan.step_shapes(config) == (71_680, 8) and config.grpo.pack_rows == 8
   config.grpo.pack_rows = 0          # unpacked: one trajectory per row
   config.grpo.micro_batch_size = 8
@@ -186,7 +187,7 @@ def test_step_shapes_of_each_stage_and_a_config_without_a_slice():
 
 
 def test_sft_steps_follow_epochs_and_batch_size():
-  config = load('sft_qwen3vl_8b')
+  config = load('sft_8b')
   config.sft.batch_size = 64
   assert config.sft.steps == math.ceil(8 * 36_592 / 64) and config.sft.warmup_steps == config.sft.steps // 10
 
@@ -224,5 +225,5 @@ def test_the_plan_sizes_the_largest_compiled_bucket():
   assert plan.step_shapes(config)[0] == 2048
   config.sft.length_buckets = ()
   assert plan.step_shapes(config)[0] == 1024   # no buckets: the dataset's cutoff
-  grpo = load('grpo_qwen3vl_8b')
+  grpo = load('grpo_8b')
   assert plan.step_shapes(grpo)[0] == max(grpo.grpo.length_buckets) == grpo.rollout.max_total_tokens == 71_680

@@ -18,7 +18,7 @@ from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.train import batching, grpo_batch, metrics, policy, sft
+from osvl_jax.train import batching, data as train_data, grpo_batch, metrics, policy, policy_config, sft
 from tools import env as tools_env
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -276,10 +276,11 @@ def test_sft_refuses_a_dataset_made_with_another_system_prompt(trajectories, tmp
                                        r'dataset .* was made with'):
     sft.train(config, tmp_path / 'w')
   assert not (tmp_path / 'w' / 'sft_ckpt').exists()
-  assert sft.checkpoint_meta(config)['system_prompt'] == {'name': 'builder_default', 'text': tj.DEFAULT_INSTRUCTIONS}
+  assert policy_config.checkpoint_meta(config)['system_prompt'] == {'name': 'builder_default',
+                                                                     'text': tj.DEFAULT_INSTRUCTIONS}
   config.system_prompt = 'agent_system_v2'   # the dataset's: accepted (data.system_prompt follows the reference)
   assert config.data.system_prompt == 'agent_system_v2'
-  sft.check_system_prompt(config, tj.system_prompt_text('agent_system_v2'), 'the dataset')
+  policy_config.check_system_prompt(config, tj.system_prompt_text('agent_system_v2'), 'the dataset')
 
 
 def test_sft_buckets_fix_one_shape_per_length_bucket(trajectories):
@@ -327,9 +328,9 @@ def test_sft_buckets_fix_one_shape_per_length_bucket(trajectories):
 
 
 def test_batch_indices_are_seeded_epochs():
-  first_epoch = np.concatenate([sft.batch_indices(s, 2, 6, seed=0) for s in range(3)])
+  first_epoch = np.concatenate([train_data.batch_indices(s, 2, 6, seed=0) for s in range(3)])
   assert sorted(first_epoch.tolist()) == list(range(6))
-  np.testing.assert_array_equal(sft.batch_indices(4, 2, 6, seed=0), sft.batch_indices(4, 2, 6, seed=0))
+  np.testing.assert_array_equal(train_data.batch_indices(4, 2, 6, seed=0), train_data.batch_indices(4, 2, 6, seed=0))
 
 
 BAD = tj.render_assistant_text('Try a tool.', tool_call={'name': 'browse', 'arguments': {'url': 'x'}})

@@ -14,8 +14,10 @@ with `constrain` (MaxText's `with_logical_constraint`): batch over ('data', 'fsd
 all-gathers FSDP-sharded weights instead of resharding activations. It is a no-op unless a mesh is set with
 `jax.set_mesh(mesh)` around the traced call.
 
-The trainers build their mesh from the config (`mesh_from_config(config.mesh)`, rules from `rules_from_config`)
-and place the model and optimizer state with `state_shardings` (`osvl_jax.train.policy.create`).
+The trainers build their mesh from the config once, in main (`mesh_from_config(config.mesh)`, rules from
+`rules_from_config`), pass it down, and place the model and optimizer state with `state_shardings`
+(`osvl_jax.train.policy.create`). Config checks compute with its shape alone (`mesh_shape_from_config`: an
+`AbstractMesh`, no devices), so checking a config never builds a mesh.
 
 Typical use:
   mesh = make_mesh(fsdp=2, tensor=4)                # or mesh_from_config(config.mesh)
@@ -38,7 +40,7 @@ from absl import logging
 from flax import nnx
 from flax import traverse_util
 from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ('data', 'fsdp', 'tensor', 'expert')
 
@@ -116,6 +118,21 @@ def mesh_from_config(mesh_config, devices=None) -> Mesh:
   if int(np.prod(list(sizes.values()))) < len(devices):
     logging.warning('mesh %s uses %d of the %d devices', sizes, int(np.prod(list(sizes.values()))), len(devices))
   return make_mesh(**sizes, devices=devices)
+
+
+def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
+  """A device-free mesh with axes `MESH_AXES` of the given sizes (missing axes 1)."""
+  return AbstractMesh(tuple(int(sizes.get(a, 1)) for a in MESH_AXES), MESH_AXES)
+
+
+def mesh_shape_from_config(mesh_config) -> AbstractMesh:
+  """The shape of the mesh `mesh_from_config` would build on this job's devices, without building it: what config
+  checks compute with (batch shards, device fit), so that a run builds its one `Mesh` in main.
+
+  Raises:
+    ValueError: from `mesh_sizes`, naming `mesh.<axis>` (the same faults `mesh_from_config` refuses).
+  """
+  return abstract_mesh(mesh_sizes(mesh_config, jax.device_count(), multi_host=jax.process_count() > 1))
 
 
 def mesh_sizes(mesh_config, num_devices: int, multi_host: bool = False) -> dict[str, int]:
@@ -320,8 +337,9 @@ def data_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0, rules=LOGICAL_R
   return NamedSharding(mesh, logical_to_spec(axes, mesh=mesh, rules=rules))
 
 
-def batch_shards(mesh: Mesh, rules=LOGICAL_RULES) -> int:
-  """How many pieces `data_sharding` cuts the batch into: the product of the sizes of the 'batch' mesh axes."""
-  spec = data_sharding(mesh, 1, rules=rules).spec[0]
+def batch_shards(mesh: Mesh | AbstractMesh, rules=LOGICAL_RULES) -> int:
+  """How many pieces `data_sharding` cuts the batch into: the product of the sizes of the 'batch' mesh axes (of a
+  `Mesh`, or of its shape alone: `mesh_shape_from_config`)."""
+  spec = logical_to_spec(('batch',), mesh=mesh, rules=rules)[0]
   axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
   return int(np.prod([mesh.shape[a] for a in axes]))
