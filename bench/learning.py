@@ -2,7 +2,7 @@
 
   .venv/bin/python bench/learning.py --workdir=<a finished demo workdir> [--modes=none,mask_clamp] [--seeds=3]
       [--steps=20] [--prompts_per_step=2] [--num_generations=4] [--failure_rate=0.3] [--temperature=0.7]
-      [--heldout=6] [--lr=5e-4] [--out=<workdir>/learning] [--config=configs/demo.py --config.x=y]
+      [--heldout=3] [--lr=5e-4] [--out=<workdir>/learning] [--config=configs/demo.py --config.x=y]
 
 From the workdir's SFT checkpoint (`sft_ckpt`) and dataset, each requested `fatal_mode` trains `--steps` GRPO steps
 per seed (`--seeds` seeds 0, 1, ...; the seed draws the prompts, the samples and the injected tool failures, so
@@ -40,6 +40,7 @@ from ml_collections import config_flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from osvl_jax import compile_cache  # noqa: E402
+from osvl_jax.models.qwen3_vl import sharding  # noqa: E402
 from osvl_jax.rl import advantages as advantages_lib  # noqa: E402
 from osvl_jax.rl import fatal as fatal_lib  # noqa: E402
 from osvl_jax.train import curves, data, grpo, metrics, rollouts  # noqa: E402
@@ -54,7 +55,7 @@ _PROMPTS = flags.DEFINE_integer('prompts_per_step', 2, 'Prompts per GRPO step.')
 _GROUP = flags.DEFINE_integer('num_generations', 4, 'Samples per prompt (G).')
 _RATE = flags.DEFINE_float('failure_rate', 0.3, 'Probability that a tool call fails (injected backend_error).')
 _TEMPERATURE = flags.DEFINE_float('temperature', 0.7, 'Rollout temperature (top-p 1.0), the paper\'s 0.7.')
-_HELDOUT = flags.DEFINE_integer('heldout', 6, 'Last prompts of the rl split held out of training.')
+_HELDOUT = flags.DEFINE_integer('heldout', 3, 'Last prompts of the rl split held out of training (the demo: 3 of 9).')
 _LR = flags.DEFINE_float('lr', 5e-4, 'GRPO learning rate (constant schedule).')
 
 WINDOW = 10  # steps averaged at each end (reward_first10 / reward_last10)
@@ -155,7 +156,8 @@ def main(argv):
   base = run_config(_CONFIG.value, _MODES.value[0], 0, workdir, out)
   grpo.check_config(base)
   compile_cache.enable_for_run(base, out)
-  model, *_ = grpo.init_policy(base, out / 'sft_policy')   # a folder with no grpo_ckpt: the SFT checkpoint
+  mesh = sharding.mesh_from_config(base.mesh)   # one mesh for every run (the runs differ in mode and seed only)
+  model, *_ = grpo.init_policy(base, out / 'sft_policy', mesh)   # a folder with no grpo_ckpt: the SFT checkpoint
   before = evaluate(base, model)
   del model
   print(f"learning: before GRPO, greedy accuracy heldout={before['heldout']['accuracy']:.3f} "
@@ -172,7 +174,7 @@ def main(argv):
       shutil.rmtree(run_dir, ignore_errors=True)  # every run starts from the SFT checkpoint
       config = run_config(_CONFIG.value, mode, seed, workdir, out)
       print(f'learning: fatal_mode={mode} seed={seed} -> {run_dir}', flush=True)
-      model = grpo.train(config, run_dir)
+      model = grpo.train(config, run_dir, mesh)
       runs.append({**run_record(run_dir, config.grpo), 'seed': seed, 'after': evaluate(config, model)})
       del model
     result['modes'][mode] = {'runs': runs, 'summary': summarize(runs, window)}

@@ -139,6 +139,8 @@ class JaxSampler(engine_lib.Engine):
     slots = _check_int('prefix_cache_slots', prefix_cache_slots, 0)
     self.prefix_cache = (prefix_cache_lib.PrefixCache(slots, prefill_inputs.round_up(self.max_len, self.bucket))
                          if slots else None)
+    # Compiled programs by (kind, budgets); emptied when set_model brings a model of another structure.
+    self._graphdef, self._jit_cache = None, {}
     self.set_model(model)
     merge2 = self.vision_config.spatial_merge_size ** 2 if self.vision_config is not None else 1
     if self.patch_bucket % merge2:
@@ -190,12 +192,10 @@ class JaxSampler(engine_lib.Engine):
     """
     model = nnx.clone(model)
     graphdef, state = nnx.split(model)
-    if getattr(self, '_graphdef', None) is not None and graphdef != self._graphdef:
+    if self._graphdef is not None and graphdef != self._graphdef:
       self._jit_cache = {}
     self._graphdef, self._state = graphdef, state
     self._model = model
-    if not hasattr(self, '_jit_cache'):
-      self._jit_cache = {}
     if self.prefix_cache is not None:
       self.prefix_cache.clear()
     if weight_version is not None:
