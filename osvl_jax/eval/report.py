@@ -111,6 +111,10 @@ def to_markdown(report: dict) -> str:
   for k in ('policy', 'judge', 'judge_prompt', 'system_prompt', 'results', 'view'):
     if k in meta:
       lines.append(f'- {k}: `{meta[k]}`')
+  if meta.get('judge_usage'):  # this invocation's judge calls (items judged by an earlier, resumed one not counted)
+    u = meta['judge_usage']
+    lines.append(f"- judge cost (this invocation): {u['requests']} requests, {u['prompt_tokens']} prompt + "
+                 f"{u['completion_tokens']} completion tokens")
   lines.append('')
   for key, run in report['runs'].items():
     lines += [f"## Run `{key}` (mode {run['mode']}, max tool calls {run['max_tool_calls']})", '',

@@ -304,6 +304,7 @@ class Evaluator:
                  'system_prompt': self.system_prompt, 'results': str(self.store.path),
                  'fingerprint': self.fingerprint, 'settings': str(self.workdir / results_lib.SETTINGS_FILE),
                  'torn_result_lines': self.store.torn_lines, 'judge_errors_rejudged': self.rejudged,
+                 'judge_usage': self.judge.usage(),
                  'time': time.strftime('%Y-%m-%d %H:%M:%S')},
         'runs': report_lib.summarize(records, [run.key for run in runs]),
         'benchmarks_not_run': not_run, 'rejected': self._rejected_summary(), 'problems': problems,

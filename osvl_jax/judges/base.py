@@ -14,6 +14,7 @@ Everything a caller asks of a judge is declared here, so no caller probes a judg
   describe() -> dict    what decides its verdicts (name, class, prompt names and hashes, settings), as JSON values:
                         recorded with eval results and shown in the report
   stats() -> dict       counters (calls, errors, retries, cache_hits)
+  usage() -> dict       cost: requests and tokens sent to an endpoint (`USAGE_FIELDS`; 0 for a local judge)
 
 Each verdict method returns a `Verdict` and never raises. `query_quality` is given the reference answers and the
 agent's final response too (the paper's query judge sees both, PAPER.md "judge and agent protocols"); a judge that
@@ -28,6 +29,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Sequence
 
+USAGE_FIELDS = ('requests', 'prompt_tokens', 'completion_tokens', 'total_tokens')  # `Judge.usage`
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
@@ -108,6 +110,12 @@ class Judge:
     """
     del question, steps, answers
     return None
+
+  def usage(self) -> dict[str, int]:
+    """What this judge's verdicts cost since it was built (the eval report's judge cost): requests (sent to an
+    endpoint, retries included), prompt_tokens, completion_tokens, total_tokens (the endpoint's `usage`, summed).
+    The base (a local judge: no endpoint) costs nothing: every count is 0."""
+    return dict.fromkeys(USAGE_FIELDS, 0)
 
   def describe(self) -> dict:
     """What decides this judge's verdicts, as JSON values (recorded with eval results: results of a judge that

@@ -290,6 +290,11 @@ class LLMJudge(base.Judge):
     self.prompt_names = {k: prompts.check_judge_prompt(k, v) for k, v in chosen.items()}
     self.prompts = {k: prompts.load(v) for k, v in self.prompt_names.items()}
 
+  def usage(self) -> dict[str, int]:
+    """`base.Judge.usage` from the endpoint client's counters (`openai_client.ChatClient.usage`)."""
+    u = self.client.usage()
+    return {k: int(u[k]) for k in base.USAGE_FIELDS}
+
   def describe(self) -> dict:
     """`base.Judge.describe` with the prompts in use and the verdict-deciding settings (base_url, model,
     temperature, max_tokens, on_error, max_result_chars: every config field but `OPERATIONAL_FIELDS`)."""

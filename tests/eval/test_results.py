@@ -230,3 +230,22 @@ def test_the_agent_prompt_is_the_checkpoints_unless_the_config_names_one(tmp_pat
   config.system_prompt = 'agent_sytem_v2'
   with pytest.raises(ValueError, match="system_prompt='agent_sytem_v2'"):
     policy.system_prompt(config)
+
+
+def test_the_judges_cost_is_in_the_report(tmp_path, tokenizer, env):
+  """An LLM judge on a real endpoint (127.0.0.1): its requests and tokens in report.json's meta and report.md."""
+  from osvl_jax.judges import registry
+  from tests.rollout.openai_double import USAGE, ChatDouble
+  config = small_config(benchmarks=('fvqa',), max_items_per_benchmark=2, modes=('direct',))
+  double = ChatDouble(lambda body, n: 'Correct')
+  with double.serve() as url:
+    judge = registry.get_judge({'name': 'llm', 'base_url': url, 'model': 'judge-model', 'max_retries': 0})
+    rep = runner.evaluate(config, tmp_path, engine=_direct(tokenizer), judge=judge, env=env, tokenizer=tokenizer)
+  asked = len(double.bodies)
+  assert asked == rep['runs']['direct']['all']['judged'] == 2      # one request per answered item
+  assert rep['meta']['judge_usage'] == {'requests': 2, 'prompt_tokens': 2 * USAGE['prompt_tokens'],
+                                        'completion_tokens': 2 * USAGE['completion_tokens'],
+                                        'total_tokens': 2 * USAGE['total_tokens']}
+  md = (tmp_path / 'report.md').read_text()
+  assert (f"- judge cost (this invocation): 2 requests, {2 * USAGE['prompt_tokens']} prompt + "
+          f"{2 * USAGE['completion_tokens']} completion tokens") in md

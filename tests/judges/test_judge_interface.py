@@ -102,3 +102,14 @@ def test_the_llm_judge_uses_the_shared_client_with_its_budget_and_usage():
 def test_an_out_of_range_client_limit_is_refused_when_the_judge_is_built(field):
   with pytest.raises(ValueError, match=f'{field}=0'):
     _llm('http://127.0.0.1:1/v1', **{field: 0})
+
+
+def test_usage_counts_what_the_endpoint_reported_and_a_local_judge_costs_nothing():
+  assert rule.RuleJudge().usage() == judges_base.Judge().usage() == dict.fromkeys(judges_base.USAGE_FIELDS, 0)
+  double = ChatDouble(lambda body, n: Reply(text='Correct', usage={'prompt_tokens': 30, 'completion_tokens': 2,
+                                                                   'total_tokens': 32}))
+  with double.serve() as url:
+    judge = _llm(url)
+    judge.accuracy('Which city?', 'Agra', ['Agra'])
+    judge.accuracy('Which river?', 'Yamuna', ['Yamuna'])
+  assert judge.usage() == {'requests': 2, 'prompt_tokens': 60, 'completion_tokens': 4, 'total_tokens': 64}
