@@ -197,6 +197,36 @@ def proposal_prompt(template: str, graph, title: str, descriptor: str, config) -
                          max_candidates=int(config.max_candidates), max_extra_words=int(config.max_extra_words))
 
 
+def _hop_candidates(reply: llm.Reply, hop: int, rec: dict, graph, persons: list[bool], config,
+                    counts: dict) -> tuple[list[str], dict]:
+  """(the LLM descriptors of one hop that pass `check_candidate`, in the reply's order; the hop's check record
+  {'code', 'proposed', 'refused', 'error', 'judged'}), each refusal and fallback counted in `counts`."""
+  check = {'code': rec['descriptors'][hop - 1], 'proposed': [], 'refused': [], 'error': '', 'judged': []}
+  found = []
+  if reply.error is not None:
+    check['error'] = f'llm_descriptor: request failed ({reply.error})'
+  else:
+    proposed, why = parse_candidates(reply.text, int(config.max_candidates))
+    check['proposed'] = proposed or []
+    for phrase in check['proposed']:
+      got, why_not = check_candidate(phrase, hop, rec, graph, persons, int(config.max_extra_words))
+      if got is not None and got.lower() in (f.lower() for f in found):
+        got, why_not = None, f'duplicate ({got!r})'
+      if got is None:
+        check['refused'].append([phrase, why_not])
+        _count(counts, 'refused', f'llm_descriptor: {why_not}')
+      else:
+        found.append(got)
+    check['error'] = ('llm_descriptor: malformed reply (' + why + ')' if proposed is None
+                      else 'llm_descriptor: none proposed' if not proposed
+                      else 'llm_descriptor: no candidate passed' if not found else '')
+  if check['error']:
+    _count(counts, 'fallback', check['error'])
+  counts['proposed'] += len(check['proposed'])
+  counts['passed'] += len(found)
+  return found, check
+
+
 async def _judge_record(client, template: str, rec: dict, candidates: list[list[str]], persons: list[bool],
                         checks: list[dict]) -> tuple[list[str] | None, str]:
   """(chosen descriptors [h], '') after the per-step judge said 'yes' at every step, else (None, rejection)."""
@@ -239,8 +269,8 @@ def choose_descriptors(records: list[dict], graph, config: ml_collections.Config
     'skipped' ('no endpoint' / 'disabled' / 'rewrite disabled' -> n), 'hops', 'proposed' (candidates read),
     'passed' (candidates that passed the checks), 'refused' ('llm_descriptor: <kind>' -> candidates),
     'fallback' ('llm_descriptor: malformed reply' / 'request failed' / 'none proposed' / 'no candidate passed' ->
-    hops left with the code's descriptor only), 'judged_steps' (verdicts read), 'used' ({'llm', 'code'} -> hops of the accepted
-    items), 'rejected' ('unique_referent_step: <kind>' -> n), 'llm' (the client's stats)}).
+    hops left with the code's descriptor only), 'judged_steps' (verdicts read), 'used' ({'llm', 'code'} -> hops of
+    the accepted items), 'rejected' ('unique_referent_step: <kind>' -> n), 'llm' (the client's stats)}).
   """
   from osvl_jax.judges import prompts  # pylint: disable=import-outside-toplevel
   todo = [i for i, r in enumerate(records) if not r.get('rejected')]
@@ -251,10 +281,10 @@ def choose_descriptors(records: list[dict], graph, config: ml_collections.Config
   if off:
     counts['skipped'] = {off: len(todo)}
     return records, counts
-  counts.update(hops=0, proposed=0, passed=0, refused={}, fallback={}, judged_steps=0, used={'llm': 0, 'code': 0},
-                rejected={})
   out = [dict(r, descriptor_sources=[], descriptor_checks='') for r in records]
   hops = [(i, k) for i in todo for k in range(1, len(out[i]['path']))]
+  counts.update(hops=len(hops), proposed=0, passed=0, refused={}, fallback={}, judged_steps=0,
+                used={'llm': 0, 'code': 0}, rejected={})
   persons = {i: [graph.domain(t) == 'Person' for t in out[i]['path'][1:]] for i in todo}
   proposal = prompts.load(config.proposal_prompt)
   judge = prompts.load(config.judge_prompt)
@@ -268,35 +298,9 @@ def choose_descriptors(records: list[dict], graph, config: ml_collections.Config
                                                            out[i]['descriptors'][k - 1], config)) for i, k in hops))
       candidates, checks = {}, {}
       for (i, k), reply in zip(hops, replies):
-        code = out[i]['descriptors'][k - 1]
-        check = {'code': code, 'proposed': [], 'refused': [], 'error': '', 'judged': []}
+        found, check = _hop_candidates(reply, k, out[i], graph, persons[i], config, counts)
+        candidates.setdefault(i, []).append(found + [check['code']])
         checks.setdefault(i, []).append(check)
-        found = []
-        if reply.error is not None:
-          check['error'] = f'llm_descriptor: request failed ({reply.error})'
-        else:
-          proposed, why = parse_candidates(reply.text, int(config.max_candidates))
-          check['proposed'] = proposed or []
-          if proposed is None:
-            check['error'] = f'llm_descriptor: malformed reply ({why})'
-          for phrase in check['proposed']:
-            got, why = check_candidate(phrase, k, out[i], graph, persons[i], int(config.max_extra_words))
-            if got is not None and got.lower() in (f.lower() for f in found):
-              got, why = None, f'duplicate ({got!r})'
-            if got is None:
-              check['refused'].append([phrase, why])
-              _count(counts, 'refused', f'llm_descriptor: {why}')
-            else:
-              found.append(got)
-          if proposed == []:
-            check['error'] = 'llm_descriptor: none proposed'
-          elif proposed is not None and not found:
-            check['error'] = 'llm_descriptor: no candidate passed'
-        if check['error']:
-          _count(counts, 'fallback', check['error'])
-        counts['proposed'] += len(check['proposed'])
-        counts['passed'] += len(found)
-        candidates.setdefault(i, []).append(found + [code])
       judged = await asyncio.gather(*(_judge_record(client, judge, out[i], candidates[i], persons[i], checks[i])
                                       for i in todo))
       return checks, judged
@@ -304,7 +308,6 @@ def choose_descriptors(records: list[dict], graph, config: ml_collections.Config
       await client.aclose()
 
   checks, judged = asyncio.run(run())
-  counts['hops'] = len(hops)
   for i, (chosen, why) in zip(todo, judged):
     rec = out[i]
     counts['judged_steps'] += sum(len(c['judged']) for c in checks[i])

@@ -8,7 +8,7 @@ import re
 import ml_collections
 import pytest
 
-from data_pipeline import build, llm_descriptors as ld, paths, qa, rewrite
+from data_pipeline import build, llm_descriptors as ld, paths, qa, review, rewrite
 from osvl_jax.judges import prompts
 from tests.rollout.openai_double import ChatDouble, Reply
 
@@ -135,8 +135,13 @@ def test_proposals_are_checked_in_code_and_a_good_one_is_used_in_the_question(gr
       ('What is the capital of the communist Caribbean country mentioned in the article on the Middle Eastern '
        'country mentioned most often in the article on Taj Mahal?',
        'the Middle Eastern country mentioned most often in the article on Taj Mahal')]
-  question = rewrite.rewrite(out, graph)[0][0]['question']
-  assert question == asked[-1][0]
+  item = rewrite.rewrite(out, graph)[0][0]
+  assert item['question'] == asked[-1][0] and item['rejected'] is None
+  # The review counts an LLM descriptor's competitors in the class it ends with.
+  hops = review.review_item(graph, item, {paths.answer_chain(CUBA): 1})['hops']
+  assert [(h['descriptor'], h['referent'], h['descriptor_check'], h['competitors']) for h in hops] == [
+      ('Middle Eastern country', 'most often', 'fits', [('Iran', 3), ('Syria', 1)]),
+      ('communist Caribbean country', 'unique', 'fits', [('Cuba', 2)])]
 
 
 def test_a_step_judge_no_tries_the_next_candidate_and_rejects_when_none_is_left(graph, records):
