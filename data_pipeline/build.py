@@ -17,7 +17,9 @@ folder to redo it and everything after it is recomputed only if missing too):
            per-path checks (mention, unique referent against the text's mentions of the descriptor's class,
            leak, answer of the present, at most 2 items per answer chain) counted by reason; relations per hop
   qa       answer from the answer node's infobox + canonical question (`qa.py`)
-  rewrite  farthest-to-nearest fuzzy rewrite from the hops' relations + non-leakage check (`rewrite.py`;
+  rewrite  each hop's descriptor proposed by an LLM, checked in code and judged per rewrite step when
+           `data.llm_descriptors` names an endpoint (`llm_descriptors.py`; offline: the code's descriptors), then
+           farthest-to-nearest fuzzy rewrite from the hops' relations + non-leakage check (`rewrite.py`;
            `data.rewrite=False`: the canonical question)
   ground   the seed's image as the source anchor (`data.anchor='answer'`: the answer node's), v0 -> referring
            expression by domain, leak check again, missing image file rejected (`ground.py`)
@@ -63,7 +65,7 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
-from data_pipeline import clip_ground, experts, llm_questions, splits
+from data_pipeline import clip_ground, experts, llm_descriptors, llm_questions, splits
 from data_pipeline import filter as filter_lib
 from data_pipeline import merge as merge_lib
 from osvl_jax import config_checks as checks
@@ -113,6 +115,9 @@ def default_config() -> ml_collections.ConfigDict:
     llm_questions: the LLM of `qa` (canonical question, template kept when its reply fails the checks) and of
       `rewrite` (Eq. 6 (ii) unique-referent judge) (`data_pipeline.llm_questions.default_config()`; base_url ''
       = offline: templates, nothing judged, counted as skipped).
+    llm_descriptors: the LLM of `rewrite` that proposes each hop's descriptor (checked in code) and judges the
+      unique referent after each rewrite step (`data_pipeline.llm_descriptors.default_config()`; base_url '' =
+      offline: the code's descriptors, the records untouched, counted as skipped).
     clip_ground: `ground`'s CLIP model (`data_pipeline.clip_ground.default_config()`; clip_path '' = the
       infobox image is kept).
     filter: the policy endpoint and limits of Filters A/B (`data_pipeline.filter.default_config()`;
@@ -151,6 +156,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.merge_sources = merge_lib.SOURCES
   c.merge_holdout = 0.2
   c.llm_questions = llm_questions.default_config()
+  c.llm_descriptors = llm_descriptors.default_config()
   c.clip_ground = clip_ground.default_config()
   c.filter = filter_lib.default_config()
   c.min_image_side = 512
@@ -184,8 +190,8 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
       limits not ints >= 1 with min <= max, min_seed_in_degree not an int >= 1 or above hub_in_degree, image_dir not a string, anchor
       not 'source' / 'answer', rewrite not a bool, source neither 'wikispeedia' nor an existing .bz2 file,
       degrade_fraction outside [0, 1], rl_fraction outside [0, 1), min_image_side not an int >= 0,
-      an unknown system_prompt, a bad `filter`, `llm_questions`, `clip_ground` or `synthesize` section
-      (their `check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
+      an unknown system_prompt, a bad `filter`, `llm_questions`, `llm_descriptors`, `clip_ground` or `synthesize`
+      section (their `check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
   """
   from data_pipeline import wiki
   wiki.check_source(config.get('source', 'wikispeedia'), f'{prefix}.source')
@@ -225,6 +231,8 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
     raise ValueError(f'{prefix}.{e}') from None
   filter_lib.check_config(config.get('filter', filter_lib.default_config()), f'{prefix}.filter')
   llm_questions.check_config(config.get('llm_questions', llm_questions.default_config()), f'{prefix}.llm_questions')
+  llm_descriptors.check_config(config.get('llm_descriptors', llm_descriptors.default_config()),
+                               f'{prefix}.llm_descriptors')
   clip_ground.check_config(config.get('clip_ground', clip_ground.default_config()), f'{prefix}.clip_ground')
   experts.check_config(config.get('synthesize', experts.default_config()), f'{prefix}.synthesize')
   merge_lib.check_settings(tuple(config.get('merge_sources', merge_lib.SOURCES)), config.get('merge_holdout', 0.2),
@@ -347,8 +355,13 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   recs = stage('qa', lambda: then(qa.add_qa(recs, graph, config.seed), 'llm_questions',
                                   lambda r: llm_questions.canonical_questions(r, llm_cfg, aliases=graph.aliases)))
   stages.update()
+  def rewrite_stage():  # the descriptors chosen first, their counts beside the rewrite's
+    chosen, chosen_counts = llm_descriptors.choose_descriptors(recs, graph, config.llm_descriptors, config.rewrite)
+    records, counts = rewrite.rewrite(chosen, graph, config.rewrite)
+    return records, dict(counts, llm_descriptors=chosen_counts)
+
   recs = stage('rewrite', lambda: then(then(
-      rewrite.rewrite(recs, graph, config.rewrite), 'unique_referent',
+      rewrite_stage(), 'unique_referent',
       lambda r: llm_questions.unique_referent(r, llm_cfg)), 'obfuscate',
       lambda r: llm_questions.obfuscate_answers(r, llm_cfg.obfuscate_fraction, config.seed)))
   stages.update()

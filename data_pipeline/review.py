@@ -11,8 +11,9 @@ checks' verdicts:
 
   referent   per hop: 'unique' (the only one of its class named), 'most often' (`wiki_graph.dominates`), else
              'AMBIGUOUS' (another of the class named as often or more);
-  descriptor per hop: 'fits' when it is one of the node's evidence-backed descriptors (`WikiGraph.descriptors`),
-             else 'NO EVIDENCE';
+  descriptor per hop: 'fits' when it is one of the node's evidence-backed descriptors (`WikiGraph.descriptors`)
+             or an LLM's more specific phrase ending with one (`llm_descriptors.class_of`: its class is then
+             the one the competitors are counted in), else 'NO EVIDENCE';
   reading    `rewrite.reading_error` (garden path, two relative clauses in a hop, 'X or Y');
   leak       `rewrite.find_leaks` over the whole path and the answer;
   answer     `paths.historical` (a value of the past) on the answer's infobox line;
@@ -28,7 +29,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from data_pipeline import classes, paths, relations, rewrite, wiki_graph
+from data_pipeline import classes, llm_descriptors, paths, relations, rewrite, wiki_graph
 from osvl_jax import paths as osvl_paths
 from osvl_jax.data import pipeline as pipeline_data
 
@@ -64,7 +65,8 @@ def review_item(g, item: dict, chain_counts: dict) -> dict:
   path, descs, rels = item['path'], item['descriptors'], item['relations']
   hops = []
   for src, dst, d, rel in zip(path, path[1:], descs, rels):
-    found = g.competitors(src, dst, d)
+    cls = llm_descriptors.class_of(d, g.descriptors(dst)) or d
+    found = g.competitors(src, dst, cls)
     named = dict(found)
     if dst in named and len(found) == 1:
       referent = 'unique'
@@ -74,7 +76,7 @@ def review_item(g, item: dict, chain_counts: dict) -> dict:
       referent = 'AMBIGUOUS'
     hops.append({'src': src, 'dst': dst, 'descriptor': d, 'relation': rel, 'competitors': found[:MAX_COMPETITORS],
                  'referent': referent,
-                 'descriptor_check': 'fits' if d in g.descriptors(dst) and ' or ' not in d else 'NO EVIDENCE',
+                 'descriptor_check': 'fits' if cls in g.descriptors(dst) and ' or ' not in d else 'NO EVIDENCE',
                  'definition': classes.definition(g.text(dst), g.aliases(dst))[0][:240]})
   persons = [g.domain(t) == 'Person' for t in path[1:]]
   leaks = rewrite.find_leaks(item['question'], path, g, item['answers'])

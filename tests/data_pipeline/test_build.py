@@ -47,6 +47,9 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   assert stats['filter']['rejected'] == {}
   assert stats['degrade']['degraded'] == round(0.1 * stats['degrade']['accepted'])
   assert stats['qa']['accepted'] + sum(stats['qa']['rejected_answer_type'].values()) == stats['qa']['answered']
+  # No descriptor endpoint (the offline default): the code's descriptors, nothing asked, counted as skipped.
+  assert stats['rewrite']['llm_descriptors']['skipped'] == {'no endpoint': stats['qa']['accepted']}
+  assert 'descriptor_sources' not in datasets.load_from_disk(str(tmp_path / 'rewrite')).column_names
   # The sft split also as the official ShareGPT SFT file, read back by the official reader.
   from osvl_jax import trajectory as traj_lib
   from osvl_jax.data import official

@@ -26,6 +26,12 @@ report can name exactly the prompt it used). Judge prompts are `str.format` temp
                      answer node's attribute, in a <question> tag (`data_pipeline.llm_questions`)
   unique_referent_v1 Eq. 6 (ii): given only the rewritten question, does it pick out exactly one entity / answer
                      (JSON verdict yes / no + reason; `data_pipeline.llm_questions.unique_referent`)
+  descriptor_proposal_v1  the `rewrite` stage's descriptor proposal: from an entity's title, class and article lead,
+                     up to N descriptors more specific than its class, ending with it (a JSON list of strings;
+                     `data_pipeline.llm_descriptors`)
+  unique_referent_step_v1  Eq. 6 (ii) per rewrite step: given the partially rewritten question and the description
+                     just introduced, does it pick out exactly one entity (JSON verdict yes / no + reason;
+                     `data_pipeline.llm_descriptors`)
 """
 
 import functools
