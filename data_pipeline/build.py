@@ -50,8 +50,10 @@ competitors in the text and the checks' verdicts, also as `<dataset>/review.html
 `<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
 `synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields
 named, never resumed from the old items. `<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
-`load_prompts`) are in `osvl_jax/data/pipeline.py`. Not run here (they need an LLM endpoint or a policy model):
-the LLM judges of §7.4 (ii); Filters A/B (§7.6) run only when `data.filter.base_url` names an endpoint.
+`load_prompts`) are in `osvl_jax/data/pipeline.py`. The steps that need an LLM endpoint or a policy model run only
+when their section names one (offline they are skipped and counted): the canonical question and the whole-question
+unique-referent judge (`data.llm_questions`), the descriptor proposal and per-step referent judge
+(`data.llm_descriptors`), Filters A/B (`data.filter`, §7.6).
 """
 
 import json
