@@ -161,7 +161,7 @@ def apply_grads(model, optimizer, grads) -> jax.Array:
   return optax.tree.norm(grads)
 
 
-LOSS_CHUNK = 2048  # loss positions per vocabulary projection (`chunked_token_logprobs`)
+LOSS_CHUNK = 2048  # loss positions per vocabulary projection, over one batch shard's rows (`chunked_token_logprobs`)
 
 
 def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0) -> jax.Array:
@@ -184,7 +184,7 @@ def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, t
       π_θ and π_ref alike). 1.0 (SFT) leaves the logits as they are.
     router_stats: also return the MoE router statistics over the batch's real tokens (`attention_mask`):
       `moe.router_stats` summed over the sparse layers (None for a dense model). False: the forward as without.
-    chunk: loss positions per vocabulary projection (`chunked_token_logprobs`; K <= chunk: one projection).
+    chunk: loss positions per vocabulary projection over one batch shard's rows (`chunked_token_logprobs`).
   Returns:
     ([B, K] float32 log pi_T(token t+1 | tokens <= t) at `loss_positions`, garbage where `completion_mask` is 0;
     the router statistics or None).
@@ -198,20 +198,26 @@ def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, t
                                 chunk), stats
 
 
-def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int = LOSS_CHUNK) -> jax.Array:
-  """log softmax(hidden · tableᵀ / temperature)[targets], `chunk` loss positions at a time.
+def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int = LOSS_CHUNK,
+                           shards: int | None = None) -> jax.Array:
+  """log softmax(hidden · tableᵀ / temperature)[targets], at most `chunk` loss positions per batch shard at a time.
 
-  The [B, K, vocab] logits of a long budget do not fit (K = 71,680 positions of a 151,936-id vocabulary are 43 GB
-  per row in float32): K is cut into chunks of `chunk` positions, each projected, reduced to its log-probs and
-  dropped (`jax.lax.map`), and recomputed in the backward pass (`jax.checkpoint`), so the live logits are
-  [B, chunk, vocab]. K <= chunk (or chunk 0) is the one projection, exactly `losses.token_logprobs`.
+  The [B, K, vocab] logits of a long budget or a wide batch do not fit (K = 71,680 positions of a 151,936-id
+  vocabulary are 43 GB per row in float32; the GRPO update's 8 rows x 1,024 positions of the learning bench 5 GB
+  per copy, 26 GB for the gradient): K is cut into chunks of c = chunk // (rows per batch shard) positions, so that
+  each device's live logits are [rows per shard, c, vocab] <= `chunk` positions whatever the batch's width; each
+  chunk is projected, reduced to its log-probs and dropped (`jax.lax.map`), and recomputed in the backward pass
+  (`jax.checkpoint`). K <= c (or chunk 0) is the one projection, exactly `losses.token_logprobs`. Each position's
+  log-prob is its own row of the matmul and log-softmax, so the chunking changes no value beyond rounding.
 
   Args:
     hidden: [B, K, H] hidden states at the loss positions (compute dtype).
     table: [V, H] output projection (`Qwen3VLModel.output_table`).
     targets: int [B, K] token ids.
     temperature: > 0, a Python float or float32 scalar (the logits are divided by it).
-    chunk: positions per projection, an int >= 0.
+    chunk: loss positions per projection over one batch shard's rows, an int >= 0.
+    shards: the batch shards the B rows are split over; None = those of the enclosing `sharding.use_mesh` (the
+      trainers trace their steps in one; 1 outside any).
   Returns:
     float32 [B, K].
   """
@@ -222,14 +228,18 @@ def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int =
     return losses.token_logprobs(logits, t)
 
   b, k = targets.shape
-  if not chunk or k <= chunk:
+  if shards is None:
+    mesh = jax.sharding.get_abstract_mesh()
+    shards = 1 if mesh.empty else sharding.batch_shards(mesh, sharding.current_rules())
+  per_row = max(1, chunk // max(1, b // max(1, shards))) if chunk else 0
+  if not per_row or k <= per_row:
     return project(hidden, targets)
-  n = -(-k // chunk)
-  pad = n * chunk - k
-  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)   # [n, B, C, H]
-  t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-  out = jax.lax.map(jax.checkpoint(lambda args: project(*args)), (h, t))                     # [n, B, C]
-  return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :k]
+  n = -(-k // per_row)
+  pad = n * per_row - k
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, per_row, -1).swapaxes(0, 1)   # [n, B, c, H]
+  t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, per_row).swapaxes(0, 1)
+  out = jax.lax.map(jax.checkpoint(lambda args: project(*args)), (h, t))                       # [n, B, c]
+  return out.swapaxes(0, 1).reshape(b, n * per_row)[:, :k]
 
 
 ROUTER_LOSS_FIELDS = ('router_aux_loss_coef', 'router_z_loss_coef')

@@ -48,3 +48,37 @@ def test_the_chunked_program_keeps_only_a_chunk_of_logits():
   whole, chunked = temp_bytes(0), temp_bytes(chunk)
   assert whole >= logits                       # the one projection holds the whole logits (at least once)
   assert chunked <= whole / 4 and chunked < logits / 2, (whole, chunked)
+
+
+def test_the_chunk_bounds_the_positions_of_one_batch_shard_whatever_the_rows():
+  """8 rows x 512 positions under a chunk of 512: each projection holds 64 positions of every row (8 x 64 = 512), so
+  the gradient's temporaries stay near those of one 512-position row, not 8 times them (the learning bench's GRPO
+  update, 8 rows x 1,024 positions, ran out of memory when the chunk counted one row's positions)."""
+  b, k, h, v, chunk = 8, 512, 32, 4096, 512
+  args = (jax.ShapeDtypeStruct((b, k, h), jnp.float32), jax.ShapeDtypeStruct((v, h), jnp.float32),
+          jax.ShapeDtypeStruct((b, k), jnp.int32))
+
+  def temp_bytes(c):
+    grad = jax.jit(jax.grad(lambda x, w, t: policy.chunked_token_logprobs(x, w, t, 1.0, c).sum(), argnums=(0, 1)))
+    return grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+  whole, chunked = temp_bytes(0), temp_bytes(chunk)
+  logits = b * k * v * 4   # one float32 [B, K, V] copy: 64 MiB
+  assert whole >= logits
+  assert chunked <= whole / 4 and chunked < logits / 2, (whole, chunked)   # one projection: chunked == whole
+
+
+def test_the_rows_per_shard_come_from_the_enclosing_mesh():
+  """Under `sharding.use_mesh` with the 8 rows split over 8 data devices, each device projects its one row's 512
+  positions at once (no loop); with one shard (no mesh) the same call loops over 8 chunks of 64."""
+  from osvl_jax.models.qwen3_vl import sharding
+  if jax.device_count() < 8:
+    pytest.skip('needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)')
+  b, k, h, v = 8, 512, 8, 64
+  args = (jnp.zeros((b, k, h)), jnp.zeros((v, h)), jnp.zeros((b, k), jnp.int32))
+  f = lambda x, w, t: policy.chunked_token_logprobs(x, w, t, 1.0, 512)
+  assert 'scan' in str(jax.make_jaxpr(f)(*args))
+  mesh = jax.make_mesh((8, 1, 1, 1), sharding.MESH_AXES)
+  with sharding.use_mesh(mesh):
+    assert 'scan' not in str(jax.make_jaxpr(f)(*args))
+  assert str(jax.make_jaxpr(lambda *a: policy.chunked_token_logprobs(*a, 1.0, 512, shards=8))(*args)).count('scan') == 0
