@@ -15,6 +15,14 @@ def _relative(a, b) -> float:
   return float(jnp.abs(a - b).max() / jnp.abs(a).max())
 
 
+def _grad_temp_bytes(b, k, h, v, chunk) -> int:
+  """Temporary bytes of the compiled gradient of `chunked_token_logprobs` at [b, k, h] hidden states, vocab v."""
+  args = (jax.ShapeDtypeStruct((b, k, h), jnp.float32), jax.ShapeDtypeStruct((v, h), jnp.float32),
+          jax.ShapeDtypeStruct((b, k), jnp.int32))
+  grad = jax.jit(jax.grad(lambda x, w, t: policy.chunked_token_logprobs(x, w, t, 1.0, chunk).sum(), argnums=(0, 1)))
+  return grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
 @pytest.mark.parametrize('chunk', [8, 16, 37])
 def test_chunks_give_the_one_projection_values_and_gradients(chunk):
   rng = np.random.default_rng(chunk)
@@ -37,15 +45,8 @@ def test_chunks_give_the_one_projection_values_and_gradients(chunk):
 
 def test_the_chunked_program_keeps_only_a_chunk_of_logits():
   b, k, h, v, chunk = 1, 2048, 32, 4096, 256
-  args = (jax.ShapeDtypeStruct((b, k, h), jnp.float32), jax.ShapeDtypeStruct((v, h), jnp.float32),
-          jax.ShapeDtypeStruct((b, k), jnp.int32))
-
-  def temp_bytes(c):
-    grad = jax.jit(jax.grad(lambda x, w, t: policy.chunked_token_logprobs(x, w, t, 1.0, c).sum(), argnums=(0, 1)))
-    return grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
-
   logits = b * k * v * 4   # one float32 [B, K, V] copy: 32 MiB
-  whole, chunked = temp_bytes(0), temp_bytes(chunk)
+  whole, chunked = _grad_temp_bytes(b, k, h, v, 0), _grad_temp_bytes(b, k, h, v, chunk)
   assert whole >= logits                       # the one projection holds the whole logits (at least once)
   assert chunked <= whole / 4 and chunked < logits / 2, (whole, chunked)
 
@@ -55,14 +56,7 @@ def test_the_chunk_bounds_the_positions_of_one_batch_shard_whatever_the_rows():
   the gradient's temporaries stay near those of one 512-position row, not 8 times them (the learning bench's GRPO
   update, 8 rows x 1,024 positions, ran out of memory when the chunk counted one row's positions)."""
   b, k, h, v, chunk = 8, 512, 32, 4096, 512
-  args = (jax.ShapeDtypeStruct((b, k, h), jnp.float32), jax.ShapeDtypeStruct((v, h), jnp.float32),
-          jax.ShapeDtypeStruct((b, k), jnp.int32))
-
-  def temp_bytes(c):
-    grad = jax.jit(jax.grad(lambda x, w, t: policy.chunked_token_logprobs(x, w, t, 1.0, c).sum(), argnums=(0, 1)))
-    return grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-  whole, chunked = temp_bytes(0), temp_bytes(chunk)
+  whole, chunked = _grad_temp_bytes(b, k, h, v, 0), _grad_temp_bytes(b, k, h, v, chunk)
   logits = b * k * v * 4   # one float32 [B, K, V] copy: 64 MiB
   assert whole >= logits
   assert chunked <= whole / 4 and chunked < logits / 2, (whole, chunked)   # one projection: chunked == whole
