@@ -3,7 +3,7 @@
 Command: `.venv/bin/python bench/step_speed.py [--tokens 1024] [--vocab 16384] [--repeats 5]`
 Config: text hidden 512, 4 layers, 8 heads / 4 kv heads of 64, SwiGLU 1536, vocabulary `--vocab`; vision 2 blocks
 of 256; one 256-patch image (64 merged tokens) inside a `--tokens`-token sequence, batch 1, float32.
-`--hidden/--layers/--heads/--kv_heads/--head_dim/--intermediate/--dtype/--matmul/--attention_block/--scan_layers`
+`--hidden/--layers/--heads/--kv_heads/--head_dim/--intermediate/--dtype/--matmul/--attention_block/--scan_layers/--remat`
 change the size and precision
 (e.g. a larger bfloat16 config on a GPU: PyTorch then runs on CUDA, JAX on its default device).
 A step is forward + backward of the mean next-token cross-entropy over all positions (no optimizer update): in JAX
@@ -150,6 +150,9 @@ def main():
   ap.add_argument('--intermediate', type=int, default=1536)
   ap.add_argument('--attention_block', type=int, default=128, help='query block of the blockwise attention')
   ap.add_argument('--scan_layers', action='store_true', help='JAX decoder layers under jax.lax.scan')
+  ap.add_argument('--remat', action='store_true',
+                  help='rematerialise each decoder layer in the backward pass (JAX: TextModel.remat; PyTorch: '
+                       'gradient_checkpointing_enable)')
   ap.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
                   help='parameters and compute in both frameworks (and the matmul)')
   ap.add_argument('--sharding', action='store_true',
@@ -183,6 +186,9 @@ def main():
   model = weights.load_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()},
                                      dtype=jdtype, param_dtype=jdtype, scan_layers=args.scan_layers)
   model.language_model.attention_block = args.attention_block
+  model.language_model.remat = args.remat
+  if args.remat:
+    hf.gradient_checkpointing_enable()
   hf.to(device=tdev, dtype=tdtype)
   pos, _ = rope.get_rope_index(ids, grid, image_token_id=config.image_token_id)
 
