@@ -64,8 +64,6 @@ from data_pipeline import llm_questions
 from data_pipeline import relations
 from data_pipeline import rewrite
 
-_THINK = re.compile(r'<think>.*?(</think>|$)', re.S | re.I)
-_FENCE = re.compile(r'^```(?:json)?\s*|\s*```$')
 _DETERMINER = re.compile(r'^(?:the|a|an)\s+', re.I)
 _CHARACTERS = re.compile(r"[^\W_]|[\s'’-]")
 _RELATIVE = frozenset('who whom that which whose where when'.split())
@@ -119,7 +117,7 @@ def parse_candidates(reply: str | None, max_candidates: int) -> tuple[list[str] 
   """
   if reply is None:
     return None, 'no reply'
-  text = _FENCE.sub('', _THINK.sub('', reply).strip())
+  text = llm_questions.json_text(reply)
   try:
     data = json.loads(text)
   except json.JSONDecodeError:
@@ -185,11 +183,6 @@ def class_of(phrase: str, class_phrases) -> str | None:
   return max(ends, key=lambda c: len(entities.name_tokens(c)), default=None)
 
 
-def _count(counts: dict, key: str, reason: str) -> None:
-  kind = reason.split(' (')[0]
-  counts[key][kind] = counts[key].get(kind, 0) + 1
-
-
 def proposal_prompt(template: str, graph, title: str, descriptor: str, config) -> str:
   """The proposal prompt of one hop: vi's display name, its class phrase, the lead of its article."""
   lead = ' '.join(graph.text(title)[:int(config.lead_chars)].split())
@@ -214,14 +207,14 @@ def _hop_candidates(reply: llm.Reply, hop: int, rec: dict, graph, persons: list[
         got, why_not = None, f'duplicate ({got!r})'
       if got is None:
         check['refused'].append([phrase, why_not])
-        _count(counts, 'refused', f'llm_descriptor: {why_not}')
+        llm_questions.count_reason(counts, 'refused', f'llm_descriptor: {why_not}')
       else:
         found.append(got)
     check['error'] = ('llm_descriptor: malformed reply (' + why + ')' if proposed is None
                       else 'llm_descriptor: none proposed' if not proposed
                       else 'llm_descriptor: no candidate passed' if not found else '')
   if check['error']:
-    _count(counts, 'fallback', check['error'])
+    llm_questions.count_reason(counts, 'fallback', check['error'])
   counts['proposed'] += len(check['proposed'])
   counts['passed'] += len(found)
   return found, check
@@ -314,7 +307,7 @@ def choose_descriptors(records: list[dict], graph, config: ml_collections.Config
     rec['descriptor_checks'] = json.dumps(checks[i])
     if chosen is None:
       rec['rejected'] = why
-      _count(counts, 'rejected', why)
+      llm_questions.count_reason(counts, 'rejected', why)
       continue
     rec['descriptor_sources'] = ['code' if d == c['code'] else 'llm' for d, c in zip(chosen, checks[i])]
     rec['descriptors'] = chosen

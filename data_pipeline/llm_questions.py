@@ -132,7 +132,7 @@ def parse_verdict(reply: str | None) -> tuple[bool | None, str]:
   from osvl_jax.judges import llm as judge_llm  # pylint: disable=import-outside-toplevel
   if reply is None:
     return None, 'no reply'
-  text = _FENCE.sub('', _THINK.sub('', reply).strip())
+  text = json_text(reply)
   try:
     verdict = judge_llm.parse_binary(text)
   except judge_llm.JudgeParseError as e:
@@ -145,7 +145,13 @@ def parse_verdict(reply: str | None) -> tuple[bool | None, str]:
   return verdict >= 1.0, ' '.join(reason.split())[:200]
 
 
-def _count(counts: dict, key: str, reason: str) -> None:
+def json_text(reply: str) -> str:
+  """A reply's text with its `<think>` blocks and a ```json fence removed: the JSON it holds, if any."""
+  return _FENCE.sub('', _THINK.sub('', reply).strip())
+
+
+def count_reason(counts: dict, key: str, reason: str) -> None:
+  """counts[key][kind] += 1, the kind being `reason` up to its ' (<detail>)'."""
   kind = reason.split(' (')[0]
   counts[key][kind] = counts[key].get(kind, 0) + 1
 
@@ -238,7 +244,7 @@ def canonical_questions(records: list[dict], config: ml_collections.ConfigDict, 
         continue
       why = f'llm_question: {why}'
     rec['canonical_question_source'] = f'template: {why}'
-    _count(counts, 'fallback', why)
+    count_reason(counts, 'fallback', why)
   counts['llm'] = client.stats()
   return out, counts
 
@@ -288,7 +294,7 @@ def unique_referent(records: list[dict], config: ml_collections.ConfigDict,
           counts['unique'] += 1
           continue
         rec['rejected'] = f'unique_referent: ambiguous ({reason or "no reason given"})'
-    _count(counts, 'rejected', rec['rejected'])
+    count_reason(counts, 'rejected', rec['rejected'])
   counts['llm'] = client.stats()
   return out, counts
 

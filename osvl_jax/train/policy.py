@@ -231,7 +231,8 @@ def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int =
   if shards is None:
     mesh = jax.sharding.get_abstract_mesh()
     shards = 1 if mesh.empty else sharding.batch_shards(mesh, sharding.current_rules())
-  per_row = max(1, chunk // max(1, b // max(1, shards))) if chunk else 0
+  rows_per_shard = max(1, b // max(1, shards))
+  per_row = max(1, chunk // rows_per_shard) if chunk else 0   # positions of each row per projection
   if not per_row or k <= per_row:
     return project(hidden, targets)
   n = -(-k // per_row)

@@ -75,4 +75,4 @@ def test_the_rows_per_shard_come_from_the_enclosing_mesh():
   mesh = jax.make_mesh((8, 1, 1, 1), sharding.MESH_AXES)
   with sharding.use_mesh(mesh):
     assert 'scan' not in str(jax.make_jaxpr(f)(*args))
-  assert str(jax.make_jaxpr(lambda *a: policy.chunked_token_logprobs(*a, 1.0, 512, shards=8))(*args)).count('scan') == 0
+  assert 'scan' not in str(jax.make_jaxpr(lambda *a: policy.chunked_token_logprobs(*a, 1.0, 512, shards=8))(*args))
