@@ -9,12 +9,14 @@ change the size and precision
 A step is forward + backward of the mean next-token cross-entropy over all positions (no optimizer update): in JAX
 through the trainers' own loss path (`train.policy.loss_logprobs` + `rl.losses.sft_loss`, jitted with
 `nnx.cached_partial`), in PyTorch through `Qwen3VLForConditionalGeneration(..., labels=...)` (SDPA attention).
-Also times a float32 [2048, 2048] x [2048, 2048] matmul in both frameworks, as the machine's reachable matmul
-throughput.
+Also times a chain of `--matmul_chain` dependent [N, N] x [N, N] products (N = `--matmul`, default 2048, in
+`--dtype`) in one call in both frameworks, as the machine's reachable matmul throughput.
+`--attention blockwise,cudnn` times one JAX step per attention kernel (same weights), alternating; `--no_torch`
+times JAX alone (a random Flax init; for XLA-flag variants in a second process).
 
 Prints, among others:
   step_flops_utilization=<x>   JAX step model-FLOP/s (6 * matmul params * tokens + attention) divided by the
-                               faster of the two measured matmul rates
+                               faster of the two measured matmul rates (the fastest kernel of --attention)
   ratio_jax_over_torch_tokens_per_s=<y>
 Best of `--repeats` after one warm-up (compile) step; the two frameworks alternate so machine noise hits both.
 
@@ -30,6 +32,7 @@ sharded_over_replicated_step_time.
 """
 
 import argparse
+import os
 import time
 
 import jax
@@ -149,6 +152,10 @@ def main():
   ap.add_argument('--head_dim', type=int, default=64)
   ap.add_argument('--intermediate', type=int, default=1536)
   ap.add_argument('--attention_block', type=int, default=128, help='query block of the blockwise attention')
+  ap.add_argument('--attention', default='blockwise',
+                  help='JAX attention kernels to time, comma-separated: blockwise, dense, cudnn (GPU)')
+  ap.add_argument('--no_torch', action='store_true', help='JAX alone (random Flax init, no PyTorch step)')
+  ap.add_argument('--matmul_chain', type=int, default=4, help='dependent products per timed matmul call')
   ap.add_argument('--scan_layers', action='store_true', help='JAX decoder layers under jax.lax.scan')
   ap.add_argument('--remat', action='store_true',
                   help='rematerialise each decoder layer in the backward pass (JAX: TextModel.remat; PyTorch: '
@@ -166,6 +173,10 @@ def main():
     args.jdtype = jdtype
     compare_sharding(args, config)
     return
+  impls = args.attention.split(',')
+  for impl in impls:
+    if impl not in ('blockwise', 'dense', 'cudnn'):
+      raise SystemExit(f'--attention: unknown kernel {impl!r} (blockwise, dense, cudnn)')
   tdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[args.dtype]
   tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
   sync = torch.cuda.synchronize if tdev == 'cuda' else (lambda: None)
@@ -179,17 +190,18 @@ def main():
   ids[0, 11 + n_img] = config.vision_end_token_id
   pixels = rng.standard_normal((patches, config.vision.patch_dim)).astype(np.float32)
 
-  # Same weights in both (HF random init, copied into Flax).
-  hf = parity.hf_model(config)
-  hf.config._attn_implementation = 'sdpa'
-  hf.train()
-  model = weights.load_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()},
-                                     dtype=jdtype, param_dtype=jdtype, scan_layers=args.scan_layers)
-  model.language_model.attention_block = args.attention_block
-  model.language_model.remat = args.remat
-  if args.remat:
-    hf.gradient_checkpointing_enable()
-  hf.to(device=tdev, dtype=tdtype)
+  if args.no_torch:   # JAX alone: a random Flax init on the default device
+    hf = None
+    model = Qwen3VLModel(config, nnx.Rngs(0), dtype=jdtype, param_dtype=jdtype, scan_layers=args.scan_layers)
+  else:               # same weights in both (HF random init, copied into Flax)
+    hf = parity.hf_model(config)
+    hf.config._attn_implementation = 'sdpa'
+    hf.train()
+    model = weights.load_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()},
+                                       dtype=jdtype, param_dtype=jdtype, scan_layers=args.scan_layers)
+    if args.remat:
+      hf.gradient_checkpointing_enable()
+    hf.to(device=tdev, dtype=tdtype)
   pos, _ = rope.get_rope_index(ids, grid, image_token_id=config.image_token_id)
 
   batch = {'input_ids': jnp.asarray(ids, jnp.int32), 'position_ids': jnp.asarray(pos), 'attention_mask': None,
@@ -200,12 +212,18 @@ def main():
     logprobs = policy.loss_logprobs(m, dict(batch, image_grid_thw=grid))
     return losses.sft_loss(logprobs, batch['completion_mask'])[0]
 
-  grad_step = nnx.cached_partial(nnx.jit(nnx.value_and_grad(loss_fn)), model)
+  jax_steps = {}
+  for i, impl in enumerate(impls):   # one model (same weights) and one compiled step per attention kernel
+    m = model if i == 0 else nnx.clone(model)
+    m.language_model.attention_impl, m.language_model.attention_block = impl, args.attention_block
+    m.language_model.remat = args.remat
+    grad_step = nnx.cached_partial(nnx.jit(nnx.value_and_grad(loss_fn)), m)
 
-  def jax_step():
-    loss, grads = grad_step(batch)
-    jax.block_until_ready(grads)
-    return float(loss)
+    def jax_step(grad_step=grad_step):
+      loss, grads = grad_step(batch)
+      jax.block_until_ready(grads)
+      return float(loss)
+    jax_steps[impl] = jax_step
 
   t_ids, t_grid = torch.tensor(ids, device=tdev), torch.tensor(grid, device=tdev)
   t_pix = torch.tensor(pixels, device=tdev, dtype=tdtype)
@@ -218,37 +236,69 @@ def main():
     sync()
     return float(out.loss)
 
-  a = jnp.asarray(rng.standard_normal((args.matmul, args.matmul)), jdtype)
-  matmul = jax.jit(lambda x: x @ x)
+  # The matmul reference: a chain of --matmul_chain dependent products in one call (one dispatch, one sync), so the
+  # rate is the kernels', not the call overhead's; a scaled to keep the chain finite.
+  chain = args.matmul_chain
+  a = jnp.asarray(rng.standard_normal((args.matmul, args.matmul)) / np.sqrt(args.matmul), jdtype)
+
+  @jax.jit
+  def matmul(x):
+    y = x
+    for _ in range(chain):
+      y = y @ x
+    return y
   ta = torch.tensor(np.asarray(a, np.float32), device=tdev, dtype=tdtype)
 
   def torch_matmul():
-    _ = ta @ ta
+    y = ta
+    for _ in range(chain):
+      y = y @ ta
     sync()
 
   t0 = time.perf_counter()
-  jl, tl = jax_step(), torch_step()          # warm-up (JAX compile)
+  warm = {}
+  for impl, step in list(jax_steps.items()):                       # warm-up (JAX compile)
+    try:
+      warm[impl] = step()
+    except Exception as e:                                         # e.g. cuDNN without a GPU: time the others
+      print(f'jax_{impl}: failed: {type(e).__name__}: {str(e)[:300]}', flush=True)
+      del jax_steps[impl]
+  if not jax_steps:
+    raise SystemExit('no JAX step ran')
+  tl = None if hf is None else torch_step()
   jax.block_until_ready(matmul(a))
   torch_matmul()
-  print(f'warmup_seconds={time.perf_counter() - t0:.1f} loss_jax={jl:.4f} loss_torch={tl:.4f}', flush=True)
-  jt, tt, jm, tm = [], [], [], []
-  for _ in range(args.repeats):              # alternate frameworks
-    jt.append(_best(jax_step, 1))
-    tt.append(_best(torch_step, 1))
+  print(f'warmup_seconds={time.perf_counter() - t0:.1f} '
+        + ' '.join(f'loss_jax_{impl}={v:.4f}' for impl, v in warm.items())
+        + ('' if tl is None else f' loss_torch={tl:.4f}'), flush=True)
+  jt, tt, jm, tm = {impl: [] for impl in jax_steps}, [], [], []
+  for _ in range(args.repeats):              # alternate frameworks and kernels
+    for impl, step in jax_steps.items():
+      jt[impl].append(_best(step, 1))
+    if hf is not None:
+      tt.append(_best(torch_step, 1))
     jm.append(_best(lambda: jax.block_until_ready(matmul(a)), 1))
     tm.append(_best(torch_matmul, 1))
-  jt, tt, jm, tm = min(jt), min(tt), min(jm), min(tm)
+  jt = {impl: min(v) for impl, v in jt.items()}
+  jm, tm = min(jm), min(tm)
   flops = step_flops(config, args.tokens, patches)
-  mm_flops = 2 * args.matmul ** 3
-  print(f'jax_step_s={jt:.3f} torch_step_s={tt:.3f} step_gflop={flops / 1e9:.1f}')
-  print(f'jax_tokens_per_s={args.tokens / jt:.0f} torch_tokens_per_s={args.tokens / tt:.0f}')
-  print(f'jax_matmul_gflops={mm_flops / jm / 1e9:.1f} torch_matmul_gflops={mm_flops / tm / 1e9:.1f}')
-  print(f'jax_step_gflops={flops / jt / 1e9:.1f} torch_step_gflops={flops / tt / 1e9:.1f}')
+  mm_flops = chain * 2 * args.matmul ** 3
   best_matmul = mm_flops / min(jm, tm)
-  print(f'step_flops_utilization={flops / jt / best_matmul:.3f}')
-  print(f'torch_step_flops_utilization={flops / tt / best_matmul:.3f}')
-  print(f'ratio_jax_over_torch_tokens_per_s={tt / jt:.3f}')
-  print(f'devices={jax.devices()} torch_device={tdev} torch_threads={torch.get_num_threads()} dtype={args.dtype}')
+  best = min(jt, key=jt.get)
+  print(f'step_gflop={flops / 1e9:.1f}')
+  for impl, t in jt.items():
+    print(f'jax_{impl}: step_s={t:.3f} tokens_per_s={args.tokens / t:.0f} step_gflops={flops / t / 1e9:.1f} '
+          f'step_flops_utilization={flops / t / best_matmul:.3f}')
+  print(f'jax_matmul_gflops={mm_flops / jm / 1e9:.1f} torch_matmul_gflops={mm_flops / tm / 1e9:.1f} '
+        f'(chain of {chain} [{args.matmul}]^2 products)')
+  if hf is not None:
+    tt = min(tt)
+    print(f'torch: step_s={tt:.3f} tokens_per_s={args.tokens / tt:.0f} step_gflops={flops / tt / 1e9:.1f} '
+          f'torch_step_flops_utilization={flops / tt / best_matmul:.3f}')
+    print(f'ratio_jax_over_torch_tokens_per_s={tt / jt[best]:.3f}')
+  print(f'step_flops_utilization={flops / jt[best] / best_matmul:.3f} (jax_{best})')
+  print(f'devices={jax.devices()} torch_device={tdev} torch_threads={torch.get_num_threads()} dtype={args.dtype} '
+        f'xla_flags={os.environ.get("XLA_FLAGS", "")!r}')
 
 
 if __name__ == '__main__':

@@ -176,6 +176,7 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.model.param_dtype = 'float32'  # parameters, gradients; AdamW state is float32
   c.model.scan_layers = True
   c.model.remat = True
+  c.model.attention = 'blockwise'  # the XLA kernel (TPU, CPU); 'cudnn': cuDNN flash attention on NVIDIA GPUs
   c.model.text = ml_collections.ConfigDict()  # overrides of the tiny text config (none: hf_path's architecture)
 
   c.tools = ml_collections.ConfigDict()

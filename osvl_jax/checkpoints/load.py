@@ -23,7 +23,8 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
 
   `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
   `config.model.scan_layers` / `config.model.remat` (optional, default False): run the decoder layers under
-  `jax.lax.scan` (stacked parameter layout) / rematerialise each layer in the backward pass (`text.Qwen3VLText`).
+  `jax.lax.scan` (stacked parameter layout) / rematerialise each layer in the backward pass (`text.Qwen3VLText`);
+  `config.model.attention` the attention kernel (`set_layer_options`).
   `config.model.dtype` / `param_dtype` (optional, default 'float32'): compute and parameter dtypes (the paper
   configs compute in bfloat16 over float32 parameters; the loss's log-softmax is float32 either way).
   Checkpoints keep the layout they were written with: resume with the same `scan_layers`.
@@ -43,7 +44,25 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
       model_config = dataclasses.replace(model_config,
                                          text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
     model = model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed), scan_layers=scan_layers, **dtypes)
+  return set_layer_options(model, config)
+
+
+ATTENTION_IMPLS = ('blockwise', 'cudnn')
+
+
+def set_layer_options(model: model_lib.Qwen3VLModel, config: ml_collections.ConfigDict) -> model_lib.Qwen3VLModel:
+  """Sets the decoder's run options (plain attributes, no parameter changes) from `config.model`: `remat`
+  (default False) and `attention` (default 'blockwise': `attention.causal_attention`; 'cudnn': cuDNN's fused flash
+  attention on NVIDIA GPUs, `attention.fused_causal_attention`). Returns the model.
+
+  Raises:
+    ValueError: `config.model.attention` not in ATTENTION_IMPLS.
+  """
+  impl = config.model.get('attention', 'blockwise')
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f'config.model.attention={impl!r}: expected one of {ATTENTION_IMPLS}')
   model.language_model.remat = bool(config.model.get('remat', False))
+  model.language_model.attention_impl = impl
   return model
 
 

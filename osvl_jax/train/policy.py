@@ -86,8 +86,7 @@ def create_model(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   if config.model.get('hf_path'):
     model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=bool(config.model.get('scan_layers', False)),
                                       mesh=mesh, rules=rules, **checkpoints.model_dtypes(config))
-    model.language_model.remat = bool(config.model.get('remat', False))
-    return model
+    return checkpoints.set_layer_options(model, config)
   make = lambda: checkpoints.build_model(config, seed)
   graphdef, abstract = nnx.split(nnx.eval_shape(make))
   init = jax.jit(lambda: nnx.split(make())[1], out_shardings=sharding.state_shardings(abstract, mesh, rules))

@@ -145,3 +145,67 @@ def test_packed_segments_attend_only_within_themselves(block):
   np.testing.assert_array_equal(attention.segment_mask(key_mask), attention.segment_mask(key_mask.astype(jnp.int32)))
   np.testing.assert_array_equal(attention.segment_mask(key_mask),
                                 jnp.tril(jnp.ones((77, 77), bool))[None] & key_mask[:, None, :])
+
+
+@pytest.mark.parametrize('kind', ['none', 'right', 'both', 'packed'])
+def test_fused_path_matches_blockwise(kind):
+  """`attention.fused_causal_attention` (the cuDNN path's masks, run here through jax.nn.dot_product_attention's
+  'xla' implementation) equals the blockwise kernel, forward and q/k/v gradients, on every row that sees a key;
+  a row that sees none ('both': the leading padding) is finite."""
+  q, k, v = _inputs(b=3, t=77)
+  if kind == 'packed':
+    seg = np.zeros((3, 77), np.int32)
+    seg[0, :30], seg[0, 30:77] = 1, 2
+    seg[1, :40], seg[1, 40:65] = 1, 2                                    # 12 padding tokens at the end
+    seg[2, :20] = 1
+    key_mask = jnp.asarray(seg)
+  else:
+    key_mask = _key_mask(kind, 3, 77)
+  fused_mask = None if kind == 'none' else key_mask
+  sees = np.asarray(attention.segment_mask(key_mask).any(-1))            # [B, T]: rows with a visible key
+  cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+  cotangent = cotangent * jnp.asarray(sees)[:, :, None, None, None]
+  fused = lambda q, k, v: attention.fused_causal_attention(q, k, v, fused_mask, implementation='xla')  # noqa: E731
+  blockwise = lambda q, k, v: attention.causal_attention(q, k, v, key_mask, 16)  # noqa: E731
+  out_f, out_b = jax.jit(fused)(q, k, v), jax.jit(blockwise)(q, k, v)
+  assert np.isfinite(np.asarray(out_f)).all()
+  np.testing.assert_allclose(np.asarray(out_f)[sees], np.asarray(out_b)[sees], atol=TOL, rtol=0)
+
+  def grads(f):
+    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)))(q, k, v)
+  for gf, gb in zip(grads(fused), grads(blockwise)):
+    assert np.isfinite(np.asarray(gf)).all()
+    np.testing.assert_allclose(gf, gb, atol=TOL, rtol=TOL)
+
+
+def test_text_model_cudnn_impl_runs_the_fused_kernel(monkeypatch):
+  """attention_impl = 'cudnn' routes the no-cache forward through `fused_causal_attention` with the model's mask
+  (here with the 'xla' implementation, since cuDNN needs a GPU): same hidden states as the blockwise path."""
+  from osvl_jax.models.qwen3_vl import text
+  monkeypatch.setattr(text, 'FUSED_IMPLEMENTATION', 'xla')
+  calls = []
+  real = attention.fused_causal_attention
+  monkeypatch.setattr(attention, 'fused_causal_attention', lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+  config = Qwen3VLConfig.tiny()
+  b, t = 2, 40
+  model = model_lib.Qwen3VLModel(config, rngs=nnx.Rngs(0))
+  key_mask = _key_mask('right', b, t)
+  ids = jnp.asarray(np.random.default_rng(0).integers(0, 151000, (b, t)), jnp.int32)
+  pos = jnp.asarray(rope.text_position_ids(np.zeros(b, np.int64), t))
+  hidden_b = model(ids, pos, key_mask)[0]
+  model.language_model.attention_impl = 'cudnn'
+  hidden_f = model(ids, pos, key_mask)[0]
+  assert calls and all(kw == {'implementation': 'xla'} for kw in calls)
+  real_rows = np.asarray(key_mask)
+  np.testing.assert_allclose(np.asarray(hidden_f)[real_rows], np.asarray(hidden_b)[real_rows], atol=1e-4, rtol=0)
+
+
+def test_config_names_the_attention_kernel():
+  import ml_collections
+  from osvl_jax import checkpoints
+  config = ml_collections.ConfigDict({'model': {'name': 'tiny', 'attention': 'cudnn', 'remat': True}})
+  model = checkpoints.build_model(config)
+  assert (model.language_model.attention_impl, model.language_model.remat) == ('cudnn', True)
+  config.model.attention = 'flash'
+  with pytest.raises(ValueError, match=r"config.model.attention='flash'"):
+    checkpoints.build_model(config)

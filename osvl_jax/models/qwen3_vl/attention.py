@@ -13,6 +13,8 @@ Shapes: q [B, T, Hkv, G, D] (G = query heads per kv head), k/v [B, S, Hkv, D]; o
   Same numerics as `dense_attention` with mask = `segment_mask(key_mask)`, including rows with no visible key
   (left padding), which get the uniform average of all S values exactly as the dense softmax over all-`finfo.min`
   scores does.
+* `fused_causal_attention`: the same causal / padding / segment masking through `jax.nn.dot_product_attention`
+  (on a GPU with `implementation='cudnn'`: cuDNN's fused flash attention, which skips the upper triangle).
 
 Packed rows (DESIGN.md §3, dynamic batch size): segment ids [B, T] int, 0 on padding and 1, 2, ... for the
 sequences packed into a row (MaxText's `decoder_segment_ids`). A token of segment k > 0 attends to the earlier
@@ -191,3 +193,32 @@ def causal_attention(q, k, v, key_mask=None, block: int = 128):
   any_visible = jnp.cumsum((key_mask > 0).astype(jnp.int32), axis=1) > 0      # [B, T]
   mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)     # [B, Hkv, D]
   return jnp.where(any_visible[:, :, None, None, None], out, mean_v[:, None, :, None, :])
+
+
+def fused_causal_attention(q, k, v, key_mask=None, implementation: str | None = 'cudnn'):
+  """Causal self-attention through `jax.nn.dot_product_attention` (cuDNN flash attention on NVIDIA GPUs).
+
+  Equal (up to rounding) to `causal_attention(q, k, v, key_mask)` on every row that sees a key; a row that sees
+  none (a leading padding token, an all-padding row: outputs never read) attends to key 0 instead of averaging
+  all keys, so that no row of the fused kernel is fully masked. Without `key_mask` the kernel's own causal mask is
+  the only mask (nothing of size T x T is built); with one, the bool mask `segment_mask(key_mask)` [B, 1, T, T]
+  is passed to the kernel.
+
+  Args:
+    q: [B, T, Hkv, G, D]; k, v: [B, T, Hkv, D] (GQA: query head h = kv * G + g reads kv head h // G, as
+      `jax.nn.dot_product_attention` groups heads).
+    key_mask: None (every token real), bool [B, T] (True = real) or int [B, T] segment ids (0 = padding).
+    implementation: 'cudnn' (GPU only; `jax.nn.dot_product_attention` raises elsewhere), 'xla' or None.
+
+  Returns:
+    [B, T, Hkv, G, D] (dtype of v).
+  """
+  b, t, hkv, g, d = q.shape
+  mask = None
+  if key_mask is not None:
+    m = segment_mask(key_mask)                                                     # [B, T, T]
+    blind = ~jnp.any(m, axis=-1, keepdims=True)
+    mask = (m | (blind & (jnp.arange(t) == 0)[None, None, :]))[:, None]          # [B, 1, T, T]
+  out = jax.nn.dot_product_attention(q.reshape(b, t, hkv * g, d), k.astype(q.dtype), v.astype(q.dtype),
+                                     mask=mask, is_causal=True, implementation=implementation)
+  return out.reshape(b, t, hkv, g, d).astype(v.dtype)

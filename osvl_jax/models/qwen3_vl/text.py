@@ -29,6 +29,9 @@ from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import TextConfig
 
+# `jax.nn.dot_product_attention`'s implementation behind attention_impl 'cudnn' ('xla' runs the same masks on any
+# backend: the CPU tests set it).
+FUSED_IMPLEMENTATION = 'cudnn'
 
 class RMSNorm(nnx.Module):
   """HF `Qwen3VLTextRMSNorm`: weight * (x / sqrt(mean(x^2) + eps)), statistics in float32.
@@ -123,16 +126,19 @@ class Attention(nnx.Module):
     self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
     self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128):
+  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128, impl: str = 'blockwise'):
     """
     Args:
       x: [B, T, hidden]; cos/sin: [B, T, head_dim].
       mask: bool [B, T, S] explicit mask (S = T, or cache length), or bool [B, T] key-padding mask (no cache
         only): causal + padding, computed blockwise (`attention.causal_attention`) without a [T, T] tensor.
+        With impl 'cudnn' (no cache): None (all real), or a bool / segment-id [B, T] mask
+        (`attention.fused_causal_attention`).
       kv_cache: optional (k, v, layer): the whole cache's k, v, each [L, B, Hkv, S, D], and this layer's index
         (int or int32 scalar); the new keys/values are written at [layer, b, :, cache_index[b] + t], then
         attention reads that layer (`attention.cache_attention`). cache_index: int32 [B] write offsets.
       block: query block length of the blockwise path.
+      impl: 'blockwise' or 'cudnn' (`Qwen3VLText.attention_impl`; only read without a cache).
 
     Returns:
       out [B, T, hidden], the updated whole (k, v) or None.
@@ -153,6 +159,8 @@ class Attention(nnx.Module):
       k_all, v_all, layer = kv_cache
       new_cache = (_write_layer(k_all, layer, k, cache_index), _write_layer(v_all, layer, v, cache_index))
       out = attention_lib.cache_attention(q, new_cache[0][layer], new_cache[1][layer], mask)
+    elif impl == 'cudnn':
+      out = attention_lib.fused_causal_attention(q, k, v, mask, implementation=FUSED_IMPLEMENTATION)
     elif mask.ndim == 2:
       out = attention_lib.causal_attention(q, k, v, mask, block)
     else:
@@ -187,10 +195,11 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype,
                                             param_dtype=param_dtype)
 
-  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128, router_mask=None):
+  def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None, block: int = 128, router_mask=None,
+               impl: str = 'blockwise'):
     """-> (x [B, T, hidden], new cache or None, router stats or None): the stats (`moe.router_stats`) of a sparse
-    layer given `router_mask` (float32 [B, T]), else None."""
-    h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, cache_index, block)
+    layer given `router_mask` (float32 [B, T]), else None. `block`, `impl`: `Attention.__call__`."""
+    h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, cache_index, block, impl)
     x = x + h
     h = self.post_attention_layernorm(x)
     if router_mask is not None and isinstance(self.mlp, moe.SparseMoeBlock):
@@ -228,7 +237,9 @@ class Qwen3VLText(nnx.Module):
 
   Without a cache, attention is causal + padding and by default computed blockwise (`attention_impl =
   'blockwise'`, query blocks of `attention_block`, `attention.causal_attention`); `attention_impl = 'dense'`
-  builds the [B, T, T] mask and the full score matrix (reference). Both are plain attributes that may be set after
+  builds the [B, T, T] mask and the full score matrix (reference); `attention_impl = 'cudnn'` (NVIDIA GPUs) runs
+  cuDNN's fused flash attention through `jax.nn.dot_product_attention` (`attention.fused_causal_attention`, with
+  `FUSED_IMPLEMENTATION`). Both are plain attributes that may be set after
   construction. With a cache the dense path is always used.
 
   `remat = True` (also a plain attribute) rematerialises each decoder layer in the backward pass
@@ -292,7 +303,10 @@ class Qwen3VLText(nnx.Module):
     if cache is None and self.attention_impl == 'blockwise':
       mask = jnp.ones((b, t), bool) if attention_mask is None else _key_mask(attention_mask)
       slot_mask = None
-    elif self.attention_impl in ('blockwise', 'dense'):
+    elif cache is None and self.attention_impl == 'cudnn':
+      mask = None if attention_mask is None else _key_mask(attention_mask)
+      slot_mask = None
+    elif self.attention_impl in ('blockwise', 'dense', 'cudnn'):
       mask, slot_mask = attention_mask_for(attention_mask, b, t, cache, cache_index)
     else:
       raise ValueError(f'unknown attention_impl {self.attention_impl!r}')
@@ -316,8 +330,8 @@ class Qwen3VLText(nnx.Module):
   def _unrolled(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask=None):
     """Python loop over the layer list; kv_all: ([L, B, Hkv, S, D],) * 2, updated layer by layer, or None.
     Returns (x, kv_all, router stats summed over the sparse layers, or None without router_mask)."""
-    block = self.attention_block
-    call = lambda lyr, x, cos, sin, mask, kv, index, rmask: lyr(x, cos, sin, mask, kv, index, block, rmask)
+    block, impl = self.attention_block, self.attention_impl
+    call = lambda lyr, x, cos, sin, mask, kv, index, rmask: lyr(x, cos, sin, mask, kv, index, block, rmask, impl)
     run = nnx.remat(call) if self.remat else call
     total = None
     for i, layer in enumerate(self.layers):
@@ -334,7 +348,7 @@ class Qwen3VLText(nnx.Module):
   def _scan(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask=None):
     """`jax.lax.scan` over the stacked layer; DeepStack features are added after layer i < len(deepstack).
     Returns (x, kv_all, router stats summed over the layers (carried), or None without router_mask)."""
-    block = self.attention_block
+    block, impl = self.attention_block, self.attention_impl
     graphdef, stacked = nnx.split(self.layers)
     ds = jnp.stack([d.astype(x.dtype) for d in deepstack]) if deepstack else None   # [n_ds, N, hidden]
 
@@ -342,7 +356,7 @@ class Qwen3VLText(nnx.Module):
       h, kv, total = carry
       layer_state, i = xs
       h, kv, stats = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, None if kv is None else (*kv, i),
-                                                      cache_index, block, router_mask)
+                                                      cache_index, block, router_mask, impl)
       if ds is not None:   # only layers i < len(deepstack) pay for the scatter
         h = jax.lax.cond(i < ds.shape[0],
                          lambda h: scatter_add_rows(h, visual_pos_mask, ds[jnp.minimum(i, ds.shape[0] - 1)]),
