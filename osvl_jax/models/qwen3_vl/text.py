@@ -33,6 +33,7 @@ from osvl_jax.models.qwen3_vl.config import TextConfig
 # backend: the CPU tests set it).
 FUSED_IMPLEMENTATION = 'cudnn'
 
+
 class RMSNorm(nnx.Module):
   """HF `Qwen3VLTextRMSNorm`: weight * (x / sqrt(mean(x^2) + eps)), statistics in float32.
 
