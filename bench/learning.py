@@ -2,7 +2,7 @@
 
   .venv/bin/python bench/learning.py --workdir=<a finished demo workdir> [--modes=none,mask_clamp] [--seeds=3]
       [--steps=20] [--prompts_per_step=2] [--num_generations=4] [--failure_rate=0.3] [--temperature=0.7]
-      [--heldout=3] [--lr=5e-4] [--out=<workdir>/learning] [--config=configs/demo.py --config.x=y]
+      [--heldout=3] [--lr=5e-4] [--pack_rows=1] [--out=<workdir>/learning] [--config=configs/demo.py --config.x=y]
 
 From the workdir's SFT checkpoint (`sft_ckpt`) and dataset, each requested `fatal_mode` trains `--steps` GRPO steps
 per seed (`--seeds` seeds 0, 1, ...; the seed draws the prompts, the samples and the injected tool failures, so
@@ -57,6 +57,9 @@ _RATE = flags.DEFINE_float('failure_rate', 0.3, 'Probability that a tool call fa
 _TEMPERATURE = flags.DEFINE_float('temperature', 0.7, 'Rollout temperature (top-p 1.0), the paper\'s 0.7.')
 _HELDOUT = flags.DEFINE_integer('heldout', 3, 'Last prompts of the rl split held out of training (the demo: 3 of 9).')
 _LR = flags.DEFINE_float('lr', 5e-4, 'GRPO learning rate (constant schedule).')
+_PACK_ROWS = flags.DEFINE_integer(
+    'pack_rows', 1, 'grpo.pack_rows of the update: packed rows per micro-batch (0 = one trajectory per row, the '
+    'whole batch at once; 1 halves the update on the 2-core CPU, BENCHMARKS.md session 20).')
 
 WINDOW = 10  # steps averaged at each end (reward_first10 / reward_last10)
 
@@ -80,6 +83,9 @@ def run_config(base, mode: str, seed: int, workdir: pathlib.Path, out: pathlib.P
   g.init_from = str(workdir)
   g.heldout_prompts = _HELDOUT.value
   g.dump_rollouts = True
+  g.pack_rows = _PACK_ROWS.value
+  if g.pack_rows:
+    g.micro_batch_size = 0
   return config
 
 
@@ -165,7 +171,7 @@ def main(argv):
   window = min(WINDOW, max(1, _STEPS.value // 2))
   result = {'flags': {f: flags.FLAGS[f].value for f in ('modes', 'seeds', 'steps', 'prompts_per_step',
                                                           'num_generations', 'failure_rate', 'temperature',
-                                                          'heldout', 'lr')},
+                                                          'heldout', 'lr', 'pack_rows')},
             'window': window, 'before': before, 'modes': {}}
   for mode in _MODES.value:
     runs = []

@@ -160,7 +160,10 @@ def apply_grads(model, optimizer, grads) -> jax.Array:
   return optax.tree.norm(grads)
 
 
-LOSS_CHUNK = 2048  # loss positions per vocabulary projection, over one batch shard's rows (`chunked_token_logprobs`)
+# Loss positions per vocabulary projection, over one batch shard's rows (`chunked_token_logprobs`). 512: on the 2-core
+# CPU the gradient of 8 x 512 positions takes 3.4 s against 4.8 s at 2048 (a 1.2 GB float32 logits block per chunk),
+# 2 x 1,280 2.3 s against 4.9 s (BENCHMARKS.md, session 20); the projection is a large matmul either way.
+LOSS_CHUNK = 512
 
 
 def loss_logprobs(model: model_lib.Qwen3VLModel, batch: dict, temperature=1.0) -> jax.Array:
@@ -207,7 +210,8 @@ def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int =
   each device's live logits are [rows per shard, c, vocab] <= `chunk` positions whatever the batch's width; each
   chunk is projected, reduced to its log-probs and dropped (`jax.lax.map`), and recomputed in the backward pass
   (`jax.checkpoint`). K <= c (or chunk 0) is the one projection, exactly `losses.token_logprobs`. Each position's
-  log-prob is its own row of the matmul and log-softmax, so the chunking changes no value beyond rounding.
+  log-prob is its own row of the matmul and log-softmax, so the chunking changes no value beyond rounding. The
+  chunks are balanced: n = ceil(K / c) chunks of ceil(K / n) positions, under n padded positions per row.
 
   Args:
     hidden: [B, K, H] hidden states at the loss positions (compute dtype).
@@ -235,6 +239,7 @@ def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int =
   if not per_row or k <= per_row:
     return project(hidden, targets)
   n = -(-k // per_row)
+  per_row = -(-k // n)                                          # balanced chunks: under n padded positions a row
   pad = n * per_row - k
   h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, per_row, -1).swapaxes(0, 1)   # [n, B, c, H]
   t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, per_row).swapaxes(0, 1)
