@@ -83,9 +83,7 @@ def run_config(base, mode: str, seed: int, workdir: pathlib.Path, out: pathlib.P
   g.init_from = str(workdir)
   g.heldout_prompts = _HELDOUT.value
   g.dump_rollouts = True
-  g.pack_rows = _PACK_ROWS.value
-  if g.pack_rows:
-    g.micro_batch_size = 0
+  g.pack_rows = _PACK_ROWS.value  # beside --config.grpo.micro_batch_size: grpo's check_config names both
   return config
 
 

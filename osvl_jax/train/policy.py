@@ -161,7 +161,7 @@ def apply_grads(model, optimizer, grads) -> jax.Array:
 
 
 # Loss positions per vocabulary projection, over one batch shard's rows (`chunked_token_logprobs`). 512: on the 2-core
-# CPU the gradient of 8 x 512 positions takes 3.4 s against 4.8 s at 2048 (a 1.2 GB float32 logits block per chunk),
+# CPU the gradient of 8 x 512 positions takes 3.4 s against 4.8 s at 2048 (whose float32 logits are 1.2 GB a chunk),
 # 2 x 1,280 2.3 s against 4.9 s (BENCHMARKS.md, session 20); the projection is a large matmul either way.
 LOSS_CHUNK = 512
 

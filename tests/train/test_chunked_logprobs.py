@@ -79,7 +79,7 @@ def test_the_rows_per_shard_come_from_the_enclosing_mesh():
 
 
 def test_chunks_are_balanced():
-  """K = 37 positions, 16 per row and chunk: 3 chunks of 13 positions (11 padded in all), not 3 of 16 (11 more)."""
+  """K = 37 positions, 16 per row and chunk: 3 chunks of 13 positions (2 padded per row), not 3 of 16 (11)."""
   args = (jnp.zeros((2, 37, 16)), jnp.zeros((300, 16)), jnp.zeros((2, 37), jnp.int32))
   jaxpr = str(jax.make_jaxpr(lambda *a: policy.chunked_token_logprobs(*a, 0.7, 32))(*args))
   assert 'f32[3,2,13,16]' in jaxpr and 'f32[3,2,16,16]' not in jaxpr
