@@ -37,6 +37,7 @@ from osvl_jax.eval import degrade as degrade_lib
 from osvl_jax.eval import plots, policy as policy_lib, report as report_lib, results as results_lib
 from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
+from osvl_jax.judges import prompts as prompt_files
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rollout import agent_loop, factory
 from tools import base as tools_base
@@ -91,6 +92,7 @@ class Evaluator:
     self.config = config
     self.runs, self.benchmarks = runs_lib.check_config(config, check_judge=judge is None)  # before anything is built
     self.workdir = pathlib.Path(workdir)
+    prompt_files.load.cache_clear()  # the prompt files as they are now (one edited under its name is another prompt)
     self.judge = judge or judges_registry.get_judge(config.get('judge'))
     served = factory.engine_name(config.rollout) != 'embedded'
     if engine is None and not served:
@@ -103,9 +105,10 @@ class Evaluator:
     else:
       policy, engine_id = {'given_engine': True}, results_lib.engine_identity(engine)
     self.system_prompt, self.system_text = policy_lib.system_prompt(config)   # (name, text)
-    prompts = {'system_prompt': (self.system_prompt, self.system_text),
-               **{k: (config[k], traj_lib.system_prompt_text(config[k])) for k in ('direct_prompt', 'rag_prompt')}}
-    self.settings = results_lib.run_settings(config, policy, engine_id, self.judge.describe(), prompts)
+    # {field: (name, text)}: the texts fingerprinted are the texts rolled out.
+    self.prompts = {'system_prompt': (self.system_prompt, self.system_text),
+                    **{k: (config[k], traj_lib.system_prompt_text(config[k])) for k in ('direct_prompt', 'rag_prompt')}}
+    self.settings = results_lib.run_settings(config, policy, engine_id, self.judge.describe(), self.prompts)
     self.fingerprint = results_lib.check_resume(self.workdir, self.settings)  # refuses other settings
     self.store = results_lib.ResultStore(self.workdir / results_lib.RESULTS_FILE, self.fingerprint)
     self.tokenizer = tokenizer or traj_lib.load_tokenizer()
@@ -179,8 +182,7 @@ class Evaluator:
   def _rollout(self, run: runs_lib.Run, prepared: Sequence[dict]) -> list:
     r = self.config.rollout
     tools = run.mode in ('agentic', 'degrade')
-    system = self.system_text if tools else traj_lib.system_prompt_text(
-        self.config.direct_prompt if run.mode == 'direct' else self.config.rag_prompt)
+    system = self.prompts['system_prompt' if tools else 'direct_prompt' if run.mode == 'direct' else 'rag_prompt'][1]
     make_builder = factory.make_builder(self.tokenizer, self.processor, self.env if tools else None, system)
     limits = agent_loop.Limits.from_config(r, max_turns=run.max_tool_calls + 1 if tools else 1)
     return agent_loop.run_episodes(self.engine, self.env if tools else _NoTools(), make_builder, prepared,

@@ -249,3 +249,23 @@ def test_the_judges_cost_is_in_the_report(tmp_path, tokenizer, env):
   md = (tmp_path / 'report.md').read_text()
   assert (f"- judge cost (this invocation): 2 requests, {2 * USAGE['prompt_tokens']} prompt + "
           f"{2 * USAGE['completion_tokens']} completion tokens") in md
+
+
+def test_a_prompt_edited_under_its_name_is_another_setting(tmp_path, tokenizer, env, monkeypatch):
+  """The eval fingerprint hashes each agent prompt's text as the file holds it now, even in a process that read the
+  old text before (a sweep driver, a notebook): an edited `agent_direct_v1` is refused on resume, and the
+  rollouts render the text that was fingerprinted."""
+  import shutil
+  from osvl_jax.judges import prompts
+  folder = tmp_path / 'prompts'
+  shutil.copytree(prompts.PROMPT_DIR, folder)
+  monkeypatch.setattr(prompts, 'PROMPT_DIR', folder)
+  config = small_config(benchmarks=('fvqa',), max_items_per_benchmark=1, modes=('direct',))
+  kw = dict(env=env, tokenizer=tokenizer, judge=CountingJudge())
+  runner.evaluate(config, tmp_path / 'w', engine=_direct(tokenizer), **kw)
+  (folder / 'agent_direct_v1.txt').write_text('Answer in one word, inside <response></response>.\n')
+  with pytest.raises(results.SettingsMismatch, match=r'prompts\.direct_prompt\.sha256'):
+    runner.Evaluator(config, tmp_path / 'w', engine=_direct(tokenizer), **kw)
+  engine = _direct(tokenizer)
+  runner.evaluate(config, tmp_path / 'other', engine=engine, **kw)
+  assert 'Answer in one word, inside' in tokenizer.decode(engine.calls[0][0].prompt_ids.tolist())
