@@ -3,15 +3,16 @@
 API key (`--api_key`, as SGLang's `--api-key`): every request must carry `Authorization: Bearer <key>`, else
 401 `{"error": "Unauthorized"}`; as SGLang (`add_api_key_middleware`), OPTIONS requests and paths starting with
 `/health` stay open (load balancers and the router probe them). Keys are compared in constant time and never
-logged. Clients: `sglang_client.SGLangEngine(api_key=...)` (default: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`),
-the `sglang-router`'s `--api-key` (the key it sends to its workers).
+logged; an empty `--api_key` is refused at startup (leave the flag out to serve without a key). Clients:
+`sglang_client.SGLangEngine(api_key=...)` (default: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`), the
+`sglang-router`'s `--api-key` (the key it sends to its workers).
 
 Weights roots (`--weights_root`, one or more): `/update_weights_from_disk` loads only folders inside them.
 A local `model_path` is resolved (symlinks, `..`) and must lie inside a resolved root, and so must every file
-under it (a symlinked shard pointing outside is refused too); a URL (`gs://bucket/...`, any `scheme://`) must
-lie under a root URL of the same scheme and bucket, after normalising `..`, and is never contacted otherwise.
-Missing and forbidden paths get the same message (`REFUSED`), so the answer does not reveal what exists. No
-root given: any path (SGLang's behaviour).
+under it (a symlinked shard pointing outside is refused too, symlinked folders followed at any depth); a URL
+(`gs://bucket/...`, any `scheme://`) must lie under a root URL of the same scheme and bucket, after normalising
+`..`, and is never contacted otherwise. Missing and forbidden paths get the same message (`REFUSED`), so the
+answer does not reveal what exists. No root given: any path (SGLang's behaviour).
 """
 
 from __future__ import annotations
@@ -44,9 +45,15 @@ def authorized(method: str, path: str, authorization: str | None, api_key: str |
 
 
 def add_api_key_middleware(app, api_key: str | None) -> None:
-  """Makes the FastAPI `app` answer 401 `{"error": "Unauthorized"}` to requests `authorized` refuses."""
-  if not api_key:
+  """Makes the FastAPI `app` answer 401 `{"error": "Unauthorized"}` to requests `authorized` refuses (None: no key).
+
+  Raises:
+    ValueError: an empty or blank `api_key` (it would silently serve without a key).
+  """
+  if api_key is None:
     return
+  if not api_key.strip():
+    raise ValueError('--api_key is empty: give a key, or leave the flag out to serve without one')
   from fastapi.responses import JSONResponse  # pylint: disable=g-import-not-at-top
 
   @app.middleware('http')
@@ -123,8 +130,25 @@ class WeightsRoots:
     real = os.path.realpath(path)
     if not any(_inside(real, root) for root in self.local) or not os.path.exists(real):
       raise self.refused(path)
-    for folder, dirs, files in os.walk(real):   # a shard or sub-folder symlinked to outside the roots
-      for name in dirs + files:
-        if not any(_inside(os.path.realpath(os.path.join(folder, name)), root) for root in self.local):
-          raise self.refused(path)
+    for file in [real] + linked_tree(real):   # a shard or sub-folder symlinked (at any depth) to outside the roots
+      if not self.inside_local(file):
+        raise self.refused(path)
     return real
+
+  def inside_local(self, path: str) -> bool:
+    """Whether the resolved `path` lies inside a local root."""
+    return any(_inside(os.path.realpath(path), root) for root in self.local)
+
+
+def linked_tree(folder: str) -> list[str]:
+  """Every entry under `folder`, symlinked folders followed (each real folder once, so link cycles end): the paths
+  a loader reading `folder` can reach."""
+  out, seen, todo = [], {os.path.realpath(folder)}, [folder]
+  while todo:
+    for entry in os.scandir(todo.pop()):
+      out.append(entry.path)
+      real = os.path.realpath(entry.path)
+      if entry.is_dir() and real not in seen:   # is_dir follows links
+        seen.add(real)
+        todo.append(entry.path)
+  return out
