@@ -28,6 +28,10 @@ image spans; a sampled pad would break the pad/feature count of the next context
 `never_sampled` holds them; a subclass may add ids (bench/sampler_speed.py adds the end-of-sequence ids to decode
 full-length rows, as transformers' `min_new_tokens` does).
 
+A model with a compact vocabulary (`TextConfig.vocab_ids`) samples over its rows: the banned ids become their rows
+(an id outside the vocabulary cannot be drawn anyway), the drawn rows become Qwen ids on device, and the log-probs
+are of the distribution over the rows. A context holding an id outside it is refused (ValueError naming it).
+
 Log-probabilities: `Generation.logprobs[k]` is log softmax(logits / temperature)[id_k] (temperature 1 when
 greedy): the distribution the id was drawn from, before top-p and with the vision ids not masked. This is what
 the trainer recomputes at the rollout temperature (`policy.loss_logprobs(..., grpo.temperature)`, π_old and π_θ
@@ -46,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.rollout import decode_batch
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import prefill_inputs
@@ -218,6 +223,15 @@ class JaxSampler(engine_lib.Engine):
       return self._model.init_cache(batch, cache_len)
     return self._model.init_cache(batch, cache_len, self.cache_dtype)
 
+  def _banned_rows(self) -> tuple[int, ...]:
+    """The logit rows of `never_sampled` (themselves without a compact vocabulary; an id outside the compact one
+    has no row to ban)."""
+    vocab = getattr(getattr(getattr(self._model, 'config', None), 'text', None), 'vocab_ids', None)
+    if vocab is None:
+      return self.never_sampled
+    vocab = np.asarray(vocab)
+    return tuple(int(r) for r in np.searchsorted(vocab, [i for i in self.never_sampled if i in vocab]))
+
   def _prefill_fn(self, greedy: bool, use_top_p: bool):
     """jit(state, ids [B,T], pos [3,B,T], mask [B,T], vision, last [B], start [B], cache, key, temp, top_p): row b's
     T ids are written at cache slots start[b].. (after its cached prefix). `vision` is None (no images) or
@@ -225,7 +239,7 @@ class JaxSampler(engine_lib.Engine):
     the program is keyed by its shapes (the patch bucket), never by the images' grids."""
     key = ('prefill', greedy, use_top_p, self.never_sampled)
     if key not in self._jit_cache:
-      graphdef, banned = self._graphdef, self.never_sampled
+      graphdef, banned = self._graphdef, self._banned_rows()
 
       def prefill(state, input_ids, position_ids, attention_mask, vision, last, start, cache, rng, temperature,
                   top_p):
@@ -236,7 +250,7 @@ class JaxSampler(engine_lib.Engine):
         hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)  # [B, 1, H]
         logits = model.logits(hidden_last)[:, 0]
         ids, logprobs = sampling.sample_logits(logits, rng, temperature, top_p, greedy, use_top_p, banned)
-        return ids, logprobs, cache
+        return model.rows_to_ids(ids), logprobs, cache
 
       self._jit_cache[key] = jax.jit(prefill, donate_argnums=(7,))
     return self._jit_cache[key]
@@ -256,7 +270,7 @@ class JaxSampler(engine_lib.Engine):
     """
     key = ('decode', greedy, use_top_p, self.never_sampled, chunk, until_first_done)
     if key not in self._jit_cache:
-      graphdef, banned = self._graphdef, self.never_sampled
+      graphdef, banned = self._graphdef, self._banned_rows()
       eos = jnp.asarray(engine_lib.EOS_IDS, jnp.int32)
 
       def decode(state, cache, carry, limits, rng, offset, temperature, top_p):
@@ -271,6 +285,7 @@ class JaxSampler(engine_lib.Engine):
                                 cache_index=jnp.minimum(cache_index, last_slot))
           ids, logprobs = sampling.sample_logits(model.logits(hidden)[:, -1], jax.random.fold_in(rng, offset + k),
                                                  temperature, top_p, greedy, use_top_p, banned)
+          ids = model.rows_to_ids(ids)
           active = ~done
           step_ = active.astype(jnp.int32)
           emitted = emitted + step_
@@ -319,7 +334,9 @@ class JaxSampler(engine_lib.Engine):
       B `Generation`s; `logprobs` are log-probabilities of the emitted ids at the sampling temperature (module docstring).
     Raises:
       ValueError: naming the parameter, for an invalid `max_new_tokens` or `stop`; for a context whose
-        `<|image_pad|>` count does not match its images.
+        `<|image_pad|>` count does not match its images; naming the context and the id, for an id outside a
+        compact vocabulary (`config.check_ids`; the agent loop's queue retries the batch row by row, so it ends
+        that trajectory only, with an engine error).
     """
     contexts = [engine_lib.as_context(c) for c in contexts]
     contexts = [engine_lib.Context(c.prompt_ids, self._image_refs(c.images)) for c in contexts]
@@ -327,6 +344,10 @@ class JaxSampler(engine_lib.Engine):
     stop = self.stop if stop is None else _check_stop('stop', stop)
     sampling = None if sampling is None else engine_lib.Sampling(*sampling).checked()
     prefill_inputs.check_image_pads(contexts, self._rope_kw().get('image_token_id', prefill_inputs.IMAGE_PAD_ID))
+    config = getattr(self._model, 'config', None)
+    if getattr(getattr(config, 'text', None), 'vocab_ids', None) is not None:
+      for i, c in enumerate(contexts):
+        config_lib.check_ids(config, c.prompt_ids, f'context {i} of the batch')
     results: list[engine_lib.Generation | None] = [None] * len(contexts)
     self.cached_tokens = [0] * len(contexts)
 

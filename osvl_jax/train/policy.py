@@ -188,16 +188,17 @@ def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, t
       `moe.router_stats` summed over the sparse layers (None for a dense model). False: the forward as without.
     chunk: loss positions per vocabulary projection over one batch shard's rows (`chunked_token_logprobs`).
   Returns:
-    ([B, K] float32 log pi_T(token t+1 | tokens <= t) at `loss_positions`, garbage where `completion_mask` is 0;
-    the router statistics or None).
+    ([B, K] float32 log pi_T(token t+1 | tokens <= t) at `loss_positions`, garbage where `completion_mask` is 0
+    (with a compact vocabulary: of the distribution over its rows, the targets mapped to rows); the router
+    statistics or None).
   """
   out = model(batch['input_ids'], batch['position_ids'], batch['attention_mask'],
               pixel_values=batch.get('pixel_values'), image_grid_thw=batch.get('image_grid_thw'),
               vision_inputs=vision_inputs(batch), router_stats=router_stats)
   hidden, stats = out[0], (out[2] if router_stats else None)
   gathered = jnp.take_along_axis(hidden, batch['loss_positions'][..., None], axis=1)  # [B, K, H]
-  return chunked_token_logprobs(gathered, model.output_table(gathered.dtype), batch['loss_targets'], temperature,
-                                chunk), stats
+  return chunked_token_logprobs(gathered, model.output_table(gathered.dtype), model.ids_to_rows(batch['loss_targets']),
+                                temperature, chunk), stats
 
 
 def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int = LOSS_CHUNK,
@@ -216,7 +217,7 @@ def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int =
   Args:
     hidden: [B, K, H] hidden states at the loss positions (compute dtype).
     table: [V, H] output projection (`Qwen3VLModel.output_table`).
-    targets: int [B, K] token ids.
+    targets: int [B, K] rows of `table` (token ids; `Qwen3VLModel.ids_to_rows` of them with a compact vocabulary).
     temperature: > 0, a Python float or float32 scalar (the logits are divided by it).
     chunk: loss positions per projection over one batch shard's rows, an int >= 0.
     shards: the batch shards the B rows are split over; None = those of the enclosing `sharding.use_mesh` (the

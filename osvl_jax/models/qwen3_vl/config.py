@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from osvl_jax.trajectory import tokens as tokens_lib
 
 
@@ -40,8 +42,18 @@ class TextConfig:
   decoder_sparse_step: int = 1
   mlp_only_layers: tuple[int, ...] = ()
   norm_topk_prob: bool = True
+  # Compact vocabulary (tiny experiments): the sorted unique Qwen ids the embedding and output projection have rows
+  # for, in this order; None = every id of [0, vocab_size). Ids stay Qwen ids outside the model
+  # (`model.Qwen3VLModel.ids_to_rows`); written to the HF dict as `text_config.osvl_vocab_ids`.
+  vocab_ids: tuple[int, ...] | None = None
 
   def __post_init__(self):
+    if self.vocab_ids is not None:
+      ids = np.asarray(self.vocab_ids)
+      if (not len(ids) or ids.dtype.kind not in 'iu' or np.any(np.diff(ids) <= 0) or ids[0] < 0
+          or ids[-1] >= self.vocab_size):
+        raise ValueError(f'vocab_ids must be sorted unique integer ids in [0, vocab_size={self.vocab_size}), got '
+                         f'{len(ids)} values starting {list(self.vocab_ids[:8])}')
     if sum(self.mrope_section) != self.head_dim // 2:
       raise ValueError(f'mrope_section {self.mrope_section} must sum to head_dim/2 = {self.head_dim // 2}')
     if self.num_attention_heads % self.num_key_value_heads:
@@ -50,6 +62,11 @@ class TextConfig:
       raise ValueError(f'only silu is supported, got {self.hidden_act}')
     if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
       raise ValueError('num_experts_per_tok must be in [1, num_experts]')
+
+  @property
+  def table_rows(self) -> int:
+    """Rows of the embedding and of the output projection: len(vocab_ids), else vocab_size."""
+    return self.vocab_size if self.vocab_ids is None else len(self.vocab_ids)
 
   def is_sparse_layer(self, layer: int) -> bool:
     """Whether decoder layer `layer` uses the MoE block (HF `Qwen3VLMoeTextDecoderLayer.__init__`)."""
@@ -118,9 +135,10 @@ class Qwen3VLConfig:
     theta = rope.get('rope_theta', t.get('rope_theta', 5_000_000.0))
     if rope.get('rope_type', rope.get('type', 'default')) != 'default':
       raise ValueError(f'unsupported text rope type {rope}')
-    text_fields = {f.name for f in dataclasses.fields(TextConfig)}
+    text_fields = {f.name for f in dataclasses.fields(TextConfig)} - {'vocab_ids'}
     text = TextConfig(**{
         **{k: v for k, v in t.items() if k in text_fields and v is not None},
+        'vocab_ids': None if t.get('osvl_vocab_ids') is None else tuple(int(i) for i in t['osvl_vocab_ids']),
         'rope_theta': float(theta),
         'mrope_section': tuple(rope.get('mrope_section', (24, 20, 20))),
         'mrope_interleaved': bool(rope.get('mrope_interleaved', True)),
@@ -151,6 +169,8 @@ class Qwen3VLConfig:
         'rope_parameters': {'rope_type': 'default', 'rope_theta': t.rope_theta,
                             'mrope_section': list(t.mrope_section), 'mrope_interleaved': t.mrope_interleaved},
     }
+    if t.vocab_ids is not None:   # not a transformers field: `weights.to_hf_state_dict` refuses such a model
+      text['osvl_vocab_ids'] = list(t.vocab_ids)
     v = self.vision
     vision = {
         'model_type': 'qwen3_vl_vision',
@@ -199,6 +219,41 @@ class Qwen3VLConfig:
     base = cls.tiny()
     text = dataclasses.replace(base.text, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     return dataclasses.replace(base, **{'text': text, **overrides})
+
+
+def check_ids(model_config: Qwen3VLConfig, ids, what: str) -> None:
+  """Host check that every id of `ids` has a row in the model's vocabulary (where Qwen ids enter a compact model).
+
+  Args:
+    model_config: the model's `Qwen3VLConfig`.
+    ids: int array-like of Qwen token ids, any shape.
+    what: what the ids are, for the message (e.g. "trajectory 'q17'", 'input_ids[3]').
+  Raises:
+    ValueError: naming `what`, the first id outside [0, vocab_size) or (compact vocabulary) outside
+      `vocab_ids`, its position in the flattened `ids` and its text when the Qwen tokenizer is at hand.
+  """
+  t = model_config.text
+  ids = np.asarray(ids).reshape(-1)
+  if t.vocab_ids is None:
+    bad = (ids < 0) | (ids >= t.vocab_size)
+    vocabulary = f'the vocabulary [0, {t.vocab_size})'
+  else:
+    bad = ~np.isin(ids, np.asarray(t.vocab_ids))
+    vocabulary = f'the compact vocabulary of {len(t.vocab_ids)} ids (model.vocab)'
+  if not bad.any():
+    return
+  k = int(np.argmax(bad))
+  raise ValueError(f'{what}: token id {int(ids[k])}{_id_text(int(ids[k]))} at position {k} is outside {vocabulary}')
+
+
+def _id_text(token_id: int) -> str:
+  """' (<text>)' of a Qwen id when the tokenizer is at hand (`tokens.load_tokenizer`, cached), else ''."""
+  if not 0 <= token_id < tokens_lib.VOCAB_SIZE:
+    return ''
+  try:
+    return f' ({tokens_lib.load_tokenizer().decode([token_id], skip_special_tokens=False)!r})'
+  except (OSError, ValueError):   # no tokenizer files here
+    return ''
 
 
 def assembled_hf_dict(assembled: dict[str, Any], name: str) -> dict[str, Any]:

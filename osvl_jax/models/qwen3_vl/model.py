@@ -11,6 +11,12 @@ Under jit the image grid must be static (host data):
   fwd = nnx.jit(lambda m, ids, pos, mask, pix, grid: m(ids, pos, mask, pix, grid), static_argnums=5)
   fwd(model, ids, pos, mask, pix, vision.as_grid_tuple(grid_thw))
 
+A compact vocabulary (`TextConfig.vocab_ids`) gives the embedding and the output projection one row per listed
+Qwen id: `__call__` takes Qwen ids and maps them to rows (`ids_to_rows`), `logits` is over the rows, and a caller
+maps sampled rows back (`rows_to_ids`) and loss targets to rows. An id outside the list has no row: it reads a
+neighbour's under jit, so hosts refuse it first (`config.check_ids`). Without one, both maps are the identity and
+every program is the full model's.
+
 Images are matched to `<|image_pad|>` tokens in row-major (batch, time) order, which is the order their patches
 must have in `pixel_values` (and their grids in `image_grid_thw`).
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from osvl_jax.models.qwen3_vl import sharding
@@ -44,14 +51,31 @@ class Qwen3VLModel(nnx.Module):
     self.visual = vision_lib.Qwen3VLVision(config.vision, **kw)
     self.language_model = text_lib.Qwen3VLText(config.text, scan_layers=scan_layers, **kw)
     if not config.tie_word_embeddings:
-      self.lm_head = nnx.Linear(config.text.hidden_size, config.text.vocab_size, use_bias=False, **kw)
+      self.lm_head = nnx.Linear(config.text.hidden_size, config.text.table_rows, use_bias=False, **kw)
+
+  def ids_to_rows(self, ids):
+    """int Qwen ids [...] -> int32 rows of the embedding / output projection [...] (the ids themselves without a
+    compact vocabulary). An id outside `vocab_ids` gets some row: check hosts' ids with `config.check_ids`."""
+    vocab = self.config.text.vocab_ids
+    if vocab is None:
+      return ids
+    table = jnp.asarray(np.asarray(vocab, np.int32))
+    return jnp.clip(jnp.searchsorted(table, jnp.asarray(ids, jnp.int32)), 0, len(vocab) - 1).astype(jnp.int32)
+
+  def rows_to_ids(self, rows):
+    """int rows [...] -> int32 Qwen ids [...] (`ids_to_rows`' inverse; the rows themselves without a compact
+    vocabulary)."""
+    vocab = self.config.text.vocab_ids
+    if vocab is None:
+      return rows
+    return jnp.asarray(np.asarray(vocab, np.int32))[rows]
 
   def __call__(self, input_ids, position_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
                cache=None, cache_index=None, vision_inputs=None, router_stats: bool = False):
     """Forward pass up to the final norm.
 
     Args:
-      input_ids: int32 [B, T].
+      input_ids: int32 [B, T] Qwen ids (each in `vocab_ids` with a compact vocabulary).
       position_ids: int32 [3, B, T] from `rope.get_rope_index` (prefill) or `rope.text_position_ids` (decode).
       attention_mask: bool/int [B, T] (True / 1 = real token; padding may be left or right), int segment ids of
         packed rows (0 = padding, 1, 2, ... one per sequence; each attends only within itself, `text.Qwen3VLText`;
@@ -77,7 +101,7 @@ class Qwen3VLModel(nnx.Module):
     """
     c = self.config
     input_ids = jnp.asarray(input_ids, jnp.int32)
-    x = text_lib.embed_lookup(self.language_model.embed_tokens, input_ids)
+    x = text_lib.embed_lookup(self.language_model.embed_tokens, self.ids_to_rows(input_ids))
     visual_pos_mask, deepstack = None, ()
     if pixel_values is not None:
       if image_grid_thw is None and vision_inputs is None:
@@ -98,13 +122,13 @@ class Qwen3VLModel(nnx.Module):
                                router_stats)
 
   def logits(self, hidden):
-    """hidden [B, T, hidden] -> float32 logits [B, T, vocab] (lm_head, or the embedding when tied;
-    `output_table`)."""
+    """hidden [B, T, hidden] -> float32 logits [B, T, rows] (`TextConfig.table_rows`: the vocabulary, or one per
+    compact `vocab_ids` entry; lm_head, or the embedding when tied; `output_table`)."""
     table = self.output_table(hidden.dtype)
     return jnp.einsum('bth,vh->btv', hidden, table, preferred_element_type=jnp.float32)
 
   def output_table(self, dtype):
-    """The [vocab, hidden] output projection in the compute `dtype`: lm_head's kernel transposed, or the embedding
+    """The [rows, hidden] output projection in the compute `dtype`: lm_head's kernel transposed, or the embedding
     when tied. A table wider than `dtype` (float32 parameters, bfloat16 compute) is cast first and the cast copy
     laid out ('vocab', None) under a set mesh, so FSDP gathers it in the compute dtype."""
     if self.config.tie_word_embeddings:

@@ -262,7 +262,7 @@ class Qwen3VLText(nnx.Module):
                scan_layers: bool = False):
     self.config = config
     self.scan_layers = scan_layers
-    self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
+    self.embed_tokens = nnx.Embed(config.table_rows, config.hidden_size, dtype=dtype, param_dtype=param_dtype,
                                   rngs=rngs)
     if scan_layers and len({config.is_sparse_layer(i) for i in range(config.num_hidden_layers)}) > 1:
       raise ValueError('scan_layers needs identical decoder layers; this MoE config mixes dense and sparse layers '
