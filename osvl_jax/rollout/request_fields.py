@@ -2,7 +2,9 @@
 malformed field is a `RequestError` (HTTP 400) whose message names the field and the value.
 """
 
+import json
 import math
+import re
 from typing import Any
 
 from osvl_jax.trajectory import tokens as tokens_lib
@@ -20,6 +22,8 @@ SAMPLING_DEFAULT_ONLY = {'top_k': (None, -1, 0, 1 << 30), 'min_p': (None, 0, 0.0
 CHAT_FIELDS = ('model', 'messages', 'max_tokens', 'max_completion_tokens', 'temperature', 'top_p', 'stop', 'n',
                'stream', 'seed', 'user')
 CHAT_ROLES = ('system', 'user', 'assistant')
+MAX_JSON_DEPTH = 32      # nesting levels of a request body (the deepest field read here is at level 5)
+MAX_VERSION_CHARS = 256  # the longest weight_version
 
 
 class RequestError(ValueError):
@@ -186,6 +190,96 @@ def _utf8(text: str | None, name: str) -> None:
     (text or '').encode('utf-8')
   except UnicodeEncodeError as e:
     raise RequestError(f'{name} is not valid Unicode text (a lone surrogate at {e.start})') from None
+
+
+def _child(name: str, key) -> str:
+  """The name of `key` inside the field `name` ('' = the body): 'sampling_params.stop[0]'."""
+  if isinstance(key, int):
+    return f'{name}[{key}]'
+  return f'{name}.{key}' if name else str(key)
+
+
+def check_json(body: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+  """Refuses a parsed JSON body nested deeper than `max_depth` levels, or holding a string (value or key) that is
+  not valid Unicode text (a lone surrogate, from an escape such as `"\\ud800"`), which no answer could echo.
+
+  Raises:
+    RequestError: naming the field (e.g. 'sampling_params.stop[0]').
+  """
+  todo = [(body, '', 1)]
+  while todo:
+    value, name, depth = todo.pop()
+    if isinstance(value, str):
+      _utf8(value, name or 'the body')
+      continue
+    if not isinstance(value, (list, dict)):
+      continue
+    if depth > max_depth:
+      raise RequestError(f'{name}: JSON nested deeper than {max_depth} levels')
+    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+      if isinstance(key, str):
+        _utf8(key, f'a key of {name or "the body"}')
+      if isinstance(item, (str, list, dict)):
+        todo.append((item, _child(name, key), depth + 1))
+
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]')
+
+
+def deep_field(text: str, max_depth: int = MAX_JSON_DEPTH) -> str:
+  """The field of the JSON `text` whose value opens nesting level `max_depth` + 1 ('the body' if none): names
+  what a parser's recursion limit refused."""
+  stack = []   # per open container: [kind, current index or key]
+  for m in _JSON_TOKEN.finditer(text):
+    token = m.group()
+    if token in '[{':
+      if len(stack) >= max_depth:
+        name = ''
+        for _, key in stack:
+          name = _child(name, key)
+        return name or 'the body'
+      stack.append(['[', 0] if token == '[' else ['{', None])
+    elif token in ']}':
+      if stack:
+        stack.pop()
+    elif token == ',' and stack:
+      stack[-1][1] = stack[-1][1] + 1 if stack[-1][0] == '[' else None
+    elif stack and stack[-1][0] == '{' and stack[-1][1] is None:   # a key
+      stack[-1][1] = token[1:-1]
+  return 'the body'
+
+
+def parse_body(raw: bytes) -> Any:
+  """A request body -> its JSON value, checked by `check_json`.
+
+  Raises:
+    RequestError: not JSON; nested deeper than `MAX_JSON_DEPTH` (naming the field, also past the parser's own
+      recursion limit); a string that is not valid Unicode text (naming the field).
+  """
+  try:
+    body = json.loads(raw)
+  except RecursionError:
+    field = deep_field(raw.decode('utf-8', 'replace'))
+    raise RequestError(f'{field}: JSON nested deeper than {MAX_JSON_DEPTH} levels') from None
+  except ValueError:
+    raise RequestError('the body is not JSON') from None
+  check_json(body)
+  return body
+
+
+def weight_version(value: Any, name: str = 'weight_version') -> str:
+  """A weight version as text: a JSON integer, or a non-empty printable string of at most `MAX_VERSION_CHARS`
+  characters (no control characters, no lone surrogates: every answer reports it).
+
+  Raises:
+    RequestError: naming `name`.
+  """
+  if isinstance(value, int) and not isinstance(value, bool):
+    return str(value)
+  if not (isinstance(value, str) and value and len(value) <= MAX_VERSION_CHARS and value.isprintable()):
+    raise RequestError(f'{name} must be an integer or a non-empty printable string of at most {MAX_VERSION_CHARS} '
+                       f'characters, got {str(value)[:80]!r}')
+  return value
 
 
 def check_messages(messages: Any) -> None:

@@ -54,7 +54,6 @@ A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream 
 
 import asyncio
 import dataclasses
-import json
 import queue
 import threading
 import time
@@ -63,7 +62,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import request_limits
+from osvl_jax.rollout import request_fields, request_limits
 from osvl_jax.rollout import server_auth, server_scheduler, weight_update
 from osvl_jax.rollout.request_fields import chat_sampling, check_chat_body
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
@@ -118,10 +117,12 @@ class SamplerService:
       limits: the request limits (default: `RequestLimits(sampler.max_len, sampler.max_len)`, the other limits at
         their defaults); images are decoded through one `request_limits.ImageGate` over them.
     Raises:
-      ValueError: `default_max_new_tokens` above `limits.max_new_tokens_limit`.
+      ValueError: `default_max_new_tokens` above `limits.max_new_tokens_limit`; a `weight_version` that is not
+        an integer or printable text (`request_fields.weight_version`).
     """
     self.sampler, self.tokenizer, self.image_processor = sampler, tokenizer, image_processor
-    self.model_path, self.weight_version, self.served_model_name = model_path, str(weight_version), served_model_name
+    self.model_path, self.served_model_name = model_path, served_model_name
+    self.weight_version = request_fields.weight_version(weight_version, '--weight_version')
     self.max_batch, self.batch_window_s = int(max_batch), float(batch_window_s)
     self.default_max_new_tokens = int(default_max_new_tokens)
     self.limits = limits or request_limits.RequestLimits(int(sampler.max_len), int(sampler.max_len))
@@ -192,6 +193,11 @@ class SamplerService:
                                     f'{self.weight_version}'))
 
   def _apply_update(self, req: dict) -> tuple[bool, str]:
+    version = req.get('weight_version')
+    try:
+      version = None if version is None else request_fields.weight_version(version)
+    except RequestError as e:
+      return False, f'{e}; still serving weight_version {self.weight_version}'
     try:
       path = self.weights_roots.resolve(req['model_path'])
     except (server_auth.WeightsPathRefused, ValueError, OSError) as e:   # e.g. a NUL byte in the path
@@ -206,11 +212,10 @@ class SamplerService:
       return False, f'refused {req.get("model_path")}: {e}; still serving weight_version {self.weight_version}'
     self.sampler.set_model(model)
     old = self.weight_version
-    version = req.get('weight_version')
     if version is None:
       digits = old.removeprefix('-')
       version = str(int(old) + 1) if digits.isascii() and digits.isdigit() else old
-    self.weight_version, self.model_path = str(version), str(req['model_path'])
+    self.weight_version, self.model_path = version, str(req['model_path'])
     self.stats['updates'] += 1
     return True, f'Succeeded to update model weights (weight_version {old} -> {version}).'
 
@@ -319,12 +324,9 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
     return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',
                                                                'code': status}})
 
-  async def body_of(request) -> Any:
+  async def body_of(request) -> Any:   # parsed and checked off the event loop
     raw = await request_limits.read_body(request, service.limits.max_body_bytes)
-    try:
-      return json.loads(raw)
-    except ValueError:
-      raise RequestError('the body is not JSON') from None
+    return await run_in_threadpool(request_fields.parse_body, raw)
 
   def refusal(e: RequestError):
     return error(413 if isinstance(e, request_limits.BodyTooLarge) else 400, str(e))
