@@ -53,6 +53,8 @@ def default_config() -> ml_collections.ConfigDict:
     sharpen.sigma: unsharp-mask Gaussian sigma, pixels.
     super_resolution.model_dir / model: folder of cv2.dnn_superres `.pb` files and the algorithm (`FSRCNN`,
       `ESPCN`, `LapSRN`, `EDSR`) whose `<ALGO>_x<scale>.pb` is used; '' / missing file = bicubic (said so).
+    lookup.seed: the lookup world's table (`tools/specs/lookup.py`, the learning testbed's tool; never enabled by
+      default).
   Argument bounds (top_k in [1, 20], amount in (0, 10]) live in the tool's `Param`s, the one source of truth.
   """
   c = ml_collections.ConfigDict()
@@ -76,6 +78,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.crop = ml_collections.ConfigDict()
   c.super_resolution = ml_collections.ConfigDict({'model_dir': '', 'model': 'FSRCNN'})
   c.perspective_correct = ml_collections.ConfigDict({'min_area_frac': 0.1})
+  c.lookup = ml_collections.ConfigDict({'seed': 0})   # the lookup world's table (tools/specs/lookup.py)
   return c
 
 

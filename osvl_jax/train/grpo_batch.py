@@ -66,7 +66,8 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
   Args:
     trajectories: B trajectories (normally N prompts × G samples), in any order.
     cfg: `config.grpo` (alpha, num_generations, fatal_mode, delta, length_buckets; optional estimator, std_ddof,
-      max_loss_tokens, loss_bucket): T and K come from the budgets (`batching.bucket_sizes`).
+      max_loss_tokens, loss_bucket, zero_pixels: 'update' zeroes pixel_values, `rollouts.ZERO_PIXELS`): T and K
+      come from the budgets (`batching.bucket_sizes`).
     judge: r_acc / r_query judge (`osvl_jax.judges.registry`); None = the offline rule judge.
     scores: the trajectories' `score_batch`, when already computed (a multi-host job scores on process 0 and
       sends the scores to every host); None = score here with `judge`.
@@ -94,6 +95,8 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
   length, num_loss = batching.bucket_sizes(trajectories, cfg.length_buckets, cfg.get('max_loss_tokens'),
                                            cfg.get('loss_bucket') or LOSS_BUCKET)
   batch = batching.collate(trajectories, length=length, num_loss=num_loss)  # programs: batching.program_bound
+  if cfg.get('zero_pixels') == 'update' and batch.get('pixel_values') is not None:   # the blind counter-test
+    batch['pixel_values'] = np.zeros_like(batch['pixel_values'])
   grids = batch.pop('image_grid_thw')  # host data: the update lays the images out per shard (no static grid)
   grid = tuple(map(tuple, grids.tolist())) if grids is not None else ()
   batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['completion_mask'], batch['loss_step'], fatal_steps,

@@ -26,6 +26,18 @@ from osvl_jax.rollout import engine as engine_lib
 from tools import env as tools_env
 
 
+# The image-blind counter-test (bench/learning_world.py; the failure peers report most: images lost between rollout and
+# update): `grpo.zero_pixels` 'rollout' zeroes every prompt's input image before the agent loop (the policy never
+# sees it, so the trajectories and the update hold zeros too); 'update' zeroes the update's pixel_values only
+# (`grpo_batch.prepare_batch`); 'none' (default) is the real run.
+ZERO_PIXELS = ('none', 'rollout', 'update')
+
+
+def zero_pixels(config: ml_collections.ConfigDict) -> str:
+  """`config.grpo.zero_pixels` ('none' when absent)."""
+  return (config.get('grpo') or {}).get('zero_pixels') or 'none'
+
+
 def image_processor(config: ml_collections.ConfigDict) -> trajectory_lib.ImageProcessor:
   return trajectory_lib.ImageProcessor(min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels)
 
@@ -121,13 +133,17 @@ class RolloutRunner:
     the last `publish` (the construction model's for an embedded engine never published to).
 
     Args:
-      items: dicts with prompt_id, question, image (uint8 [H, W, 3]), answers.
+      items: dicts with prompt_id, question, image (uint8 [H, W, 3]; zeroed first under `grpo.zero_pixels`
+        'rollout'), answers.
       seed: the embedded sampler's PRNG seed (servers sample with their own).
     Returns:
       len(items) * num_generations trajectories; `policy_version` is the oldest emitted token's version as the
       engine reports it (the last published version for prompt-only trajectories).
     """
     self.engine.reseed(seed)
+    if zero_pixels(self.config) == 'rollout':
+      items = [{**item, 'image': None if item.get('image') is None else np.zeros_like(item['image'])}
+               for item in items]
     return agent_loop.run_episodes(self.engine, self.env, self.make_builder, items, num_generations=num_generations,
                                    limits=self.limits, sampling=engine_lib.Sampling(temperature, top_p),
                                    policy_version=self.version or 0)

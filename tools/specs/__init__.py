@@ -10,3 +10,4 @@ from tools.specs import crop  # pylint: disable=unused-import
 from tools.specs import sharpen  # pylint: disable=unused-import
 from tools.specs import super_resolution  # pylint: disable=unused-import
 from tools.specs import perspective_correct  # pylint: disable=unused-import
+from tools.specs import lookup  # pylint: disable=unused-import  # the learning testbed's table (configs/lookup.py)
