@@ -37,6 +37,7 @@ ITEMS = 'items'
 SFT = 'sft'
 RL = 'rl'
 DEGRADED_DIR = 'degraded'  # `D/degraded/<prompt_id>.png`, the degraded anchor images
+GENERATED_DIR = 'generated'  # `D/generated/...`: images a builder drew (the lookup world's squares)
 COUNTS_FILE = 'counts.json'
 BUILD_COMMAND = 'python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=W'
 
@@ -104,14 +105,14 @@ def relative_to(path: str | os.PathLike, folder: str | os.PathLike) -> str:
 
 def image_file(record: dict, data_dir: str | os.PathLike, dataset_dir: str | os.PathLike | None) -> pathlib.Path:
   """The file of an item's `image_path`: relative to `dataset_dir` (the built folder D) for a degraded item
-  (`degradation` set), else to `data_dir` (the shared data folder); an absolute path as it is, except a degraded
-  one that is gone, looked for in `D/degraded` (an older build that was moved).
+  (`degradation` set) or a drawn one (under `generated/`), else to `data_dir` (the shared data folder); an absolute
+  path as it is, except a degraded one that is gone, looked for in `D/degraded` (an older build that was moved).
 
   Raises:
     ValueError: naming the item, for a degraded item with a relative path and no `dataset_dir`.
   """
   path = pathlib.Path(record['image_path'])
-  degraded = bool(record.get('degradation'))
+  degraded = bool(record.get('degradation')) or (not path.is_absolute() and path.parts[:1] == (GENERATED_DIR,))
   if path.is_absolute():
     moved = pathlib.Path(dataset_dir or path.parent) / DEGRADED_DIR / path.name
     return moved if degraded and not path.exists() and moved.exists() else path
