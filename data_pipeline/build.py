@@ -49,13 +49,19 @@ competitors in the text and the checks' verdicts, also as `<dataset>/review.html
 
 `<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
 `synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields
-named, never resumed from the old items. `<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
+named, never resumed from the old items (a folder where no stage has finished takes the new settings). One build at
+a time writes a folder: it holds `<dataset>/build.lock` (`locked`; a second build fails at once naming the holder's
+pid). A stage counts as finished only once its files are on disk (fsynced, `counts.json` last, the folder renamed
+into place). A stage whose LLM endpoint did not answer (`llm.outages`: refused connections, timeouts, 5xx, ...) is not
+saved and the build fails (`llm.EndpointDown`), so a rerun asks again. `<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
 `load_prompts`) are in `osvl_jax/data/pipeline.py`. The steps that need an LLM endpoint or a policy model run only
 when their section names one (offline they are skipped and counted): the canonical question and the whole-question
 unique-referent judge (`data.llm_questions`), the descriptor proposal and per-step referent judge
 (`data.llm_descriptors`), Filters A/B (`data.filter`, §7.6).
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -67,7 +73,7 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
-from data_pipeline import clip_ground, experts, llm_descriptors, llm_questions, splits
+from data_pipeline import clip_ground, experts, llm, llm_descriptors, llm_questions, splits
 from data_pipeline import filter as filter_lib
 from data_pipeline import merge as merge_lib
 from osvl_jax import config_checks as checks
@@ -78,6 +84,7 @@ STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'merge', 'filter', 'degrad
 DEGRADED_DIR = pipeline_data.DEGRADED_DIR  # the degraded anchor images, `<dataset>/degraded/<prompt_id>.png`
 BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
 SHAREGPT_FILE = 'sft_sharegpt.jsonl'  # the `sft` split in the official release's ShareGPT SFT format
+LOCK_FILE = 'build.lock'  # held by the build writing the folder (`locked`)
 # Fields not compared on resume: where it goes / where the shared data sits, and the `sft` stage's settings (a
 # later build with it enabled only adds the `sft` split; the split's counts name its expert, and another expert
 # needs the `sft` folder and sft_sharegpt.jsonl deleted to be redone).
@@ -248,7 +255,8 @@ def build_settings(config: ml_collections.ConfigDict) -> dict:
 
 
 def _check_resume(out: pathlib.Path, settings: dict) -> None:
-  """Records `settings` in a new dataset folder; refuses a folder built with other settings.
+  """Records `settings` in a new dataset folder, or one where no stage has finished (a build that failed in its first
+  stage left nothing built with the settings it recorded); refuses a folder built with other settings.
 
   A field missing from an older build_config.json (added to `default_config()` since) counts as built with its
   default value, or with the value the build had before the field existed (`_BEFORE_RECORDED`: no anchor size
@@ -259,7 +267,8 @@ def _check_resume(out: pathlib.Path, settings: dict) -> None:
       stage outputs but no build_config.json (a build whose settings are unknown).
   """
   path = out / BUILD_CONFIG_FILE
-  if path.is_file():
+  built = any(pipeline_data.has_split(out / name) for name in STAGES)
+  if path.is_file() and built:
     defaults = {**build_settings(default_config()), **_BEFORE_RECORDED}
     recorded = json.loads(path.read_text())
     recorded = {**{k: v for k, v in defaults.items() if k not in recorded}, **recorded}
@@ -270,14 +279,15 @@ def _check_resume(out: pathlib.Path, settings: dict) -> None:
       raise ValueError(f'{out} holds a dataset built with other settings ({named}); use another folder '
                        '(--config.data.dir or --workdir) or delete this one to rebuild')
     return
-  if any(pipeline_data.has_split(out / name) for name in STAGES):
+  if built:
     raise ValueError(f'{out} holds a dataset without {BUILD_CONFIG_FILE} (its settings are unknown); use another '
                      'folder or delete this one to rebuild')
-  path.write_text(json.dumps(settings, indent=1, sort_keys=True))
+  pipeline_data.write_durably(path, json.dumps(settings, indent=1, sort_keys=True))
 
 
 def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None) -> None:
-  """Writes `records` as a dataset + counts.json atomically (temp folder renamed into place)."""
+  """Writes `records` as a dataset + counts.json under a temp folder, made the finished split `folder` once on disk
+  (`pipeline_data.publish_split`); no records: one empty data file (which `datasets.load_from_disk` reads)."""
   import datasets
   import shutil
   tmp = folder.with_name(folder.name + '.tmp')
@@ -287,10 +297,32 @@ def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None
   else:
     ds = datasets.Dataset.from_dict({'prompt_id': []} if features is None else {k: [] for k in features},
                                     features=features)
-  ds.save_to_disk(str(tmp))
-  (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1, default=str))
-  shutil.rmtree(folder, ignore_errors=True)
-  os.replace(tmp, folder)
+  ds.save_to_disk(str(tmp), num_shards=None if records else 1)
+  pipeline_data.publish_split(tmp, folder, counts)
+
+
+@contextlib.contextmanager
+def locked(out: pathlib.Path):
+  """Holds `<out>/build.lock` (an exclusive `fcntl.flock`, released when the build ends, also by a kill), the file
+  holding the holder's pid.
+
+  Raises:
+    BlockingIOError: another process holds it (naming its pid and the lock file); nothing was written.
+  """
+  path = out / LOCK_FILE
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+      holder = os.pread(fd, 32, 0).decode(errors='replace').strip() or '?'
+      raise BlockingIOError(e.errno, f'{out} is being built by another process (pid {holder}, holding {path}); '
+                            'wait for it to end, or stop it, before building this folder') from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f'{os.getpid()}\n'.encode(), 0)
+    yield
+  finally:
+    os.close(fd)
 
 
 def _reasons(reasons) -> dict[str, int]:
@@ -313,21 +345,33 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
     out_dir: output folder (created).
   Returns:
     {stage: counts (with 'seconds', 'resumed')}, plus 'summary' (accepted items, landmarks, sft kept).
+  A stage's output counts as finished once it is on disk (`pipeline_data.publish_split`); one build at a time
+  writes a folder (`locked`).
+
   Raises:
     ValueError: from `check_config` (before anything is written), or a folder built with other settings.
+    BlockingIOError: another build holds the folder (naming its pid); nothing was written.
+    llm.EndpointDown: a stage's LLM endpoint did not answer (naming the stage, endpoint and failure kinds); that
+      stage is not saved (a rerun asks again), the stages before it are.
   """
   check_config(config)
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  with locked(out):
+    return _build(config, out)
+
+
+def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
+  """`build_dataset`'s stages, run while holding the folder's lock."""
   from data_pipeline import degrade, ground, paths, qa, rewrite, wiki, wiki_graph
   from osvl_jax import paths as osvl_paths
   from osvl_jax import trajectory as traj_lib
 
-  out = pathlib.Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
   _check_resume(out, build_settings(config))
   data_dir = pathlib.Path(config.data_dir) if config.data_dir else osvl_paths.data_dir()
   stats = {}
 
-  def stage(name, fn, features=None):
+  def stage(name, fn, features=None, files=()):  # `files`: what the stage wrote beside its split
     folder = out / name
     t0 = time.perf_counter()
     if pipeline_data.has_split(folder):
@@ -335,6 +379,13 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
       counts = dict(counts, resumed=True)
     else:
       records, counts = fn()
+      down = llm.outages(counts)
+      if down:
+        raise llm.EndpointDown(f'stage {name}: the LLM endpoint did not answer ({json.dumps(down)}); {name} is '
+                               'not saved: rerun once the endpoint answers (the finished stages are resumed)')
+      for path in files:
+        if path.exists():
+          pipeline_data.fsync_tree(path)
       counts = dict(counts, seconds=round(time.perf_counter() - t0, 2), resumed=False)
       _save(records, folder, counts, features)
     stats[name] = counts
@@ -377,7 +428,8 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   recs = stage('filter', lambda: filter_lib.run_filters(recs, config.filter, data_dir, config.tools.to_dict()))
   stages.update()
   recs = stage('degrade', lambda: degrade.degrade(recs, data_dir, out / DEGRADED_DIR, config.seed,
-                                                  config.degrade_fraction, config.degrade))
+                                                  config.degrade_fraction, config.degrade),
+               files=(out / DEGRADED_DIR,))
   stages.update()
 
   def make_items():
@@ -422,7 +474,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   stages.close()
   stats['summary'] = {'accepted_items': stats['items']['accepted'], 'landmarks': stats['items']['landmarks'],
                       'sft_trajectories': stats.get('sft', {}).get('kept', 0), 'rl_prompts': rl_counts['prompts']}
-  (out / 'stats.json').write_text(json.dumps(stats, indent=1, default=str))
+  pipeline_data.write_durably(out / 'stats.json', json.dumps(stats, indent=1, default=str))
   return stats
 
 

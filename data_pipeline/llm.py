@@ -15,6 +15,11 @@ refused, timeout, HTTP status, an empty reply, a spent budget) comes back as `Re
 `stats()` counts requests (attempts sent), replies, errors (by kind), retries, tokens (total; prompt and completion
 too) and budget refusals.
 
+An endpoint outage is not an item's fault: `outages(counts)` finds the failed calls of the kinds that say the
+endpoint did not answer (`OUTAGE_KINDS`: refused / dropped connections, timeouts, HTTP 401 / 403 / 404 / 408 / 429 /
+5xx, after the retries) in a stage's counts, and the build stops without saving the stage (`EndpointDown`), so that
+a rerun asks again instead of keeping the items rejected (or left with their fallbacks) for it.
+
 Images go as `image_url` data URLs (PNG, base64) in the user message (`image_part`), the OpenAI vision format
 that `osvl_jax.serve`, vLLM and SGLang accept.
 """
@@ -71,6 +76,39 @@ class Reply:
   text: str | None = None
   error: str | None = None
   tokens: int = 0
+
+
+class EndpointDown(RuntimeError):
+  """A stage's LLM endpoint did not answer some of its requests (`outages`); the stage is not saved."""
+
+
+def outage_kind(kind: str) -> bool:
+  """Whether a failed call's kind (`openai_client.ChatError.kind`) says the endpoint did not answer: 'connection',
+  'timeout', or 'http_<status>' with status 401, 403, 404 (a wrong key or URL), 408, 429 or 5xx."""
+  if kind in ('connection', 'timeout'):
+    return True
+  status = kind.removeprefix('http_')
+  return status.isdigit() and (int(status) in (401, 403, 404, 408, 429) or int(status) >= 500)
+
+
+def outages(counts: dict) -> dict[str, dict[str, int]]:
+  """Endpoint -> {outage kind: failed calls} over every LLM step in a stage's `counts` (at any depth: a dict with
+  'endpoint' and 'llm', the client's `stats()` with its 'error_kinds'); {} when every request was answered."""
+  out = {}
+
+  def visit(value):
+    if not isinstance(value, dict):
+      return
+    llm_stats = value.get('llm')
+    for kind, n in (llm_stats.get('error_kinds') or {}).items() if isinstance(llm_stats, dict) else ():
+      if outage_kind(kind) and n:
+        by_kind = out.setdefault(str(value.get('endpoint', '?')), {})
+        by_kind[kind] = by_kind.get(kind, 0) + n
+    for v in value.values():
+      visit(v)
+
+  visit(counts)
+  return out
 
 
 # The reason a spent budget gives (`Reply.error`), by the client's budget field.

@@ -303,13 +303,13 @@ def read_source(source: str, data_dir: str | pathlib.Path | None = None) -> Wiki
 
 def build_stage(source: str, hub_in_degree: int, folder: pathlib.Path, data_dir: pathlib.Path) -> dict:
   """The pipeline's stage `wiki`: reads `source` (`read_source`), resolves the links, builds the CSR graph, writes
-  both under `folder` (a temp folder renamed into place, `counts.json` last); skipped when `folder` holds it.
+  both under `folder` (a temp folder made the finished split once on disk, `pipeline_data.publish_split`); skipped
+  when `folder` holds it.
 
   Returns:
     counts: {'read', 'links', 'graph' (build_csr counts), 'hubs' (in-degree > hub_in_degree), 'excluded',
     'domains' (articles per domain, 'none' = no domain), 'seconds', 'resumed'}.
   """
-  import os
   import shutil
   import time
   from data_pipeline import graph as graph_lib
@@ -331,7 +331,5 @@ def build_stage(source: str, hub_in_degree: int, folder: pathlib.Path, data_dir:
   save(data, tmp)
   graph_lib.save_csr(csr, tmp / 'graph')
   counts = dict(counts, seconds=round(time.perf_counter() - t0, 2), resumed=False)
-  (tmp / pipeline_data.COUNTS_FILE).write_text(json.dumps(counts, indent=1))
-  shutil.rmtree(folder, ignore_errors=True)
-  os.replace(tmp, folder)
+  pipeline_data.publish_split(tmp, folder, counts)
   return counts

@@ -73,17 +73,61 @@ def dataset_dir(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -
 
 
 def has_split(folder: str | os.PathLike) -> bool:
-  """Whether `folder` holds a finished split (its `counts.json` is written last)."""
+  """Whether `folder` holds a finished split (its `counts.json` is written last, `publish_split`)."""
   return (pathlib.Path(folder) / COUNTS_FILE).is_file()
 
 
 def read_split(folder: str | os.PathLike) -> tuple[list[dict], dict]:
-  """(rows as dicts, counts) of one split folder."""
+  """(rows as dicts, counts) of one split folder; an empty split (no data file: a build with no item) has no rows."""
   import datasets
   folder = pathlib.Path(folder)
-  ds = datasets.load_from_disk(str(folder))
   counts = json.loads((folder / COUNTS_FILE).read_text())
-  return ds.to_list(), counts
+  if not json.loads((folder / 'state.json').read_text()).get('_data_files'):
+    return [], counts
+  return datasets.load_from_disk(str(folder)).to_list(), counts
+
+
+def fsync(path: str | os.PathLike) -> None:
+  """Flushes one file, or one folder's entries, to disk."""
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def fsync_tree(path: str | os.PathLike) -> None:
+  """Flushes `path` to disk: every file and folder under it (deepest first), then `path` itself."""
+  path = pathlib.Path(path)
+  for p in sorted(path.rglob('*'), reverse=True) if path.is_dir() else []:
+    fsync(p)
+  fsync(path)
+
+
+def write_durably(path: str | os.PathLike, text: str) -> None:
+  """Writes `text` to `path` through `<path>.tmp` (fsynced, renamed into place, the folder fsynced): `path` is the
+  old file or the whole new one, also after a kill or a power cut."""
+  path = pathlib.Path(path)
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(text, encoding='utf-8')
+  fsync(tmp)
+  os.replace(tmp, path)
+  fsync(path.parent)
+
+
+def publish_split(tmp: str | os.PathLike, folder: str | os.PathLike, counts: dict) -> None:
+  """Makes the split written under `tmp` the finished split `folder`: its files fsynced, then `counts.json` written
+  and fsynced last, then `tmp` renamed onto `folder` (an old one removed first) and the parent fsynced; so
+  `has_split(folder)` holds only once every file of the split is on disk."""
+  import shutil
+  tmp, folder = pathlib.Path(tmp), pathlib.Path(folder)
+  fsync_tree(tmp)
+  (tmp / COUNTS_FILE).write_text(json.dumps(counts, indent=1, default=str))
+  fsync(tmp / COUNTS_FILE)
+  fsync(tmp)
+  shutil.rmtree(folder, ignore_errors=True)
+  os.replace(tmp, folder)
+  fsync(folder.parent)
 
 
 def _require(out_dir: str | os.PathLike, split: str, what: str) -> pathlib.Path:

@@ -2,13 +2,18 @@
 
 import importlib.util
 import json
+import os
 import pathlib
+import signal
+import subprocess
+import sys
+import time
 
 import datasets
 import ml_collections
 import pytest
 
-from data_pipeline import build, graph, wiki
+from data_pipeline import build, graph, llm, wiki
 from osvl_jax.data import pipeline as pipeline_data
 
 
@@ -78,6 +83,7 @@ def test_a_folder_built_with_other_settings_is_refused_naming_the_difference(tmp
   config = build.default_config()
   config.num_items = 5
   (tmp_path / build.BUILD_CONFIG_FILE).write_text(json.dumps(build.build_settings(config)))
+  _finished_stage(tmp_path, 'paths')
   config.dir, config.data_dir, config.synthesize.enabled = '/elsewhere', '/data', False   # where, not what: no difference
   build._check_resume(tmp_path, build.build_settings(config))
   config[field] = value
@@ -85,9 +91,14 @@ def test_a_folder_built_with_other_settings_is_refused_naming_the_difference(tmp
     build.build_dataset(config, tmp_path)
 
 
+def _finished_stage(out: pathlib.Path, name: str) -> None:
+  """Plants what makes `out/name` a finished stage (its counts.json)."""
+  (out / name).mkdir()
+  (out / name / pipeline_data.COUNTS_FILE).write_text('{}')
+
+
 def test_a_folder_with_stages_but_no_recorded_settings_is_refused(tmp_path):
-  (tmp_path / 'items').mkdir()
-  (tmp_path / 'items' / pipeline_data.COUNTS_FILE).write_text('{}')
+  _finished_stage(tmp_path, 'items')
   with pytest.raises(ValueError, match='without build_config.json'):
     build.build_dataset(build.default_config(), tmp_path)
   assert not (tmp_path / build.BUILD_CONFIG_FILE).exists()
@@ -127,6 +138,7 @@ def test_an_older_recorded_config_without_a_new_field_resumes_at_its_default(tmp
   old = build.build_settings(config)
   del old['source']  # a folder built before `data.source` existed
   (tmp_path / build.BUILD_CONFIG_FILE).write_text(json.dumps(old))
+  _finished_stage(tmp_path, 'wiki')
   build._check_resume(tmp_path, build.build_settings(config))  # 'wikispeedia' = the default: no difference
   config.source = str(pathlib.Path(__file__))  # another source is a difference
   with pytest.raises(ValueError, match="source: built with 'wikispeedia'"):
@@ -231,6 +243,12 @@ def test_an_xml_dump_with_no_seed_gives_zero_items_with_reasons(tmp_path):
   assert stats['paths']['rejected'] == {'no seed candidate': 5} and stats['items']['items'] == 0
   assert stats['summary'] == {'accepted_items': 0, 'landmarks': 0, 'sft_trajectories': 0, 'rl_prompts': 0}
   assert set(build.STAGES) <= set(json.loads((tmp_path / 'stats.json').read_text()))
+  again = build.build_dataset(config, tmp_path)   # the empty splits resume, and read as empty
+  assert all(again[s]['resumed'] for s in build.STAGES) and again['summary'] == stats['summary']
+  assert pipeline_data.load_prompts(tmp_path) == [] and len(datasets.load_from_disk(str(tmp_path / 'items'))) == 0
+  datasets.Dataset.from_dict({'prompt_id': []}).save_to_disk(str(tmp_path / 'old'))   # as builds before wrote one:
+  (tmp_path / 'old' / pipeline_data.COUNTS_FILE).write_text('{"n": 0}')                # no data file at all
+  assert pipeline_data.read_split(tmp_path / 'old') == ([], {'n': 0})
 
 
 @pytest.mark.parametrize('field, value, match', [
@@ -247,3 +265,109 @@ def test_walk_and_ablation_switches_are_checked_and_recorded(tmp_path, field, va
   with pytest.raises(ValueError, match=match):
     build.build_dataset(config, tmp_path / 'out')
   assert not (tmp_path / 'out').exists()
+
+
+def _xml_sample_config() -> ml_collections.ConfigDict:
+  """The 2-article XML sample: a whole build in seconds (no seed, so no item)."""
+  from osvl_jax import paths as osvl_paths
+  config = build.default_config()
+  config.source = str(osvl_paths.data_dir() / 'wikipedia' / 'wikipedia2vec' / 'enwiki-pages-articles-sample.xml.bz2')
+  config.num_items = 2
+  return config
+
+
+_HOLD = """import pathlib, sys
+from data_pipeline import build
+with build.locked(pathlib.Path(sys.argv[1])):
+  print('held', flush=True)
+  sys.stdin.read()
+"""
+
+
+def test_a_second_build_of_a_held_folder_fails_at_once_naming_the_holder(tmp_path):
+  out = tmp_path / 'data'
+  out.mkdir()
+  holder = subprocess.Popen([sys.executable, '-c', _HOLD, str(out)], cwd=pathlib.Path(__file__).parents[2],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline() == 'held\n'
+    t0 = time.perf_counter()
+    with pytest.raises(BlockingIOError, match=rf'{out} is being built by another process \(pid {holder.pid}, '):
+      build.build_dataset(_xml_sample_config(), out)
+    assert time.perf_counter() - t0 < 5 and sorted(p.name for p in out.iterdir()) == [build.LOCK_FILE]
+  finally:
+    holder.send_signal(signal.SIGKILL)   # a killed holder leaves its lock file, not its lock
+    holder.wait()
+  stats = build.build_dataset(_xml_sample_config(), out)
+  assert not any(stats[s]['resumed'] for s in build.STAGES)
+  assert (out / build.LOCK_FILE).read_text() == f'{os.getpid()}\n'
+
+
+def test_a_stage_is_marked_finished_only_once_its_files_are_on_disk(tmp_path, monkeypatch):
+  """`counts.json` (what makes a split finished) is fsynced after every data file, then the folder is renamed into
+  place and the rename itself fsynced."""
+  events, real_fsync, real_replace = [], os.fsync, os.replace
+  monkeypatch.setattr(os, 'fsync', lambda fd: (events.append(('fsync', os.readlink(f'/proc/self/fd/{fd}'))),
+                                                real_fsync(fd)))
+  monkeypatch.setattr(os, 'replace', lambda a, b: (events.append(('replace', str(a), str(b))), real_replace(a, b)))
+  build._save([{'prompt_id': 'p0', 'x': 1}, {'prompt_id': 'p1', 'x': 2}], tmp_path / 'qa', {'n': 2})
+  tmp, final = str(tmp_path / 'qa.tmp'), str(tmp_path / 'qa')
+  assert datasets.load_from_disk(final)['x'] == [1, 2]
+  renamed = events.index(('replace', tmp, final))
+  synced = [e[1] for e in events[:renamed] if e[0] == 'fsync']
+  files = sorted(p.name for p in (tmp_path / 'qa').iterdir())
+  assert len(files) >= 4 and pipeline_data.COUNTS_FILE in files
+  for name in files:
+    assert f'{tmp}/{name}' in synced, (name, synced)
+  counts_synced = synced.index(f'{tmp}/{pipeline_data.COUNTS_FILE}')
+  assert all(synced.index(f'{tmp}/{name}') < counts_synced for name in files if name != pipeline_data.COUNTS_FILE)
+  assert ('fsync', str(tmp_path)) in events[renamed:]   # the rename is durable too
+
+
+def test_an_llm_endpoint_outage_fails_the_build_and_the_rerun_asks_again(tmp_path):
+  """Every request of `qa`'s LLM answered 503: the build raises naming the stage, `qa` is not saved; the rerun
+  (endpoint back) resumes `paths` and asks again."""
+  from tests.rollout import openai_double
+  down = [True]
+  double = openai_double.ChatDouble(lambda body, n: openai_double.Reply(status=503) if down[0] else
+                                    '{"verdict": "yes", "reason": "one referent"}')
+  config = build.wikispeedia_walks(build.default_config())
+  config.num_items, config.synthesize.enabled = 3, False
+  with double.serve() as url:
+    config.llm_questions.update(base_url=url, model='m', max_retries=0)
+    with pytest.raises(llm.EndpointDown, match=rf'stage qa: .*{url}.*"http_503": 2'):
+      build.build_dataset(config, tmp_path)
+    assert pipeline_data.has_split(tmp_path / 'paths') and not (tmp_path / 'qa').exists()
+    asked = len(double.bodies)
+    down[0] = False
+    stats = build.build_dataset(config, tmp_path)
+  assert stats['paths']['resumed'] and not stats['qa']['resumed']
+  assert len(double.bodies) == asked + 2 * 2 == 6   # the 2 canonical questions asked again, the 2 judged
+  assert stats['qa']['llm_questions']['llm']['replies'] == 2 and stats['rewrite']['unique_referent']['unique'] == 2
+  assert stats['items']['accepted'] == 2
+
+
+def test_only_the_failures_of_an_unanswering_endpoint_are_an_outage():
+  kinds = ('connection', 'timeout', 'http_500', 'http_503', 'http_429', 'http_401', 'http_404', 'http_400',
+           'http_422', 'bad_reply', 'bad_response', 'budget')
+  assert [k for k in kinds if llm.outage_kind(k)] == list(kinds[:7])   # an item's own 400 / reply is its reason
+  counts = {'endpoint': 'A', 'llm': {'error_kinds': {'http_400': 1}},
+            'unique_referent': {'endpoint': 'B', 'llm': {'error_kinds': {'timeout': 2, 'bad_reply': 1}}},
+            'filter': {'endpoint': 'B', 'llm': {'error_kinds': {'timeout': 1, 'connection': 3}}}}
+  assert llm.outages(counts) == {'B': {'timeout': 3, 'connection': 3}}
+  assert llm.outages({'endpoint': 'A', 'llm': {'requests': 4}}) == {}   # a test double's stats: nothing failed
+
+
+def test_a_failed_first_stage_does_not_block_a_retry_with_other_settings(tmp_path):
+  bad = tmp_path / 'broken.xml.bz2'
+  bad.write_bytes(b'BZh91AY&SY not a bzip2 stream')
+  config = _xml_sample_config()
+  good = config.source
+  config.source = str(bad)
+  with pytest.raises(ValueError, match='broken.xml.bz2: not a bz2-compressed pages-articles dump'):
+    build.build_dataset(config, tmp_path / 'out')
+  assert not pipeline_data.has_split(tmp_path / 'out' / 'wiki')
+  config.source = good   # the retry with the right dump builds (nothing was built with the first settings)
+  stats = build.build_dataset(config, tmp_path / 'out')
+  assert stats['wiki']['resumed'] is False and stats['items']['items'] == 0
+  assert json.loads((tmp_path / 'out' / build.BUILD_CONFIG_FILE).read_text())['source'] == good
