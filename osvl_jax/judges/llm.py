@@ -17,10 +17,11 @@ earlier wordings are one config value away, `config.prompts = {'accuracy': 'accu
 Every template is filled from the same fields (`prompts.JUDGE_FIELDS`); a version leaves out those it does not use,
 and one asking for a field the judge does not fill is refused when the judge is built.
 
-Robustness: the reply is parsed leniently (`parse_binary`, `parse_score`: reasoning in <think> blocks dropped,
-a `correct:` / `score:` line decides, then JSON or free text, last verdict wins, 0-10 / percent / `7/10` scales
-mapped to [0, 1]). Requests go through the project's one OpenAI-compatible client (`osvl_jax.openai_client`, built
-from this config: timeout_s, max_retries, retry_backoff_s, max_concurrency and the budgets max_requests /
+Robustness: the reply is read strictly (`parse_binary`, `parse_score`: <think> blocks dropped; a JSON object, else
+the template line `correct:` / `score:` (bracket, quote, markdown and case variants; the last such line decides),
+else a reply that is only the value; free prose is no verdict, nor is a score outside [0, 1]). Requests go through
+the project's one OpenAI-compatible client (`osvl_jax.openai_client`, built from this config: timeout_s,
+max_retries, retry_backoff_s, max_concurrency and the budgets max_requests /
 max_total_tokens): a failed request (connection, timeout, 408 / 409 / 429 / 5xx) or an unparseable reply is retried
 `max_retries` times with exponential backoff; then, or at once for another 4xx or a spent budget, the error is
 recorded in the `Verdict` and the judge's counters and the fallback score is returned (`on_error`: the rule judge's
@@ -39,6 +40,7 @@ import ml_collections
 
 from osvl_jax import openai_client
 from osvl_jax.judges import base, prompts, registry, rule
+from osvl_jax.trajectory import actions
 from tools import base as tools_base
 
 # The prompts are versioned files (`osvl_jax/judges/prompts`); `config.prompts.<kind>` picks another version. The
@@ -55,22 +57,24 @@ QUERY_PROMPT = prompts.load(DEFAULT_PROMPTS['query_quality'])
 PROCESS_PROMPT = prompts.load(DEFAULT_PROMPTS['process'])
 
 _THINK_RE = re.compile(r'<think>.*?(</think>|$)', re.DOTALL | re.IGNORECASE)
-_BINARY_RE = re.compile(r'\b(not\s+correct|incorrect|correct|wrong)\b', re.IGNORECASE)
-_BINARY_WORD_RE = re.compile(r'^\W*(correct|incorrect|right|wrong|yes|no|true|false)\W*$', re.IGNORECASE)
-_ECHO_RE = re.compile(r'\bcorrect\s+or\s+incorrect\b', re.IGNORECASE)  # the instruction repeated back
-# The paper's accuracy-judge format: a line `correct: yes|no` (any case, markdown bold around either part).
-_FIELD_RE = re.compile(r'^[\s*_#>-]*correct[\s*_]*[:=][\s*_]*(yes|no)\b', re.IGNORECASE | re.MULTILINE)
+_FENCE_LINE_RE = re.compile(r'^[ \t]*```[\w-]*[ \t]*$', re.MULTILINE)  # a code fence's opening or closing line
+# A template line `<key>: <value>` (`=` for `:`), markdown, list, quote or JSON marks before the key and around it.
+_KEY_LINE = r'^[\s*_#>`"\'{-]*{key}[\s*_`"\']*[:=](.*)$'
+_CORRECT_LINE_RE = re.compile(_KEY_LINE.replace('{key}', 'correct'), re.IGNORECASE)
+_SCORE_LINE_RE = re.compile(_KEY_LINE.replace('{key}', 'score'), re.IGNORECASE)
+# A value and the wrappers a judge puts around it: [no], <no>, (no), "no", 'no', `no`, **no**.
+_OPEN, _CLOSE = r'[\s\[<(\'"`*_]*', r'[\s\]>)\'"`*_]*'
+_NUMBER = r'-?(?:\d+(?:\.\d+)?|\.\d+)'
+_VERDICT_VALUE_RE = re.compile(rf'{_OPEN}(not\s+correct|\w+){_CLOSE}', re.IGNORECASE)
+_SCORE_VALUE_RE = re.compile(rf'{_OPEN}({_NUMBER})(?:\s*(?:/|out of)\s*({_NUMBER})|\s*(%))?{_CLOSE}', re.IGNORECASE)
+_VERDICTS = {'yes': 1.0, 'true': 1.0, 'correct': 1.0, 'right': 1.0, '1': 1.0,
+             'no': 0.0, 'false': 0.0, 'incorrect': 0.0, 'not correct': 0.0, 'wrong': 0.0, '0': 0.0}
 _JSON_VERDICT_KEYS = ('correct', 'is_correct', 'verdict', 'judgement', 'judgment', 'result')
-_BINARY_VALUE = {'not correct': 0.0, 'incorrect': 0.0, 'wrong': 0.0, 'no': 0.0, 'false': 0.0,
-                 'correct': 1.0, 'right': 1.0, 'yes': 1.0, 'true': 1.0}
-_NUMBER = r'(-?\d+(?:\.\d+)?|-?\.\d+)'
-_SCORE_RE = re.compile(rf'score\s*(?:is|of)?\s*[:=]?\s*{_NUMBER}(?:\s*(?:/|out of)\s*{_NUMBER})?', re.IGNORECASE)
-# The paper's query-judge format: a line `score: <float>` (any case, markdown around `score`); it decides whatever
-# numbers the reasoning after it holds.
-_SCORE_FIELD_RE = re.compile(rf'^[\s_#>-]*score[\s_]*[:=]\s*{_NUMBER}(?:\s*(?:/|out of)\s*{_NUMBER})?',
-                             re.IGNORECASE | re.MULTILINE)
-_FRACTION_RE = re.compile(rf'{_NUMBER}\s*(?:/|out of)\s*{_NUMBER}', re.IGNORECASE)
-_LONE_NUMBER_RE = re.compile(rf'^\W*{_NUMBER}\s*(%?)\W*$')
+# What may follow a template line's value: nothing, a closing mark, or a separator and then reasoning that names
+# no second value (`correct: yes/no`, `yes, no`, `score: 0.3 or 0.5`, `0.5-0.7`, `0,7` are no single value).
+_AFTER_VALUE_RE = re.compile(r'[.,;:!]?|[.,;:!]\s.*|\(.*|[-–—]\s.*|reasoning\b.*', re.IGNORECASE | re.DOTALL)
+_SECOND_VERDICT_RE = re.compile(r'\b(?:yes|no|true|false)\b', re.IGNORECASE)
+_SECOND_SCORE_RE = re.compile(r'\d')
 
 
 class JudgeParseError(ValueError):
@@ -86,103 +90,128 @@ def _strip_reasoning(text: str | None) -> str:
   return text
 
 
-def parse_binary(text: str | None) -> float:
-  """A Correct / Incorrect reply -> 1.0 / 0.0.
+def _value(text: str, value_re: re.Pattern, second_re: re.Pattern | None) -> re.Match | None:
+  """The value at the start of `text` when the rest is a closing mark (`second_re` None: a whole reply) or, after a
+  separator, reasoning without a second value; else None."""
+  match = value_re.match(text)
+  if match is None:
+    return None
+  rest = text[match.end():]
+  if second_re is None:
+    return match if rest in ('', '.', '!') else None
+  return match if _AFTER_VALUE_RE.fullmatch(rest) and not second_re.search(rest) else None
 
-  Accepts the paper's `correct: yes|no` line (accuracy_v2's reply; any case, bold allowed, reasoning before or
-  after it; both values in one reply is a judge error), `Correct`, `**Incorrect**`, `The response is correct.`,
-  `{"correct": true}`, `{"verdict": "Correct"}`, a reply that is only `yes` / `no` / `true` / `false` / `right` / `wrong`, and `1` / `0`. In free text only
-  correct / incorrect / not correct / wrong count and the last one wins (`... so it is not correct` -> 0); a
-  stray `no` or `yes` inside a sentence is not a verdict. <think> blocks and an echo of the instruction
-  ("Correct or Incorrect") are ignored.
+
+def _read(text: str | None, line_re: re.Pattern, value_re: re.Pattern, second_re: re.Pattern, json_keys: Sequence[str],
+          from_match, from_json, what: str) -> float:
+  """The shared rule of `parse_binary` and `parse_score` (their docstrings); `from_match` / `from_json` turn a
+  value match / a JSON value into the result, None when it is no value."""
+  text = _strip_reasoning(text)
+  body = _FENCE_LINE_RE.sub('', text).strip()
+  if body.startswith('{') and body.endswith('}'):
+    try:
+      data = actions.loads_lenient(body)
+    except ValueError as e:
+      raise JudgeParseError(f'unreadable JSON reply ({e}) {text[:200]!r}') from None
+    data = {str(k).strip().lower(): v for k, v in data.items()} if isinstance(data, dict) else {}
+    key = next((k for k in json_keys if k in data), None)
+    result = None if key is None else from_json(data[key], text)
+    if result is None:
+      raise JudgeParseError(f'no {what} field ({"/".join(json_keys)}) in JSON reply {text[:200]!r}')
+    return result
+  lines = [m[1] for m in map(line_re.match, body.splitlines()) if m]
+  if lines:  # the last template line is the judge's conclusion
+    match = _value(lines[-1], value_re, second_re)
+    result = None if match is None else from_match(match, text)
+    if result is None:
+      raise JudgeParseError(f'the last template line holds no single {what} ({lines[-1].strip()[:80]!r}) in '
+                            f'{text[:200]!r}')
+    return result
+  match = _value(body, value_re, None)
+  result = None if match is None else from_match(match, text)
+  if result is None:
+    raise JudgeParseError(f'no template {what} in {text[:200]!r}')
+  return result
+
+
+def _verdict_of_match(match: re.Match, text: str) -> float | None:
+  del text
+  return _VERDICTS.get(re.sub(r'\s+', ' ', match[1].lower()))
+
+
+def _verdict_of_json(value: Any, text: str) -> float | None:
+  if isinstance(value, bool):
+    return float(value)
+  if isinstance(value, (int, float)):
+    return float(value) if value in (0, 1) else None
+  match = _value(value, _VERDICT_VALUE_RE, None) if isinstance(value, str) else None
+  return None if match is None else _verdict_of_match(match, text)
+
+
+def parse_binary(text: str | None) -> float:
+  """A judge's yes / no verdict -> 1.0 / 0.0, read strictly: anything but these forms is a judge error.
+
+  1. A reply that is one JSON object (a ```json fence, single quotes, Python literals allowed): its first key of
+     `_JSON_VERDICT_KEYS` decides, a bool, 0 / 1, or a verdict word (below).
+  2. Otherwise the paper's template line `correct: <v>` (any case, `=` for `:`, markdown / list / quote marks
+     around the key, the value wrapped in [], <>, (), quotes, backticks or bold: `correct: [no]`). When several
+     such lines appear the LAST decides (a judge that reasons, then concludes); when its value is not one verdict
+     (`correct: <yes or no>`, `correct: partially`, `correct: yes, no`) the reply is a judge error, whatever
+     earlier lines said. After the value a line may hold a separator and reasoning naming no second value.
+  3. Otherwise a reply that is only the verdict (accuracy_v1's one word: `Correct`, `**Incorrect**`, `no.`).
+  Verdict words: yes / true / correct / right / 1 -> 1.0; no / false / incorrect / not correct / wrong / 0 -> 0.0.
+  Free prose ("Incorrect. The correct answer is X", "does not contain the correct answer") is no verdict.
+  <think> blocks are dropped first (an unclosed one runs to the end).
 
   Raises:
-    JudgeParseError: no verdict in the reply (an empty reply, `Maybe.`, an echo of the instruction, a JSON
-      object without a readable verdict). The caller records a judge error: never a 0 or 1.
+    JudgeParseError: no verdict (the message quotes the reply). The caller records a judge error, never a 0 or 1.
   """
-  text = _strip_reasoning(text)
-  fields = {m.lower() for m in _FIELD_RE.findall(text)}
-  if len(fields) == 1:
-    return _BINARY_VALUE[fields.pop()]
-  if fields:
-    raise JudgeParseError(f'both `correct: yes` and `correct: no` in {text[:200]!r}')
-  lone = _LONE_NUMBER_RE.match(text)
-  if lone and lone[1] in ('0', '1'):
-    return float(lone[1])
-  try:
-    data = json.loads(text)
-  except json.JSONDecodeError:
-    data = None
-  if isinstance(data, dict):
-    for key in _JSON_VERDICT_KEYS:
-      value = data.get(key)
-      if isinstance(value, bool):
-        return float(value)
-      if isinstance(value, (int, float)) and value in (0, 1):
-        return float(value)
-      if isinstance(value, str) and _BINARY_WORD_RE.match(value):
-        return _BINARY_VALUE[_BINARY_WORD_RE.match(value)[1].lower()]
-    raise JudgeParseError(f'no verdict field in JSON reply {text[:200]!r}')
-  whole = _BINARY_WORD_RE.match(text.replace('*', ''))
-  if whole:
-    return _BINARY_VALUE[whole[1].lower()]
-  words = _BINARY_RE.findall(_ECHO_RE.sub(' ', text))
-  if not words:
-    raise JudgeParseError(f'no Correct/Incorrect verdict in {text[:200]!r}')
-  return _BINARY_VALUE[re.sub(r'\s+', ' ', words[-1].lower())]
+  return _read(text, _CORRECT_LINE_RE, _VERDICT_VALUE_RE, _SECOND_VERDICT_RE, _JSON_VERDICT_KEYS,
+               _verdict_of_match, _verdict_of_json, 'verdict')
 
 
-def _to_unit(value: float, denominator: float | None, percent: bool = False) -> float:
+def _score_of_match(match: re.Match, text: str) -> float:
+  value, denominator, percent = match.groups()
+  score = float(value)
   if denominator is not None:
-    if denominator <= 0:
-      raise JudgeParseError(f'bad score denominator {denominator}')
-    value = value / denominator
+    if float(denominator) <= 0:
+      raise JudgeParseError(f'bad score denominator {denominator} in {text[:200]!r}')
+    score /= float(denominator)
   elif percent:
-    value = value / 100.0
-  elif 1.0 < value <= 10.0:  # a 0-10 scale
-    value = value / 10.0
-  elif 10.0 < value <= 100.0:  # a percentage
-    value = value / 100.0
-  if not 0.0 <= value <= 1.0:
-    raise JudgeParseError(f'score {value} is outside [0, 1]')
-  return float(value)
+    score /= 100.0
+  return _unit(score, text)
+
+
+def _unit(score: float, text: str) -> float:
+  if not 0.0 <= score <= 1.0:  # NaN too
+    raise JudgeParseError(f'score {score:g} is outside [0, 1] in {text[:200]!r}')
+  return float(score)
+
+
+def _score_of_json(value: Any, text: str) -> float | None:
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return _unit(float(value), text)
+  match = _value(value, _SCORE_VALUE_RE, None) if isinstance(value, str) else None
+  return None if match is None else _score_of_match(match, text)
 
 
 def parse_score(text: str | None) -> float:
-  """A `Score: x` reply -> x ∈ [0, 1].
+  """A judge's `score: x` reply -> x ∈ [0, 1], read strictly: anything but these forms is a judge error.
 
-  The paper's format first: a line starting with `score:` (any case, markdown bold allowed, `=` for `:`) decides,
-  whatever numbers the reasoning holds (`score: 0.7\nreasoning: a score of 0.3 would ...` -> 0.7); several such
-  lines with different values are a judge error. Otherwise accepts `The score is 0.7`, `**Score:** 70%`,
-  `{"score": 0.7}`, a lone number (`0.7`, `7`, `70%`), `3 out of 4`, and the last `score` in the text wins. A
-  number in (1, 10] is read on a 0-10 scale, in (10, 100] as a percentage, `x/y` as x / y.
+  1. A reply that is one JSON object (fenced, single-quoted allowed): its `score`, a number or a numeric string.
+  2. Otherwise the paper's template line `score: <x>` (the same key and value variants as `parse_binary`:
+     `**Score:** 0.7`, `score: [0.7]`); the LAST such line decides, whatever numbers other lines hold (the
+     process judge's `Grounding: x` lines, reasoning); after the value a line may hold a separator and reasoning
+     without a digit (`score: 0.7 (a good strategy)`; `score: 0.3 or 0.5`, `0.5-0.7`, `0,7` are errors).
+  3. Otherwise a reply that is only the value (`0.4`, `60%`).
+  A value is a number in [0, 1], or on an explicit scale: `x/y`, `x out of y` -> x / y, `x%` -> x / 100. No
+  other scale is guessed: `score: 7` is a judge error, not 0.7. Free prose ("The score is 0.7") is no score.
 
   Raises:
-    JudgeParseError: no score, a score that maps outside [0, 1], or `score:` lines that disagree.
+    JudgeParseError: no score, or one outside [0, 1] (the message quotes the reply).
   """
-  text = _strip_reasoning(text)
-  lines = {_to_unit(float(v), float(d) if d else None) for v, d in _SCORE_FIELD_RE.findall(text.replace('*', ''))}
-  if len(lines) == 1:
-    return lines.pop()
-  if lines:
-    raise JudgeParseError(f'`score:` lines disagree ({sorted(lines)}) in {text[:200]!r}')
-  try:
-    data = json.loads(text)
-    if isinstance(data, dict) and isinstance(data.get('score'), (int, float)):
-      return _to_unit(float(data['score']), None)
-  except json.JSONDecodeError:
-    pass
-  matches = _SCORE_RE.findall(text.replace('*', ''))
-  if matches:
-    value, denominator = matches[-1]
-    return _to_unit(float(value), float(denominator) if denominator else None)
-  lone = _LONE_NUMBER_RE.match(text)
-  if lone:
-    return _to_unit(float(lone[1]), None, percent=bool(lone[2]))
-  fraction = _FRACTION_RE.findall(text)
-  if len(fraction) == 1:
-    return _to_unit(float(fraction[0][0]), float(fraction[0][1]))
-  raise JudgeParseError(f'no score in {text[:200]!r}')
+  return _read(text, _SCORE_LINE_RE, _SCORE_VALUE_RE, _SECOND_SCORE_RE, ('score',), _score_of_match,
+               _score_of_json, 'score')
 
 
 def _arguments_text(arguments: Any) -> str:

@@ -44,7 +44,8 @@ def test_numbers_within_ten_percent_as_infoseek_allows():
 
 @pytest.mark.parametrize('text', [
     '', None, '   ', 'Maybe.', 'Correct or Incorrect', '<think>Correct</think>', 'I have no idea about it',
-    '{"score": 1}', '{"verdict": "unsure"}', 'The grader could not decide.',
+    '{"score": 1}', '{"verdict": "unsure"}', 'The grader could not decide.', 'The answer matches. Correct',
+    'so it is not correct',
 ])
 def test_unparseable_accuracy_replies_are_judge_errors(text):
   with pytest.raises(llm.JudgeParseError):
@@ -53,7 +54,7 @@ def test_unparseable_accuracy_replies_are_judge_errors(text):
 
 @pytest.mark.parametrize('text, want', [
     ('Correct', 1.0), ('**Incorrect**', 0.0), ('no', 0.0), ('Yes.', 1.0), ('{"verdict": "Correct"}', 1.0),
-    ('{"is_correct": false}', 0.0), ('The answer matches. Correct', 1.0), ('so it is not correct', 0.0),
+    ('{"is_correct": false}', 0.0),
 ])
 def test_parseable_accuracy_replies(text, want):
   assert llm.parse_binary(text) == want

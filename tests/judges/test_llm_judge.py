@@ -197,39 +197,6 @@ def test_the_trajectory_summary_keeps_20_steps_200_argument_and_400_result_chara
     llm.summarize_trajectory(calls, results, max_steps=0)
 
 
-@pytest.mark.parametrize('text, want', [
-    ('Correct', 1.0), ('**Incorrect**', 0.0), ('The response is correct.', 1.0), ('It is not correct.', 0.0),
-    ('{"correct": true}', 1.0), ('{"correct": false}', 0.0), ('yes', 1.0), ('1', 1.0), ('0', 0.0),
-    ('<think>maybe incorrect? no</think>Correct', 1.0),
-    # the paper's format: the field decides, whatever words the reasoning uses
-    ('correct: no\nreasoning: the response is correct about the city but names the wrong year', 0.0),
-    ('Correct: Yes\nReasoning: it is not incorrect to say Agra.', 1.0), ('**correct:** no', 0.0),
-    ('reasoning: the answer matches.\ncorrect: yes', 1.0), ('CORRECT = NO', 0.0),
-])
-def test_parse_binary(text, want):
-  assert llm.parse_binary(text) == want
-
-
-@pytest.mark.parametrize('text, want', [
-    ('Score: 0.7', 0.7), ('score = 7/10', 0.7), ('**Score:** 70%', 0.7), ('{"score": 0.25}', 0.25),
-    ('0.4', 0.4), ('8', 0.8), ('60%', 0.6), ('I would say 3 out of 4', 0.75), ('Score: 1', 1.0),
-    # the paper's format: the `score:` line decides, any case, whatever numbers the reasoning holds
-    ('score: 0.3\nreasoning: mostly noise; the score would be 0.7 with one more relevant hit.', 0.3),
-    ('SCORE: 0.5\nReasoning: mixed.', 0.5), ('**score:** 1.0\nreasoning: targeted.', 1.0),
-    ('reasoning: two good searches.\nscore: 0.7', 0.7), ('score: 0.7\nscore: 0.7', 0.7),
-])
-def test_parse_score(text, want):
-  assert llm.parse_score(text) == pytest.approx(want)
-
-
-@pytest.mark.parametrize('text', ['', None, 'Maybe.', 'Score: 250', 'Score: -1', '<think>Correct</think>',
-                                  'correct: yes\nreasoning: on reflection\ncorrect: no',
-                                  'score: 0.7\nreasoning: on reflection\nScore: 0.3'])
-def test_unparseable_replies_raise_parse_error(text):
-  with pytest.raises(llm.JudgeParseError):
-    llm.parse_score(text) if text and 'Score' in text else llm.parse_binary(text)
-
-
 def test_malformed_reply_and_500_are_retried_then_succeed(serve):
   server = serve(['I cannot decide.', ('status', 500), ('raw', {'unexpected': 'body'}), 'Correct'])
   judge = _judge(server, max_retries=3)
