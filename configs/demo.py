@@ -53,6 +53,10 @@ def get_config() -> ml_collections.ConfigDict:
   # all of them too slow to tell nearby tokens apart.
   c.model.text = ml_collections.ConfigDict(
       {'num_hidden_layers': 4, 'intermediate_size': 256, 'rope_theta': 10_000.0})
+  # Rows of the embedding and output projection: 'full' (every Qwen id), 'dataset' (only the Qwen ids the dataset
+  # lists in <data dir>/vocab_ids.json: a compact vocabulary, an id remap at the model boundary, for fast tiny
+  # experiments; no HF export) or the path of such a JSON list.
+  c.model.vocab = 'full'
   # Decoder layers under jax.lax.scan (stacked parameters; compile time independent of depth) and per-layer remat.
   c.model.scan_layers = False
   c.model.remat = False

@@ -4,6 +4,7 @@ The one way the server, export, evaluation and the trainers' reference model get
 """
 
 import dataclasses
+import json
 import os
 import pathlib
 
@@ -12,16 +13,20 @@ import ml_collections
 from flax import nnx
 
 from osvl_jax.checkpoints import resolve as resolve_lib
+from osvl_jax.checkpoints import storage
 from osvl_jax.checkpoints import store
+from osvl_jax.data import pipeline as pipeline_data
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import weights
 
-def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Qwen3VLModel:
+def build_model(config: ml_collections.ConfigDict, seed: int = 0,
+                workdir: str | os.PathLike | None = None) -> model_lib.Qwen3VLModel:
   """The policy named by `config.model`: `hf_path` (an HF Qwen3-VL folder) if set, else `name` ('tiny').
 
   `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
+  `config.model.vocab` (optional) its vocabulary (`vocab_ids`; `workdir` finds the dataset of 'dataset').
   `config.model.scan_layers` / `config.model.remat` (optional, default False): run the decoder layers under
   `jax.lax.scan` (stacked parameter layout) / rematerialise each layer in the backward pass (`text.Qwen3VLText`);
   `config.model.attention` the attention kernel (`set_layer_options`).
@@ -30,10 +35,11 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
   Checkpoints keep the layout they were written with: resume with the same `scan_layers`.
 
   Raises:
-    ValueError: for an unknown `config.model.name` or dtype.
+    ValueError: for an unknown `config.model.name` or dtype; `vocab_ids`'.
   """
   scan_layers = bool(config.model.get('scan_layers', False))
   dtypes = model_dtypes(config)
+  ids = vocab_ids(config, workdir)
   if config.model.get('hf_path'):
     model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers, **dtypes)
   elif config.model.name != 'tiny':
@@ -43,8 +49,47 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0) -> model_lib.Q
     if config.model.get('text'):
       model_config = dataclasses.replace(model_config,
                                          text=dataclasses.replace(model_config.text, **config.model.text.to_dict()))
+    if ids is not None:
+      model_config = dataclasses.replace(model_config, text=dataclasses.replace(model_config.text, vocab_ids=ids))
     model = model_lib.Qwen3VLModel(model_config, rngs=nnx.Rngs(seed), scan_layers=scan_layers, **dtypes)
   return set_layer_options(model, config)
+
+
+VOCAB_FILE = 'vocab_ids.json'   # in a dataset folder: the Qwen ids its trajectories use, a JSON list of ints
+
+
+def vocab_ids(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None) -> tuple[int, ...] | None:
+  """The compact vocabulary `config.model.vocab` names (`TextConfig.vocab_ids`), sorted and unique; None for the
+  full one. `model.vocab`: 'full' (default when absent) | 'dataset' (`<dataset dir>/vocab_ids.json`; the dataset dir
+  is `config.data.dir`, else `<workdir>/data`) | a path to such a JSON file (a list of Qwen ids).
+
+  Raises:
+    ValueError: naming model.vocab: another value, a missing or unreadable file, not a list of ints, an id outside
+      [0, vocab size), 'dataset' without data.dir nor a local workdir, a compact vocabulary with model.hf_path.
+  """
+  vocab = config.model.get('vocab') or 'full'
+  if vocab == 'full':
+    return None
+  if not isinstance(vocab, str) or (vocab != 'dataset' and not vocab.endswith('.json')):
+    raise ValueError(f"model.vocab={vocab!r}: expected 'full', 'dataset' or the path of a .json list of Qwen ids")
+  if config.model.get('hf_path'):
+    raise ValueError(f'model.vocab={vocab!r}: a compact vocabulary is for the tiny model; model.hf_path keeps its own')
+  if vocab == 'dataset':
+    data = config.get('data') or {}
+    if not data.get('dir') and (workdir is None or storage.is_remote(workdir)):
+      raise ValueError("model.vocab='dataset' needs config.data.dir (or a local workdir holding data/)")
+    path = pipeline_data.dataset_dir(config, workdir) / VOCAB_FILE
+  else:
+    path = pathlib.Path(vocab)
+  try:
+    ids = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise ValueError(f'model.vocab={vocab!r}: cannot read the vocabulary {path}: {e}') from e
+  size = int(((config.model.get('text') or {}).get('vocab_size')) or config_lib.TextConfig.vocab_size)
+  if (not isinstance(ids, list) or not ids
+      or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in ids)):
+    raise ValueError(f'model.vocab={vocab!r}: {path} must hold a non-empty JSON list of Qwen ids in [0, {size})')
+  return tuple(sorted(set(ids)))
 
 
 ATTENTION_IMPLS = ('blockwise', 'cudnn')

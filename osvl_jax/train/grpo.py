@@ -136,7 +136,7 @@ def _init_dir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathl
 def init_policy(config: ml_collections.ConfigDict, workdir: pathlib.Path, mesh: jax.sharding.Mesh):
   """Policy + optimizer created sharded on the run's `mesh`, resumed from `<workdir>/grpo_ckpt`, else initialised
   from the SFT checkpoint (restored onto this placement, whatever mesh wrote it)."""
-  model, optimizer = policy.create(config, mesh, 'grpo')
+  model, optimizer = policy.create(config, mesh, 'grpo', workdir)
   mngr = checkpoints.manager(workdir, 'grpo_ckpt')
   meta = checkpoints.restore(mngr, model, optimizer)
   if meta:
@@ -164,7 +164,7 @@ def init_reference(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   """
   if not config.grpo.beta:
     return None
-  ref = policy.create_model(config, mesh, seed=config.seed)
+  ref = policy.create_model(config, mesh, seed=config.seed, workdir=workdir)
   init_dir = _init_dir(config, workdir)
   if checkpoints.restore(checkpoints.manager(init_dir, 'sft_ckpt'), ref) is None and not config.model.get('hf_path'):
     raise FileNotFoundError(f'grpo: beta={config.grpo.beta} needs the SFT checkpoint in {init_dir / "sft_ckpt"} '
@@ -302,6 +302,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       out = {}
       t_update = time.time()
       if trajectories:
+        policy.check_vocabulary(model, trajectories, 'GRPO')
         batch, grid, scores, adv_stats = grpo_batch.prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
         batch['on_policy_rows'] = np.array([int(t.policy_version) == step for t in trajectories])  # the alarm's rows
         batch.pop('rewards')

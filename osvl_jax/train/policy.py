@@ -74,8 +74,9 @@ def make_tx(lr: float, steps: int, warmup_steps: int = 0, weight_decay: float = 
 
 
 def create_model(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-                 seed: int = 0) -> model_lib.Qwen3VLModel:
-  """`checkpoints.build_model(config, seed)` created directly sharded on `mesh` by the rules (`config.sharding_rules`).
+                 seed: int = 0, workdir=None) -> model_lib.Qwen3VLModel:
+  """`checkpoints.build_model(config, seed, workdir)` created directly sharded on `mesh` by the rules
+  (`config.sharding_rules`).
 
   A random init is traced abstractly (`nnx.eval_shape`) and then run by `jax.jit` with the rules' `out_shardings`,
   so each device only ever materialises its own shards; an HF folder (`model.hf_path`) is read one tensor at a
@@ -87,7 +88,7 @@ def create_model(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=bool(config.model.get('scan_layers', False)),
                                       mesh=mesh, rules=rules, **checkpoints.model_dtypes(config))
     return checkpoints.set_layer_options(model, config)
-  make = lambda: checkpoints.build_model(config, seed)
+  make = lambda: checkpoints.build_model(config, seed, workdir=workdir)
   graphdef, abstract = nnx.split(nnx.eval_shape(make))
   init = jax.jit(lambda: nnx.split(make())[1], out_shardings=sharding.state_shardings(abstract, mesh, rules))
   return nnx.merge(graphdef, init())
@@ -105,7 +106,7 @@ def create_optimizer(model: nnx.Module, tx: optax.GradientTransformation, mesh: 
 
 
 def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-           stage: str) -> tuple[model_lib.Qwen3VLModel, nnx.Optimizer]:
+           stage: str, workdir=None) -> tuple[model_lib.Qwen3VLModel, nnx.Optimizer]:
   """The policy and its optimizer, both created sharded on `mesh` (SFT and GRPO alike).
 
   Args:
@@ -115,6 +116,7 @@ def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
       grad_clip (1.0), lr_schedule ('cosine' | 'constant') to `make_tx`. The schedule spans optimizer steps: for
       GRPO each of the `steps` rollout batches makes ppo_epochs × (prompts_per_step / mini_batch_prompts) of them
       (DESIGN.md §6), and warmup_steps counts rollout steps too.
+    workdir: the job folder, whose dataset a compact `model.vocab='dataset'` names (`checkpoints.vocab_ids`).
   Returns:
     (model, optimizer).
   Raises:
@@ -125,10 +127,21 @@ def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   if stage == 'grpo':
     mini = cfg.get('mini_batch_prompts') or cfg.prompts_per_step
     per_step = int(cfg.get('ppo_epochs') or 1) * max(int(cfg.prompts_per_step) // int(mini), 1)
-  model = create_model(config, mesh, seed=config.seed)
+  model = create_model(config, mesh, seed=config.seed, workdir=workdir)
   tx = make_tx(cfg.lr, cfg.steps * per_step, cfg.get('warmup_steps', 0) * per_step, cfg.get('weight_decay', 0.0),
                cfg.get('grad_clip', 1.0), cfg.get('lr_schedule', 'cosine'))
   return model, create_optimizer(model, tx, mesh, sharding.rules_from_config(config))
+
+
+def check_vocabulary(model: model_lib.Qwen3VLModel, trajectories, stage: str) -> None:
+  """Refuses trajectories that hold an id the model has no row for (a compact vocabulary's row would be another
+  id's under jit): `config.check_ids` on each.
+
+  Raises:
+    ValueError: naming the stage, the trajectory (prompt_id, sample) and the first such id.
+  """
+  for t in trajectories:
+    config_lib.check_ids(model.config, t.token_ids, f'{stage} trajectory {t.prompt_id!r} (sample {t.sample_index})')
 
 
 def pin_placement(*modules: nnx.Module) -> None:

@@ -18,7 +18,8 @@ def check_model_config(config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: naming the field: a non-int seed, an unknown model.name without model.hf_path, a `mesh.<axis>`
       that does not fit the devices (`sharding.mesh_sizes`), a malformed `sharding_rules` entry, a
-      model.dtype / param_dtype outside `checkpoints.DTYPES`, an unknown system_prompt, image pixel
+      model.dtype / param_dtype outside `checkpoints.DTYPES`, a model.vocab `checkpoints.vocab_ids` refuses
+      (its file read now unless it is the workdir's dataset's), an unknown system_prompt, image pixel
       limits that are not ints >= 1 with min <= max, or data.min_pixels / max_pixels (the budget the dataset's
       trajectories were rendered with) differing from image.min_pixels / max_pixels.
   """
@@ -27,6 +28,8 @@ def check_model_config(config: ml_collections.ConfigDict) -> None:
   sharding.mesh_shape_from_config(config.get('mesh'))
   sharding.rules_from_config(config)
   checkpoints.model_dtypes(config)
+  if checks.get(config, 'model.vocab') != 'dataset' or checks.get(config, 'data.dir'):
+    checkpoints.vocab_ids(config)   # 'dataset' under the workdir: checked when the model is built
   if not checks.get(config, 'model.hf_path') and checks.get(config, 'model.name') != 'tiny':
     raise ValueError(f"model.name={checks.get(config, 'model.name')!r}: only 'tiny' is built in; set model.hf_path")
   limits = checks.pixel_limits(config, 'image')

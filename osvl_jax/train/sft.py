@@ -284,7 +284,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   # The mesh of config.mesh (every host's devices): model and optimizer state created sharded on it by the rules.
   mesh = sharding.mesh_from_config(config.get('mesh')) if mesh is None else mesh
   rules = sharding.rules_from_config(config)
-  model, optimizer = policy.create(config, mesh, 'sft')
+  model, optimizer = policy.create(config, mesh, 'sft', workdir)
+  policy.check_vocabulary(model, trajectories, 'SFT')
   mngr = checkpoints.manager(workdir, 'sft_ckpt')
   meta = checkpoints.restore(mngr, model, optimizer)  # onto the placement above, whatever mesh wrote it
   start = meta['step'] if meta else 0

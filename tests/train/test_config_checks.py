@@ -209,7 +209,7 @@ def test_schedule_refuses_step_counts_optax_cannot_decay(steps, warmup):
 def _small_vocab_policy(monkeypatch):
   """`checkpoints.build_model` replaced by the tiny model with a 512-token vocabulary (cheap); returns the builder."""
   cfg = config_lib.Qwen3VLConfig.tiny()
-  small = lambda config, seed=0: model_lib.Qwen3VLModel(
+  small = lambda config, seed=0, workdir=None: model_lib.Qwen3VLModel(
       type(cfg)(**{**cfg.__dict__, 'text': type(cfg.text)(**{**cfg.text.__dict__, 'vocab_size': 512})}),
       rngs=nnx.Rngs(seed))
   from osvl_jax import checkpoints

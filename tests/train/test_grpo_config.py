@@ -148,7 +148,7 @@ def _params(model):
 
 
 def test_reference_policy_is_the_frozen_sft_checkpoint_only_when_beta_positive(tmp_path, monkeypatch):
-  monkeypatch.setattr(checkpoints, 'build_model', lambda config, seed=0: _small_model(seed + 1))
+  monkeypatch.setattr(checkpoints, 'build_model', lambda config, seed=0, workdir=None: _small_model(seed + 1))
   sft_model = _small_model(0)
   checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 7, sft_model, None, {'stage': 'sft'})
   c = demo_config.get_config()

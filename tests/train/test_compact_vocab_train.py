@@ -1,0 +1,87 @@
+"""`config.model.vocab`: SFT on a dataset's compact vocabulary, its checkpoint, and the config checks of the field."""
+
+import json
+
+import numpy as np
+import pytest
+
+from osvl_jax import checkpoints
+from osvl_jax.train import metrics, policy_config, sft
+from tests.train import test_train
+
+
+def _config(data_dir):
+  """The demo config on `data_dir`, one SFT step of 2 rows, one decoder layer (compiles faster)."""
+  c = test_train._config(data_dir, 1)
+  c.sft.warmup_steps = 0
+  c.model.text.num_hidden_layers = 1
+  return c
+
+
+@pytest.fixture(scope='module')
+def trajectories():
+  return test_train._episodes([test_train.SEARCH, test_train.ANSWER])
+
+
+def _vocab(trajectories) -> list[int]:
+  return sorted({int(i) for t in trajectories for i in t.token_ids})
+
+
+def test_sft_with_the_datasets_vocabulary_trains_a_compact_model(trajectories, tmp_path):
+  data = tmp_path / 'data'
+  test_train._write_sft_dataset(trajectories, data)
+  vocab = _vocab(trajectories)
+  (data / 'vocab_ids.json').write_text(json.dumps(vocab))
+  config = _config(data)
+  config.model.vocab = 'dataset'
+  model = sft.train(config, tmp_path / 'w')
+  assert model.config.text.vocab_ids == tuple(vocab)
+  assert model.language_model.embed_tokens.embedding[...].shape == (len(vocab), 64)
+  # Eq. 8 at init: the mean NLL of a random model is about log(rows), here ~5.2, not log(151936) ~ 11.9.
+  (row,) = metrics.read_metrics(tmp_path / 'w', 'sft')
+  assert abs(row['loss'] - np.log(len(vocab))) < 1.0
+  restored, _ = checkpoints.load_policy('sft', workdir=tmp_path / 'w')   # what GRPO / serve / evaluate load
+  assert restored.config.text.vocab_ids == tuple(vocab)
+  np.testing.assert_array_equal(restored.language_model.embed_tokens.embedding[...],
+                                model.language_model.embed_tokens.embedding[...])
+
+
+def test_sft_refuses_a_trajectory_outside_the_vocabulary_naming_it(trajectories, tmp_path):
+  data = tmp_path / 'data'
+  test_train._write_sft_dataset(trajectories, data)
+  vocab = _vocab(trajectories)
+  missing = int(trajectories[1].token_ids[-3])
+  (tmp_path / 'vocab.json').write_text(json.dumps([i for i in vocab if i != missing]))
+  config = _config(data)
+  config.model.vocab = str(tmp_path / 'vocab.json')
+  with pytest.raises(ValueError, match=rf"SFT trajectory 'q0' \(sample 0\): token id {missing} .* is outside the "
+                                       rf'compact vocabulary of {len(vocab) - 1} ids'):
+    sft.train(config, tmp_path / 'w')
+  assert not (tmp_path / 'w' / 'sft_ckpt').exists()
+
+
+@pytest.mark.parametrize('vocab, content, match', [
+    ('words', None, "'words': expected 'full', 'dataset' or the path"),
+    ('{tmp}/absent.json', None, 'cannot read the vocabulary'),
+    ('{tmp}/v.json', '{"ids": [1, 2]}', 'must hold a non-empty JSON list of Qwen ids'),
+    ('{tmp}/v.json', '[1, 2.5]', 'must hold a non-empty JSON list of Qwen ids'),
+    ('{tmp}/v.json', '[1, 151936]', r'ids in \[0, 151936\)'),
+    ('{tmp}/v.json', '[]', 'non-empty'),
+    ('dataset', None, 'cannot read the vocabulary .*data/vocab_ids.json'),   # data.dir without the file
+])
+def test_model_vocab_is_checked_naming_the_field(tmp_path, vocab, content, match):
+  if content is not None:
+    (tmp_path / 'v.json').write_text(content)
+  config = _config(tmp_path / 'data')
+  config.model.vocab = vocab.format(tmp=tmp_path)
+  with pytest.raises(ValueError, match='model.vocab=.*' + match):
+    policy_config.check_model_config(config)
+
+
+def test_model_vocab_full_and_a_valid_file_pass_the_checks(tmp_path):
+  (tmp_path / 'v.json').write_text('[5, 3, 3, 151935]')
+  config = _config(tmp_path / 'data')
+  policy_config.check_model_config(config)   # 'full', the demo's
+  config.model.vocab = str(tmp_path / 'v.json')
+  policy_config.check_model_config(config)
+  assert checkpoints.vocab_ids(config) == (3, 5, 151935)   # sorted, unique
