@@ -126,7 +126,8 @@ class ImageGate:
   `max_concurrent_decodes` threads of its own (a semaphore over the HTTP threads would bound the live buffers
   but not the memory each thread's malloc arena keeps after them).
 
-  Thread-safe. `peak_decodes` is the most requests seen decoding at once (<= max_concurrent_decodes).
+  Thread-safe. `peak_decodes` is the most requests seen decoding at once (<= max_concurrent_decodes); `waiting`
+  the requests queued for a decode thread now.
   """
 
   def __init__(self, limits: RequestLimits):
@@ -136,15 +137,24 @@ class ImageGate:
     self._local = threading.local()
     self._active = 0
     self.peak_decodes = 0
+    self.waiting = 0
 
   def run(self, fn, *args):
     """`fn(*args)` on one of the decode threads (waits for a free one); called from one, runs in place."""
     if getattr(self._local, 'inside', False):
       return fn(*args)
-    return self._pool.submit(self._inside, fn, args).result()
+    return self.submit(fn, *args).result()
+
+  def submit(self, fn, *args) -> concurrent.futures.Future:
+    """Queues `fn(*args)` for a decode thread; the future holds its result (an event loop awaits it with
+    `asyncio.wrap_future`, so a request waiting for a decode thread holds no other thread)."""
+    with self._lock:
+      self.waiting += 1
+    return self._pool.submit(self._inside, fn, args)
 
   def _inside(self, fn, args):
     with self._lock:
+      self.waiting -= 1
       self._active += 1
       self.peak_decodes = max(self.peak_decodes, self._active)
     self._local.inside = True

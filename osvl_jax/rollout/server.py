@@ -16,7 +16,8 @@ Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sgl
                                   (`success: false`, the old weights keep serving) for a path outside
                                   `--weights_root` (`server_auth`), another architecture or non-finite values
                                   (`weight_update.check_update`).
-  GET|POST /flush_cache           empties the sampler's prefix cache (between two batches); always succeeds.
+  GET|POST /flush_cache           empties the sampler's prefix cache between two decode chunks (it does not wait
+                                  for running requests, nor do later requests wait for them); always succeeds.
   GET /health, /health_generate, /ready
   GET /model_info, /server_info   and the deprecated `/get_model_info`, `/get_server_info`.
   POST /v1/chat/completions       OpenAI-compatible, text out (judges, pipeline stages): messages rendered by
@@ -42,7 +43,9 @@ RadixAttention does; `meta_info.cached_tokens` is that prefix's length. A weight
 
 Request limits (`request_limits.RequestLimits`, reported by /server_info): the body size (413), max_new_tokens,
 prompt + 1 new token within the context, pixels per image and per request (refused from the image headers before
-any decode) and concurrent image decodes; every malformed field is a 400 naming it. A batched sampler call that
+any decode) and concurrent image decodes; every malformed field is a 400 naming it. A request with images is
+parsed on a decode thread of the `request_limits.ImageGate` and waits for one in its queue, holding no HTTP
+thread: text requests are parsed at once however many image requests wait. A batched sampler call that
 raises while admitting rows is retried in halves (`server_scheduler`), so only the row that fails alone gets
 the error.
 
@@ -294,7 +297,8 @@ class SamplerService:
             'devices': [str(d) for d in jax.devices()], 'startup_time': self.started,
             'image_processor': {'min_pixels': self.image_processor.min_pixels,
                                 'max_pixels': self.image_processor.max_pixels},
-            'request_limits': {**self.limits.info(), 'peak_decodes': self.image_gate.peak_decodes},
+            'request_limits': {**self.limits.info(), 'peak_decodes': self.image_gate.peak_decodes,
+                               'waiting_decodes': self.image_gate.waiting},
             'internal_states': [{'stats': dict(self.stats), 'last_batch': dict(s.stats),
                                  'prefix_cache': self.prefix_cache_info()}]}
 
@@ -328,6 +332,14 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
     raw = await request_limits.read_body(request, service.limits.max_body_bytes)
     return await run_in_threadpool(request_fields.parse_body, raw)
 
+  def off_loop(images: bool, fn, *args):
+    """Awaitable `fn(*args)` off the event loop: a request with images waits in the image gate's queue for a
+    decode thread (holding no HTTP thread, so a flood of image requests never delays parsing a text one), the
+    others run on the HTTP thread pool."""
+    if images:
+      return asyncio.wrap_future(service.image_gate.submit(fn, *args))
+    return run_in_threadpool(fn, *args)
+
   def refusal(e: RequestError):
     return error(413 if isinstance(e, request_limits.BodyTooLarge) else 400, str(e))
 
@@ -336,7 +348,8 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
     started = time.time()
     try:
       body = await body_of(request)
-      rows, is_batch = await run_in_threadpool(service.parse_generate, body)
+      rows, is_batch = await off_loop(isinstance(body, dict) and bool(body.get('image_data')),
+                                      service.parse_generate, body)
     except RequestError as e:
       return refusal(e)
     try:
@@ -397,8 +410,10 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
       body = await body_of(request)
       check_chat_body(body)
       sampling = chat_sampling(body, service.default_max_new_tokens, service.limits)
-      ids, refs = await run_in_threadpool(render_messages, service.tokenizer, service.image_processor,
-                                          body['messages'], service.image_gate)
+      images = any(isinstance(m.get('content'), list) and any(p['type'] == 'image_url' for p in m['content'])
+                   for m in body['messages'])
+      ids, refs = await off_loop(images, render_messages, service.tokenizer, service.image_processor,
+                                 body['messages'], service.image_gate)
       service.limits.check_prompt(len(ids), 'messages')
       row = Row(context=engine_lib.Context(ids, refs), **sampling)
     except RequestError as e:

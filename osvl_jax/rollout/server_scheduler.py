@@ -12,8 +12,10 @@ loop turn:
      answers each job whose rows are all done.
 So a short request waits at most one chunk before it is prefilled, never for a long one to finish. Each row's
 limit (`max_new_tokens`, capped by `max_len`) and extra `stop_token_ids` are its own, applied on device and at
-chunk boundaries. A weight update or a cache flush is a barrier: rows that arrived before it finish on the old
-weights, rows after it are admitted once it ran, so no generation straddles an update (one version span each).
+chunk boundaries. A weight update is a barrier: rows that arrived before it finish on the old weights, rows
+after it are admitted once it ran, so no generation straddles an update (one version span each). A cache flush
+runs at once, between two chunks, without waiting for running rows (a running row holds no prefix-cache slot:
+its matched prefix was copied at admission), and the rows behind it are admitted in the same turn.
 A row that makes its admission (the batched prefill) raise fails alone: the admitted rows are retried in halves.
 A decode error fails the jobs with rows in that batch (the handler answers 500) and drops the batch.
 """
@@ -111,7 +113,7 @@ class Scheduler:
     while self.backlog:
       job = self.backlog[0]
       if job.kind != 'generate':
-        if self.batches or groups:
+        if job.kind == 'update' and (self.batches or groups):
           break                     # a barrier: the rows before it finish on the old weights first
         self.backlog.popleft()
         (s._update if job.kind == 'update' else s._flush)(job)  # pylint: disable=protected-access

@@ -1,0 +1,86 @@
+"""Latency isolation of the server (the mechanisms; bench/serve_latency.py times them): a cache flush runs between
+two decode chunks and the requests behind it are admitted while a long request still runs; requests with images
+wait for a decode thread in the image gate's queue, so a text request is answered while every decode thread is
+busy and more image requests wait than the HTTP thread pool has threads."""
+
+import base64
+import concurrent.futures
+import io
+import threading
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from osvl_jax import trajectory as tj
+from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout import jax_sampler, request_limits, server
+from tests.serve.conftest import serve_in_thread, wait_until
+
+LONG = 120       # new ids of the long request (decode_steps 2: 60 chunks)
+HTTP_THREADS = 40   # anyio's default thread limiter: run_in_threadpool's threads
+
+
+class NoEosSampler(jax_sampler.JaxSampler):
+  """Never draws the end-of-sequence ids, so every row runs to its length limit."""
+  never_sampled = jax_sampler.JaxSampler.never_sampled + tuple(engine_lib.EOS_IDS)
+
+
+def _row(ids, max_new):
+  return server.Row(context=engine_lib.Context(np.asarray(ids, np.int32), []), max_new_tokens=max_new,
+                    temperature=0.0, top_p=1.0, stop=(), stop_token_ids=frozenset())
+
+
+def test_a_flush_runs_between_chunks_and_requests_behind_it_are_admitted(tiny_model, tokenizer, processor):
+  sampler = NoEosSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
+                         bucket=16, prefix_cache_slots=4)
+  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=8, decode_steps=2,
+                              batch_window_s=0.0)
+  try:
+    svc.submit_rows([_row([100, 101, 102], 2)]).result(timeout=120)   # compiles; fills a prefix-cache slot
+    assert svc.prefix_cache_info()['used_slots'] == 1
+    long = svc.submit_rows([_row([200, 201, 202, 203], LONG)])
+    wait_until(lambda: svc.stats['rows'] == 2, 60, 'the long row admitted')
+    seen = []
+    flush = svc.submit_flush()
+    flush.add_done_callback(lambda _: seen.append((svc.prefix_cache_info()['used_slots'], long.done())))
+    short = svc.submit_rows([_row([300, 301], 2)])
+    assert len(short.result(timeout=120)[0]['ids']) == 2
+    assert not long.done()             # answered while the long request still runs (a barrier waited for it)
+    assert seen == [(0, False)]        # the flush emptied the cache at once, with the long row running
+    assert len(long.result(timeout=300)[0]['ids']) == LONG
+  finally:
+    svc.close()
+
+
+def _png(seed):
+  buf = io.BytesIO()
+  Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, 'PNG')
+  return 'data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_text_requests_do_not_wait_behind_image_requests_queued_for_decoding(tiny_model, tokenizer, processor):
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
+                                   bucket=16)
+  limits = request_limits.RequestLimits(256, 32, max_concurrent_decodes=1)
+  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2, limits=limits)
+  image_ids = [100, tj.VISION_START_ID, tj.IMAGE_PAD_ID, tj.VISION_END_ID, 101]
+  n_images = HTTP_THREADS + 2
+  release = threading.Event()
+  with serve_in_thread(svc) as url, concurrent.futures.ThreadPoolExecutor(n_images) as pool:
+    text = {'input_ids': [100, 200, 300], 'sampling_params': {'max_new_tokens': 2, 'temperature': 0}}
+    assert httpx.post(url + '/generate', json=text, timeout=120).status_code == 200   # compiled
+    svc.image_gate.submit(release.wait)      # the one decode thread is busy until released
+    try:
+      images = [pool.submit(httpx.post, url + '/generate', timeout=300,
+                            json={**text, 'input_ids': image_ids, 'image_data': [_png(k)]}) for k in range(n_images)]
+      wait_until(lambda: svc.image_gate.waiting >= HTTP_THREADS, 60, 'image requests queued for decoding')
+      r = httpx.post(url + '/generate', json=text, timeout=60)   # before: no HTTP thread left to parse it
+      assert r.status_code == 200 and len(r.json()['output_ids']) == 2
+      assert not any(f.done() for f in images)
+    finally:
+      release.set()
+    assert [f.result().status_code for f in images] == [200] * n_images
+    assert svc.server_info()['request_limits']['peak_decodes'] == 1
+  svc.close()
