@@ -230,21 +230,24 @@ def export(workdir: str | pathlib.Path | None, out: str | pathlib.Path, hf_confi
     export_folder.UnsafeTarget: `out` is the workdir, a checkpoint folder, an ancestor of one, inside one, a
       non-empty folder that is not a previous export, or a previous export without `overwrite` (raised before the
       checkpoint is read; nothing is touched).
-    ValueError: the checkpoint does not fit the architecture (pass --hf_config), or no pixel budget is known.
+    ValueError: the checkpoint does not fit the architecture (pass --hf_config), no pixel budget is known, or it
+      has a compact vocabulary (`weights.check_exportable`; nothing is written).
   """
   import jax
   import numpy as np
   from flax import nnx
 
   from osvl_jax import checkpoints
+  from osvl_jax.models.qwen3_vl import weights
 
   if dtype not in ('float32', 'bfloat16'):
     raise ValueError(f"dtype={dtype!r}: expected 'float32' or 'bfloat16'")
   folder, step = checkpoints.resolve(workdir, checkpoint, step)
   guard = _guard(workdir, folder)
   export_folder.check_target(out, 'hf_export', overwrite, **guard)   # before the (slow) restore
-  lo, hi = _pixel_limits(checkpoints.read_meta(checkpoints.manager(folder.parent, folder.name), step), min_pixels,
-                         max_pixels)
+  saved = checkpoints.read_meta(checkpoints.manager(folder.parent, folder.name), step)
+  weights.check_exportable(checkpoints.read_config(hf_config, saved))   # a compact vocabulary: nothing written
+  lo, hi = _pixel_limits(saved, min_pixels, max_pixels)
   model, meta = checkpoints.load_policy(str(folder), step=step, hf_config=hf_config)
   out = export_folder.write(out, lambda tmp: write_folder(model, tmp, dtype, lo, hi), 'hf_export', overwrite,
                             info={'checkpoint': str(folder), 'step': int(meta['step'])}, **guard)
@@ -263,6 +266,8 @@ def main(argv) -> None:
                   _MIN_PIXELS.value, _MAX_PIXELS.value, _OVERWRITE.value)
   except export_folder.UnsafeTarget as e:
     sys.exit(f'export_hf: --out={e}')
+  except ValueError as e:   # e.g. a compact vocabulary: refused before anything is written
+    sys.exit(f'export_hf: {e}')
   print(json.dumps(info))
 
 

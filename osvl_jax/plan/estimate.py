@@ -189,7 +189,7 @@ def activation_bytes(arch: config_lib.Qwen3VLConfig, mesh, rule_table, rows: int
   h, nq, nkv, d, c = t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, compute_bytes
   t_h = _axis_shards('heads', nq * d, mesh, rule_table)
   t_kv = _axis_shards('kv_heads', nkv * d, mesh, rule_table)
-  t_v = _axis_shards('vocab', t.vocab_size, mesh, rule_table)
+  t_v = _axis_shards('vocab', t.table_rows, mesh, rule_table)
   if arch.is_moe:
     t_i = _axis_shards('mlp', t.moe_intermediate_size, mesh, rule_table)
     k = t.num_experts_per_tok
@@ -203,7 +203,7 @@ def activation_bytes(arch: config_lib.Qwen3VLConfig, mesh, rule_table, rows: int
   per_token = c * (4 * h + 3 * nq * d // t_h + 4 * nkv * d // t_kv) + mlp + 4 * nq // t_h
   layer_saved = rows * seq_len * per_token
   residual = rows * seq_len * h * c
-  logits = 2 * rows * loss_tokens * t.vocab_size // t_v * 4
+  logits = 2 * rows * loss_tokens * t.table_rows // t_v * 4
   n = t.num_hidden_layers
   return n * residual + layer_saved + logits, n * layer_saved + logits, logits
 

@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from osvl_jax import checkpoints
+from osvl_jax import export_hf
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
+from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.train import policy
 
@@ -119,3 +122,27 @@ def test_loss_logprobs_are_the_full_models_renormalised_over_the_vocabulary(imag
   np.testing.assert_allclose(got, want, atol=1e-5)
   full_lp = np.asarray(policy.loss_logprobs(full, batch, 0.7))[0]
   assert np.all(got > full_lp + 1e-3)   # renormalised over 157 rows: more mass than over 151,936
+
+
+def test_the_hf_dict_and_a_checkpoint_keep_the_vocabulary(tmp_path):
+  cfg = Qwen3VLConfig.tiny()
+  assert 'osvl_vocab_ids' not in cfg.to_hf_dict()['text_config']   # a full model's dict is unchanged
+  compact = compact_copy(model_lib.Qwen3VLModel(cfg, nnx.Rngs(0)))
+  assert Qwen3VLConfig.from_hf_dict(compact.config.to_hf_dict()) == compact.config
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 3, compact, None, {'stage': 'sft'})
+  loaded, meta = checkpoints.load_policy('sft', workdir=tmp_path)
+  assert meta['step'] == 3 and loaded.config.text.vocab_ids == VOCAB
+  np.testing.assert_array_equal(loaded.language_model.embed_tokens.embedding[...],
+                                compact.language_model.embed_tokens.embedding[...])
+
+
+def test_hf_export_of_a_compact_model_is_refused_writing_nothing(tmp_path):
+  compact = compact_copy(model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0)))
+  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, compact, None,
+                   {'stage': 'sft', 'image_processor': {'min_pixels': 1024, 'max_pixels': 4096}})
+  refusal = rf'compact vocabulary of {len(VOCAB)} Qwen ids \(model.vocab\): an HF checkpoint needs all 151936 rows'
+  with pytest.raises(ValueError, match=refusal):
+    export_hf.export(tmp_path, tmp_path / 'hf')
+  with pytest.raises(ValueError, match=refusal):
+    weights.save_hf_folder(compact, tmp_path / 'direct')   # the GRPO weight publisher's path
+  assert not (tmp_path / 'hf').exists() and not (tmp_path / 'direct').exists()

@@ -266,6 +266,19 @@ def _placement(mesh: jax.sharding.Mesh | None, rules) -> Callable:
   return place
 
 
+def check_exportable(config: Qwen3VLConfig) -> None:
+  """Refuses a model an HF checkpoint cannot hold: one with a compact vocabulary (`TextConfig.vocab_ids`; HF
+  Qwen3-VL has a row for every id, and zero rows would not give the compact model's distribution).
+
+  Raises:
+    ValueError: naming the compact vocabulary.
+  """
+  if config.text.vocab_ids is not None:
+    raise ValueError(f'the model has a compact vocabulary of {len(config.text.vocab_ids)} Qwen ids (model.vocab): an '
+                     f'HF checkpoint needs all {config.text.vocab_size} rows; export a model trained with '
+                     "model.vocab='full'")
+
+
 def to_hf_state_dict(model: Qwen3VLModel, dtype=None, expert_layout: str = 'transformers'
                      ) -> dict[str, np.ndarray]:
   """HF state dict (name -> numpy array) of a model; `lm_head.weight` omitted when tied (as `save_pretrained`).
@@ -273,7 +286,10 @@ def to_hf_state_dict(model: Qwen3VLModel, dtype=None, expert_layout: str = 'tran
   Args:
     dtype: optional numpy dtype to cast to (default: keep the parameter dtype).
     expert_layout: MoE expert weight layout, 'transformers' (as `save_pretrained` in transformers>=5) or 'hub'.
+  Raises:
+    ValueError: an unknown `expert_layout`; a compact vocabulary (`check_exportable`).
   """
+  check_exportable(model.config)
   if expert_layout not in EXPERT_LAYOUTS:
     raise ValueError(f'expert_layout must be one of {EXPERT_LAYOUTS}')
   out = {}
@@ -344,8 +360,13 @@ def load_hf_folder(path: str | pathlib.Path, *, dtype=jnp.float32, param_dtype=j
 
 def save_hf_folder(model: Qwen3VLModel, path: str | pathlib.Path, dtype=None) -> None:
   """Writes `config.json` + `model.safetensors` that `transformers.Qwen3VLForConditionalGeneration` (or
-  `Qwen3VLMoeForConditionalGeneration`) `.from_pretrained` loads."""
+  `Qwen3VLMoeForConditionalGeneration`) `.from_pretrained` loads.
+
+  Raises:
+    ValueError: a compact vocabulary (`check_exportable`), before anything is written.
+  """
   from safetensors.numpy import save_file  # local: only needed for export
+  check_exportable(model.config)
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
   # The tensors are in the transformers>=5 layout (MoE experts); say so for `load_hf_folder`.
