@@ -8,8 +8,9 @@ to the loop that opened it):
                environment variable named `api_key_env`, else 'EMPTY' (local servers need none). Never logged.
   timeout      `timeout_s` seconds per request (each attempt).
   retries      a failed attempt is retried up to `max_retries` times, sleeping `retry_backoff_s * 2**(k-1)` seconds
-               before retry k: a refused / dropped connection, a timeout, HTTP 408 / 409 / 429 / 5xx (the statuses
-               the `openai` library itself retries), a reply without choices, and a reply the caller's `parse`
+               before retry k, or longer when the answer's `Retry-After` asks so (`retry_after_seconds`): a refused /
+               dropped connection, a timeout, HTTP 408 / 409 / 429 / 5xx (the statuses the `openai` library itself
+               retries), a reply without choices, and a reply the caller's `parse`
                rejects (a ValueError: an unparseable judge verdict, an empty text). Another 4xx, or a body the
                library cannot read, fails at once.
   concurrency  at most `max_concurrency` calls in flight: the sync calls of all threads share one limit, each event
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import email.utils
 import os
 import threading
 import time
@@ -45,6 +47,7 @@ from typing import Any
 import openai
 
 RETRY_STATUSES = (408, 409, 429)   # and every 5xx
+MAX_RETRY_AFTER_S = 60.0   # a longer `Retry-After` is waited this long (a quota's hour would stall the run silently)
 BUDGETS = ('max_requests', 'max_total_tokens')
 _DETAIL_CHARS = 300
 
@@ -89,6 +92,8 @@ class Completion:
     text: the first choice's message content (None: the message has none).
     finish_reason: the first choice's ('stop', 'length', ...), or None.
     reasoning: the message's `reasoning_content` (reasoning parsers of vLLM / SGLang), or None.
+    tool_calls: the message's native `tool_calls` (an endpoint whose tool parser took them out of the text), each
+      {'name', 'arguments': the JSON text as sent, unparsed}; () without any.
     prompt_tokens, completion_tokens, total_tokens: this reply's `usage`, in the endpoint's tokens (0 without one).
     attempts: requests this call sent (1 + its retries).
     parsed: what `parse(text)` returned, when the call gave a `parse`.
@@ -101,15 +106,31 @@ class Completion:
   total_tokens: int
   attempts: int
   parsed: Any = None
+  tool_calls: tuple = ()
+
+
+def retry_after_seconds(headers) -> float | None:
+  """The wait an HTTP answer's `Retry-After` header asks for, in seconds (delta-seconds or an HTTP date), at most
+  `MAX_RETRY_AFTER_S`; None without a readable one. Both HTTP clients (this one, `sglang_client`) honour it."""
+  value = (headers.get('retry-after') if headers is not None else None) or ''
+  try:
+    seconds = float(value)
+  except ValueError:
+    try:
+      seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError, IndexError):
+      return None
+  return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if seconds == seconds else None
 
 
 class _Failure(Exception):
-  """An attempt's failure, classified (internal)."""
+  """An attempt's failure, classified (internal); `retry_after`: the wait its answer asked for, or None."""
 
   def __init__(self, kind: str, reason: str, retry: bool, status: int | None = None,
-               cause: BaseException | None = None, text: str | None = None):
+               cause: BaseException | None = None, text: str | None = None, retry_after: float | None = None):
     super().__init__(reason)
     self.kind, self.reason, self.retry, self.status, self.cause, self.text = kind, reason, retry, status, cause, text
+    self.retry_after = retry_after
 
 
 def _classify(e: BaseException) -> _Failure:
@@ -123,7 +144,8 @@ def _classify(e: BaseException) -> _Failure:
     return _Failure('connection', reason, True, cause=e)
   if isinstance(e, openai.APIStatusError):
     status = int(e.status_code)
-    return _Failure(f'http_{status}', reason, status in RETRY_STATUSES or status >= 500, status, e)
+    return _Failure(f'http_{status}', reason, status in RETRY_STATUSES or status >= 500, status, e,
+                    retry_after=retry_after_seconds(e.response.headers))
   if isinstance(e, openai.OpenAIError):
     return _Failure('bad_response', reason, False, cause=e)
   raise e
@@ -200,6 +222,26 @@ class ChatClient:
   def __repr__(self) -> str:
     return f'ChatClient({self.base_url!r}, model={self.model!r})'   # never the key
 
+  def model_card(self) -> dict | None:
+    """What `GET <base_url>/models` lists for `model` (its fields but the per-request stamps `created` and
+    `permission`, which vLLM makes anew each time), or None when the endpoint does not list it or answers the
+    listing with an HTTP error (an endpoint without `/models`).
+
+    Raises:
+      ChatError: the endpoint cannot be reached (kind 'connection' / 'timeout') or its answer cannot be read.
+    """
+    try:
+      page = self._sync_client().models.list()
+    except openai.APIStatusError:
+      return None
+    except openai.OpenAIError as e:
+      f = _classify(e)
+      raise ChatError(f.kind, f.reason, f'{self.base_url}/models', f.status, 1, e) from e
+    for card in page.data:
+      if card.id == self.model:
+        return {k: v for k, v in sorted(card.model_dump().items()) if k not in ('created', 'permission')}
+    return None
+
   # -- counters and budgets ----------------------------------------------------------------------------------------
   def usage(self) -> dict:
     """Counters over the client's life: requests (sent, retries included), replies (calls answered), retries,
@@ -235,9 +277,12 @@ class ChatClient:
     message = getattr(choices[0], 'message', None) if choices else None
     if message is None:
       raise _Failure('bad_reply', 'the reply has no choices', True, 200)
+    calls = tuple({'name': getattr(getattr(c, 'function', None), 'name', None),
+                   'arguments': getattr(getattr(c, 'function', None), 'arguments', None)}
+                  for c in getattr(message, 'tool_calls', None) or ())
     out = Completion(text=message.content, finish_reason=getattr(choices[0], 'finish_reason', None),
                      reasoning=getattr(message, 'reasoning_content', None), prompt_tokens=prompt,
-                     completion_tokens=completion, total_tokens=total, attempts=attempts)
+                     completion_tokens=completion, total_tokens=total, attempts=attempts, tool_calls=calls)
     if parse is not None:
       try:
         out = dataclasses.replace(out, parsed=parse(out.text))
@@ -253,9 +298,10 @@ class ChatClient:
       self._error_kinds[failure.kind] = self._error_kinds.get(failure.kind, 0) + 1
     return ChatError(failure.kind, failure.reason, self.url, failure.status, attempts, failure.cause, failure.text)
 
-  def _backoff(self, attempt: int) -> float:
-    """Seconds to sleep after failed attempt `attempt` (1-based): retry_backoff_s * 2**(attempt - 1)."""
-    return self.retry_backoff_s * 2 ** (attempt - 1)
+  def _backoff(self, attempt: int, failure: _Failure) -> float:
+    """Seconds to sleep after failed attempt `attempt` (1-based): retry_backoff_s * 2**(attempt - 1), or the
+    failure's `Retry-After` when longer."""
+    return max(self.retry_backoff_s * 2 ** (attempt - 1), failure.retry_after or 0.0)
 
   def _body(self, messages: Sequence[dict], params: dict) -> dict:
     return {'model': self.model, 'messages': list(messages), **params}
@@ -295,7 +341,7 @@ class ChatClient:
           failure = _classify(e)
           if not failure.retry or attempt > self.max_retries:
             raise self._give_up(failure, attempt) from e
-        time.sleep(self._backoff(attempt))
+        time.sleep(self._backoff(attempt, failure))
 
   def close(self) -> None:
     """Closes the sync connections (a later `complete` opens new ones)."""
@@ -334,7 +380,7 @@ class ChatClient:
           failure = _classify(e)
           if not failure.retry or attempt > self.max_retries:
             raise self._give_up(failure, attempt) from e
-        await asyncio.sleep(self._backoff(attempt))
+        await asyncio.sleep(self._backoff(attempt, failure))
 
   async def aclose(self) -> None:
     """Closes the running event loop's connections (a later `acomplete` in it opens new ones)."""

@@ -223,3 +223,19 @@ def test_bad_settings_are_refused_naming_them():
   client = openai_client.ChatClient.from_config({'base_url': 'http://h/v1/', 'model': 'm', 'max_requests': 3,
                                                  'unrelated': 1}, timeout_s=5.0)
   assert (client.base_url, client.max_requests, client.timeout_s, client.max_retries) == ('http://h/v1', 3, 5.0, 2)
+
+
+@pytest.mark.parametrize('header', ['1', 'DATE'])
+def test_a_retry_after_answer_is_waited_before_the_retry(header):
+  """429 with `Retry-After` (seconds, or an HTTP date): the retry waits that long, not the own 0 s backoff."""
+  import email.utils
+  value = email.utils.formatdate(time.time() + 2, usegmt=True) if header == 'DATE' else header
+  replies = [Reply(status=429, retry_after=value), Reply('Tagus')]
+  double = ChatDouble(lambda body, n: replies[n])
+  with double.serve() as url:
+    client = _client(url, max_retries=1)
+    t0 = time.monotonic()
+    reply = client.complete(MESSAGES)
+  assert reply.text == 'Tagus' and reply.attempts == 2 and time.monotonic() - t0 >= 0.95
+  assert openai_client.retry_after_seconds({'retry-after': '9999'}) == openai_client.MAX_RETRY_AFTER_S
+  assert openai_client.retry_after_seconds({'retry-after': 'soon'}) is None

@@ -1,19 +1,22 @@
 """The results store of an eval workdir, and the settings (fingerprint) its results were produced with.
 
 `<workdir>/eval_settings.json` records what decides a result (`run_settings`): the policy (`eval.policy`
-identity: checkpoint path, step, metadata hash, modification time), the engine, the seed, the sampling and
-rollout settings, the agent prompts (name and text hash), the judge (its `describe()`: name, model, endpoint,
-prompts), the tools and tool budgets, the image sizes. A rerun in the same workdir with other settings is
-refused, naming each differing field, as a pipeline build is (`data_pipeline/build.py`, build_config.json): one workdir holds one
-evaluation, and a result is never reported for settings that did not produce it. Settings that only choose
-*which* results are wanted (modes, budgets, benchmarks, item limit, batch size) are not recorded: adding a mode or
-a benchmark to a workdir extends it.
+identity: checkpoint path, step, metadata hash, modification time; a served model: its URL and what the endpoint
+reports of its model, `served_model()`, so another model behind the same URL is another policy), the engine, the
+seed, the sampling and rollout settings (not the request timeout, retries and concurrency), the agent prompts
+(name and text hash), the judge (its `describe()`: name, model, endpoint, prompts), the tools and tool budgets,
+the image sizes. A rerun in the same workdir with other settings is refused, naming each differing field, as a
+pipeline build is (`data_pipeline/build.py`, build_config.json): one workdir holds one evaluation, and a result
+is never reported for settings that did not produce it. Settings that only choose *which* results are wanted
+(modes, budgets, benchmarks, item limit, batch size) are not recorded: adding a mode or a benchmark to a workdir
+extends it.
 
 `<workdir>/results.jsonl`: one judged record per line, keyed by (run, benchmark, item_key) where `item_key` is the
 item's content hash (`data.eval_items.item_key`), never its line number; every record carries the settings'
 `fingerprint`. Append-only, flushed and fsynced per record; a torn last line is ignored (its item is redone). A
 record whose judge failed (`judge_error`) is not final: the next run judges it again and appends the new record,
-which replaces it (the later line wins).
+which replaces it (the later line wins); nor is one whose engine failed (`engine_error`): the next run rolls it
+out again.
 
 `<workdir>/trajectories.jsonl`: the trajectory of each new record, one line `{"run", "benchmark", "item_key",
 "trajectory": Trajectory.to_json}` (`append_trajectory`), for `python -m osvl_jax.view`; never read to resume.
@@ -50,9 +53,14 @@ def engine_identity(engine: Any) -> dict:
   return out
 
 
+# Rollout fields that decide how long a request may take and how often it is tried, not what a result is.
+OPERATIONAL_ROLLOUT_FIELDS = ('timeout_s', 'retries', 'max_concurrency')
+
+
 def run_settings(config: ml_collections.ConfigDict, policy: dict, engine: dict, judge: dict,
-                 prompts: dict[str, tuple[str, str]]) -> dict:
-  """The settings that decide an eval result, as JSON values (module docstring).
+                 prompts: dict[str, tuple[str, str]], image: dict | None = None) -> dict:
+  """The settings that decide an eval result, as JSON values (module docstring); the rollout section without
+  `OPERATIONAL_ROLLOUT_FIELDS`.
 
   Args:
     config: the eval config.
@@ -61,10 +69,12 @@ def run_settings(config: ml_collections.ConfigDict, policy: dict, engine: dict, 
     judge: the judge's `describe()` (`judges.base.Judge.describe`: name, class, prompts, verdict settings).
     prompts: {config field: (prompt name, prompt text)} of the agent prompts (system_prompt as resolved:
       'checkpoint:<name>' for a checkpoint's own, direct_prompt, rag_prompt).
+    image: the pixel budget images are sized with ({'min_pixels', 'max_pixels'}; None: `config.image`).
   """
   settings = {
       'policy': policy, 'engine': engine, 'judge': judge, 'seed': int(config.seed),
-      'rollout': config.rollout.to_dict(), 'image': config.image.to_dict(),
+      'rollout': {k: v for k, v in config.rollout.to_dict().items() if k not in OPERATIONAL_ROLLOUT_FIELDS},
+      'image': config.image.to_dict() if image is None else dict(image),
       'tools': config.get('tools').to_dict() if config.get('tools') is not None else {},
       'max_tool_calls': int(config.max_tool_calls), 'rag_top_k': int(config.rag_top_k),
       'degrade_kinds': list(config.degrade_kinds),
@@ -164,12 +174,13 @@ class ResultStore:
     return self._records.get((run, benchmark, item_key))
 
   def done(self, run: str, benchmark: str, item_key: str) -> bool:
-    """True when the item has a final record in the run (stored, and not a judge error)."""
+    """True when the item has a final record in the run (stored, neither a judge error nor an engine error)."""
     record = self.get(run, benchmark, item_key)
-    return record is not None and record.get('judge_error') is None
+    return record is not None and record.get('judge_error') is None and not record.get('engine_error')
 
   def append(self, record: dict) -> None:
-    """Appends one record (one line), flushed and fsynced before returning; it replaces a judge-error record.
+    """Appends one record (one line), flushed and fsynced before returning; it replaces a judge-error or
+    engine-error record.
 
     Raises:
       ValueError: the key already has a final record (an item is never judged twice), or the record carries
@@ -199,23 +210,41 @@ def append_trajectory(workdir: str | pathlib.Path, key: tuple[str, str, str], tr
   `<workdir>/trajectories.jsonl`, flushed; a torn last line is skipped by `read_trajectories`."""
   path = pathlib.Path(workdir) / TRAJECTORIES_FILE
   head = json.dumps({'run': key[0], 'benchmark': key[1], 'item_key': key[2]}, ensure_ascii=False)[:-1]
+  torn = path.is_file() and path.stat().st_size > 0 and not _ends_with_newline(path)  # a killed run's last line
   with path.open('a', encoding='utf-8') as f:
-    f.write(f'{head}, "trajectory": {traj.to_json()}}}\n')
+    f.write(('\n' if torn else '') + f'{head}, "trajectory": {traj.to_json()}}}\n')
     f.flush()
+
+
+def _ends_with_newline(path: pathlib.Path) -> bool:
+  with path.open('rb') as f:
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) == b'\n'
+
+
+def trajectory_lines(workdir: str | pathlib.Path) -> Iterator[tuple[tuple[str, str, str], dict]]:
+  """Yields ((run, benchmark, item_key), the trajectory's record, not decoded) for each whole line of
+  `<workdir>/trajectories.jsonl` (a torn line is skipped)."""
+  path = pathlib.Path(workdir) / TRAJECTORIES_FILE
+  if not path.is_file():
+    return
+  with path.open(encoding='utf-8', errors='replace') as f:   # (a torn line may end inside a character)
+    for line in f:
+      try:
+        row = json.loads(line)
+        key = (str(row['run']), str(row['benchmark']), str(row['item_key']))
+        traj = dict(row['trajectory'])
+      except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        continue  # a torn line (a killed run)
+      yield key, traj
 
 
 def read_trajectories(workdir: str | pathlib.Path) -> Iterator[tuple[tuple[str, str, str], Any]]:
   """Yields ((run, benchmark, item_key), Trajectory) for each whole line of `<workdir>/trajectories.jsonl`."""
   from osvl_jax.trajectory import record  # pylint: disable=g-import-not-at-top
-  path = pathlib.Path(workdir) / TRAJECTORIES_FILE
-  if not path.is_file():
-    return
-  with path.open(encoding='utf-8') as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-        key = (str(row['run']), str(row['benchmark']), str(row['item_key']))
-        traj = record.Trajectory.from_record(row['trajectory'])
-      except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        continue  # a torn line (a killed run)
-      yield key, traj
+  for key, row in trajectory_lines(workdir):
+    try:
+      traj = record.Trajectory.from_record(row)
+    except (KeyError, TypeError, ValueError):
+      continue  # a line that parses but does not decode
+    yield key, traj

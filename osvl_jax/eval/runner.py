@@ -10,8 +10,9 @@ Resumable per item (`eval.results`): every judged item is appended at once to `<
 key (run, benchmark, item content hash), with the fingerprint of the settings that produced it
 (`<workdir>/eval_settings.json`; a rerun with other settings is refused, naming them). A rerun skips the items
 stored, so a killed run resumes without judging an item twice (a torn last line is ignored and its item redone);
-an item whose judge failed is judged again (its stored response, no new rollout). Items are rolled out
-`batch_size` at a time. The config's names are checked (`eval.runs.check_config`) before anything is built.
+an item whose judge failed is judged again (its stored response, no new rollout); an item whose engine failed
+(`engine_failure`: refused connection, 5xx, 429, timeout, malformed reply, prompt mismatch) is rolled out again.
+Items are rolled out `batch_size` at a time. The config's names are checked (`eval.runs.check_config`) before anything is built.
 
 A benchmark whose file is missing is listed under `benchmarks_not_run`; a file entry that is not an item (bad
 line, not an object, no question, no gold answer, repeated id or content) is counted under `rejected`; an item
@@ -29,6 +30,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 import tqdm
+from absl import logging
 
 from osvl_jax import trajectory as traj_lib
 from osvl_jax import view as view_lib
@@ -39,7 +41,7 @@ from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import prompts as prompt_files
 from osvl_jax.judges import registry as judges_registry
-from osvl_jax.rollout import agent_loop, factory
+from osvl_jax.rollout import agent_loop, factory, sglang_client
 from tools import base as tools_base
 
 _ABSTAIN_RE = re.compile(
@@ -56,9 +58,37 @@ def _tool_label(step) -> str:
   return str(step.action.name)
 
 
+def engine_failure(traj) -> str | None:
+  """Why the engine failed an item's rollout, or None: the error string of a rollout that raised, or the
+  `Trajectory.error` of one the agent loop ended on an engine failure (its documented 'engine <class> failed at
+  step <l>: ...': a refused / dropped connection, 5xx, 429, timeout, malformed reply, prompt mismatch)."""
+  if isinstance(traj, str):
+    return traj
+  if traj.stop_reason == 'error' and (traj.error or '').startswith('engine '):
+    return traj.error
+  return None
+
+
 def is_abstention(response: str | None) -> bool:
   """True for a final answer that declines to answer ('cannot determine', 'unable to tell', "I don't know")."""
   return bool(response) and _ABSTAIN_RE.search(response) is not None
+
+
+def _server_pixels(engine, image: dict) -> dict:
+  """The pixel budget the SGLang-API servers report (`/server_info` `image_processor`, as `osvl_jax.serve` does),
+  else `image` (the config's: a server that does not report it, e.g. SGLang). The client must size each image as
+  the server does, or the server's prompt differs from ours and every turn with an image fails (prompt_mismatch)."""
+  try:
+    reported = engine.server_info().get('image_processor') or {}
+  except sglang_client.EngineError as e:
+    logging.warning('eval: %s does not report its pixel budget (%s); using config.image %s', engine.urls[0], e, image)
+    return image
+  if not {'min_pixels', 'max_pixels'} <= set(reported):
+    return image
+  served = {k: int(reported[k]) for k in ('min_pixels', 'max_pixels')}
+  if served != image:
+    logging.warning('eval: the servers size images with %s, not config.image %s: using theirs', served, image)
+  return served
 
 
 class _NoTools:
@@ -94,36 +124,40 @@ class Evaluator:
     self.workdir = pathlib.Path(workdir)
     prompt_files.load.cache_clear()  # the prompt files as they are now (one edited under its name is another prompt)
     self.judge = judge or judges_registry.get_judge(config.get('judge'))
+    self.tokenizer = tokenizer or traj_lib.load_tokenizer()
+    self.image = {'min_pixels': int(config.image.min_pixels), 'max_pixels': int(config.image.max_pixels)}
     served = factory.engine_name(config.rollout) != 'embedded'
     if engine is None and not served:
       policy = policy_lib.policy_identity(config)
       engine_id = {'class': 'osvl_jax.rollout.jax_sampler.JaxSampler'}
-    elif engine is None:   # the policy is whatever the endpoint serves: named by where it is
+    elif engine is None:   # the policy is whatever the endpoint serves: named by where it is and what it reports
+      engine = factory.make_engine(config.rollout, self.tokenizer, seed=config.seed)
       policy = {'served': factory.engine_name(config.rollout),
-                **{k: config.rollout.get(k) for k in ('urls', 'base_url', 'model') if config.rollout.get(k)}}
+                **{k: config.rollout.get(k) for k in ('urls', 'base_url', 'model') if config.rollout.get(k)},
+                'reports': engine.served_model()}
       engine_id = {'class': policy['served']}
+      if policy['served'] == 'sglang':
+        self.image = _server_pixels(engine, self.image)
     else:
       policy, engine_id = {'given_engine': True}, results_lib.engine_identity(engine)
     self.system_prompt, self.system_text = policy_lib.system_prompt(config)   # (name, text)
     # {field: (name, text)}: the texts fingerprinted are the texts rolled out.
     self.prompts = {'system_prompt': (self.system_prompt, self.system_text),
                     **{k: (config[k], traj_lib.system_prompt_text(config[k])) for k in ('direct_prompt', 'rag_prompt')}}
-    self.settings = results_lib.run_settings(config, policy, engine_id, self.judge.describe(), self.prompts)
+    self.settings = results_lib.run_settings(config, policy, engine_id, self.judge.describe(), self.prompts,
+                                             self.image)
     self.fingerprint = results_lib.check_resume(self.workdir, self.settings)  # refuses other settings
     self.store = results_lib.ResultStore(self.workdir / results_lib.RESULTS_FILE, self.fingerprint)
-    self.tokenizer = tokenizer or traj_lib.load_tokenizer()
-    self.processor = traj_lib.ImageProcessor(min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels)
+    self.processor = traj_lib.ImageProcessor(**self.image)
     if env is None:
       from tools import env as tools_env  # pylint: disable=g-import-not-at-top
       env = tools_env.ToolEnv(config.get('tools'))
     self.env = env
     self.policy_name = 'given engine'
-    if engine is None:
-      model = None
-      if served:
-        self.policy_name = ', '.join(f'{k}={v}' for k, v in policy.items())
-      else:
-        model, self.policy_name = policy_lib.build(config, step=policy.get('step'))  # the fingerprinted one
+    if served and 'reports' in policy:
+      self.policy_name = ', '.join(f'{k}={v}' for k, v in policy.items() if k != 'reports')
+    elif engine is None:
+      model, self.policy_name = policy_lib.build(config, step=policy.get('step'))  # the fingerprinted one
       engine = factory.make_engine(config.rollout, self.tokenizer, model=model, processor=self.processor,
                                    seed=config.seed)
     self.engine = engine
@@ -214,18 +248,28 @@ class Evaluator:
     return bool(verdict.score >= 0.5), None, float(verdict.score)
 
   def make_record(self, run: runs_lib.Run, item: bench_lib.EvalItem, info: dict, traj) -> dict:
-    """The judged record of one item (fields listed in `eval.report`)."""
+    """The judged record of one item (fields listed in `eval.report`).
+
+    An engine failure (`engine_failure`) is its own outcome: `engine_error` says why, `correct` is None, nothing
+    is judged, and the item is rolled out again on resume. Another rollout error (a prompt that cannot be
+    rendered, a turn that cannot be appended) is the policy's item that ran: `error` says why, judged as it ended.
+    """
     record = {'run': run.key, 'mode': run.mode, 'max_tool_calls': run.max_tool_calls,
               'benchmark': item.benchmark, 'id': str(item.id), 'item_key': bench_lib.item_key(item),
-              'fingerprint': self.fingerprint, 'answers': list(item.answers)[:10], **info, 'error': None}
-    if isinstance(traj, str):  # the rollout itself failed (e.g. a prompt over the token budget)
-      record.update(response=None, correct=False, judge_error=None, judge_score=0.0, abstained=False, turns=0,
+              'fingerprint': self.fingerprint, 'answers': list(item.answers)[:10], **info, 'error': None,
+              'engine_error': engine_failure(traj)}
+    if isinstance(traj, str):  # the rollout itself raised
+      record.update(response=None, correct=None, judge_error=None, judge_score=0.0, abstained=False, turns=0,
                     tool_calls=0, tools={}, tool_errors=0, gen_tokens=0, seconds=0.0, fatal=False,
-                    stop_reason='error', error=traj)
+                    stop_reason='error')
       return record
     calls = [s for s in traj.steps if s.action.kind == 'tool_call']
     response = traj.final_response
-    correct, judge_error, score = self._judge(item, response)
+    if record['engine_error']:
+      correct, judge_error, score = None, None, 0.0
+    else:
+      correct, judge_error, score = self._judge(item, response)
+      record['error'] = traj.error if traj.stop_reason == 'error' else None
     record.update(
         response=response, correct=correct, judge_error=judge_error,
         judge_score=score, abstained=is_abstention(response), turns=len(traj.steps), tool_calls=len(calls),
@@ -256,8 +300,8 @@ class Evaluator:
         if stored is not None and stored.get('judge_error') is not None:
           self.store.append(self.rejudge(stored, item))
           self.rejudged += 1
-    todo = [(run, name, item) for run in self.runs for name, key, item in keyed
-            if self.store.get(run.key, name, key) is None]
+    todo = [(run, name, item) for run in self.runs for name, key, item in keyed  # new, or its engine failed
+            if (self.store.get(run.key, name, key) or {'engine_error': True}).get('engine_error')]
     bar = tqdm.tqdm(total=len(todo), desc='eval', unit='item', disable=not self.config.get('progress', True))
     batch = max(1, int(self.config.batch_size))
     for run in self.runs:
@@ -299,7 +343,7 @@ class Evaluator:
         if len(p['examples']) < 3:
           p['examples'].append(f"{r['id']}: {r['problems'][0]}")
     rep = {
-        'meta': {'policy': self.policy_name, 'judge': self.judge.name,
+        'meta': {'policy': self.policy_name, 'judge': self.judge.name, 'engine_usage': self.engine.usage(),
                  'judge_prompt': self.settings['judge']['prompt_names'].get('accuracy',
                                                                             f'{self.judge.name} (no prompt)'),
                  'judge_identity': self.settings['judge'],

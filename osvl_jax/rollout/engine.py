@@ -192,6 +192,11 @@ class Engine(abc.ABC):
     """
     return await asyncio.to_thread(self.generate, list(contexts), max_new_tokens, stop, sampling)
 
+  def usage(self) -> dict:
+    """What this engine's requests cost since it was built, as JSON values (the eval report's engine cost; an
+    API model's billed tokens). Default: {} (an in-process engine bills nothing)."""
+    return {}
+
   async def aclose(self) -> None:
     """Releases what the engine bound to the running event loop (the agent loop calls it before its loop ends).
 

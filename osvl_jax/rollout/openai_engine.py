@@ -7,7 +7,9 @@ schemas as text, each image span `<|vision_start|>...<|vision_end|>` replaced by
 part holding a PNG data URL (the OpenAI vision schema). The endpoint's reply text is then tokenized into the turn's
 ids exactly as `TrajectoryBuilder.append_assistant_text` would (`engine.text_generation`), so the trajectory stays
 one token-exact record of what the builder rendered. A reply the endpoint gives as `reasoning_content` (reasoning
-parsers of vLLM / SGLang, reasoning APIs) beside `content` is put back as `<think>...</think>` before it.
+parsers of vLLM / SGLang, reasoning APIs) beside `content` is put back as `<think>...</think>` before it; native
+`tool_calls` (an endpoint's tool parser) are put back as `<tool_call>` blocks after it (unreadable arguments kept
+as sent, so the step is malformed, never dropped).
 
 No log-probabilities (`Generation.logprobs` None) and no weight updates: this engine evaluates a served policy and
 plays the pipeline's expert; RL cannot use it (`factory.make_engine` refuses it for training).
@@ -22,6 +24,7 @@ which the agent loop records on that trajectory (never a tool error).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Sequence
 
@@ -87,6 +90,19 @@ _ERROR_KINDS = {'connection': protocol.ERROR_CONNECTION, 'timeout': protocol.ERR
                 'bad_reply': protocol.ERROR_RESPONSE, 'bad_response': protocol.ERROR_RESPONSE}
 
 
+def _tool_call_text(call: dict) -> str:
+  """A native `tool_calls` entry as the `<tool_call>` block the policy writes (the builder parses it like any
+  other); arguments that are not a JSON object are kept as sent, so the builder counts the call as unreadable
+  (a malformed step) rather than the call being dropped."""
+  try:
+    arguments = json.loads(call.get('arguments') or '{}')
+  except (TypeError, ValueError):
+    arguments = None
+  if not isinstance(arguments, dict):
+    return f'\n<tool_call>{{"name": {json.dumps(call.get("name"))}, "arguments": {call.get("arguments")}}}</tool_call>'
+  return '\n<tool_call>' + json.dumps({'name': call.get('name'), 'arguments': arguments}) + '</tool_call>'
+
+
 class OpenAIEngine(engine_lib.Engine):
   """`Engine` over an OpenAI-compatible chat endpoint (module docstring). Thread-safe.
 
@@ -146,6 +162,21 @@ class OpenAIEngine(engine_lib.Engine):
     with self._lock:
       return {**self._turns, 'prompt_tokens': usage['prompt_tokens'], 'completion_tokens': usage['completion_tokens']}
 
+  def served_model(self) -> dict | None:
+    """The endpoint's `/models` entry of `model` (`openai_client.ChatClient.model_card`; None: not listed), the
+    eval fingerprint's identity of a served policy.
+
+    Raises:
+      openai_client.ChatError: the endpoint cannot be reached.
+    """
+    return self.client.model_card()
+
+  def usage(self) -> dict:
+    """`Engine.usage`: the client's `usage()` (requests sent, retries included; replies, retries, errors by
+    kind; the prompt / completion / total tokens the endpoint billed) and the turns asked and failed."""
+    with self._lock:
+      return {**self.client.usage(), 'turns': self._turns['requests'], 'turns_failed': self._turns['errors']}
+
   async def aclose(self) -> None:
     """Closes the running event loop's connections (`Engine.aclose`); a later call opens new ones."""
     await self.client.aclose()
@@ -180,7 +211,7 @@ class OpenAIEngine(engine_lib.Engine):
       kind = protocol.ERROR_HTTP if e.kind.startswith('http_') else _ERROR_KINDS.get(e.kind, protocol.ERROR_RESPONSE)
       raise protocol.EngineError(kind, f'POST /chat/completions: {e.reason[:500]}', self.base_url, e.status,
                                  e.attempts) from e
-    text = reply.text or ''
+    text = (reply.text or '') + ''.join(_tool_call_text(c) for c in reply.tool_calls)
     if reply.reasoning and '<think>' not in text:
       text = f'<think>\n{reply.reasoning.strip()}\n</think>\n{text.lstrip()}'
     return engine_lib.text_generation(self.tokenizer, text, cap, stop, stopped=reply.finish_reason != 'length',

@@ -12,7 +12,8 @@ flag; not `custom_logit_processor`, which needs `--enable-custom-logit-processor
 `meta_info.prompt_tokens` checked against the context's length.
 
 Failures: a refused connection, a timeout, a dropped connection or an HTTP 5xx / 429 is retried with exponential
-backoff (on the next URL of the list), then raised as `EngineError`; a 4xx is raised at once (the request is
+backoff, or after the answer's `Retry-After` when longer (`openai_client.retry_after_seconds`), on the next URL of
+the list, then raised as `EngineError`; a 4xx is raised at once (the request is
 wrong; retrying cannot help); an answer whose `prompt_tokens` differs from the context is an `EngineError` of kind
 'prompt_mismatch'. The agent loop records an `EngineError` on the trajectory (never a tool error).
 """
@@ -28,6 +29,7 @@ from typing import Any, Sequence
 import httpx
 import numpy as np
 
+from osvl_jax import openai_client
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import sglang_protocol as protocol
 # The wire format's names, for callers of this module.
@@ -129,6 +131,12 @@ class SGLangEngine(engine_lib.Engine):
         self._clients[loop] = httpx.AsyncClient(**self._client_args)
       return self._clients[loop]
 
+  def usage(self) -> dict:
+    """`Engine.usage`: {'requests' (sent, retries included), 'retries', 'errors' (calls failed after their
+    retries)}."""
+    with self._lock:
+      return dict(self.stats)
+
   async def aclose(self) -> None:
     """Closes the HTTP client of the running event loop (`Engine.aclose`); a later call opens a new one."""
     with self._lock:
@@ -165,13 +173,13 @@ class SGLangEngine(engine_lib.Engine):
       attempts += 1
       with self._lock:
         self.stats['requests'] += 1
-      kind, message, status = None, '', None
+      kind, message, status, wait = None, '', None, None
       try:
         resp = await self._client().request(method, target + path, json=json, params=params)
         if resp.status_code < 400:
           return resp
         status, message = resp.status_code, resp.text[:500]
-        kind = ERROR_HTTP
+        kind, wait = ERROR_HTTP, openai_client.retry_after_seconds(resp.headers)
         if status not in RETRY_STATUS:
           break
       except httpx.TimeoutException as e:
@@ -182,7 +190,7 @@ class SGLangEngine(engine_lib.Engine):
         break
       with self._lock:
         self.stats['retries'] += 1
-      await asyncio.sleep(min(self.backoff * 2 ** (attempts - 1), self.max_backoff))
+      await asyncio.sleep(max(min(self.backoff * 2 ** (attempts - 1), self.max_backoff), wait or 0.0))
     with self._lock:
       self.stats['errors'] += 1
     raise EngineError(kind, f'{method} {path}: {message}', last_url, status, attempts)
@@ -281,6 +289,23 @@ class SGLangEngine(engine_lib.Engine):
   def model_info(self, url: str | None = None) -> dict:
     """`GET /model_info` (falls back to the deprecated `/get_model_info` on a 404)."""
     return self._get_with_fallback('/model_info', '/get_model_info', url)
+
+  def served_model(self) -> dict:
+    """What each server says it serves: {url: its `/model_info` answer (model path, weight version, ...), or None
+    for a server without one (404)} (the eval fingerprint's identity of a served policy).
+
+    Raises:
+      EngineError: a server that cannot be reached (after the retries) or answers another error.
+    """
+    out = {}
+    for url in self.urls:
+      try:
+        out[url] = self.model_info(url)
+      except EngineError as e:
+        if e.status != 404:
+          raise
+        out[url] = None
+    return out
 
   def server_info(self, url: str | None = None) -> dict:
     """`GET /server_info` (falls back to the deprecated `/get_server_info` on a 404)."""

@@ -54,9 +54,10 @@ def test_pass_at_1_counts_judge_errors_as_not_correct_over_all_items(tmp_path, t
   # No judgement at all: n/a (not 0.0), and the average says it covers fvqa alone.
   assert mm['items'] == 5 and mm['judged'] == 0 and mm['pass_at_1'] is None and mm['judge_errors'] == 5
   assert run['average_pass_at_1'] == pytest.approx(0.4, rel=1e-12) and run['average_covers'] == ['fvqa']
-  assert run['average_excludes'] == {'mmsearch': 'no judgement (5 judge errors of 5 items)'}
+  assert run['average_excludes'] == {'mmsearch': 'no judgement (5 judge errors of 5 items that ran)'}
   md = (tmp_path / 'report.md').read_text()
-  assert '| fvqa | 5 | 3 | 40.0 | 2 (40.0%) |' in md and '| mmsearch | 5 | 0 | n/a | 5 (100.0%) |' in md
+  assert '| fvqa | 5 | 0 (0.0%) | 5 | 3 | 40.0 | 2 (40.0%) |' in md
+  assert '| mmsearch | 5 | 0 (0.0%) | 5 | 0 | n/a | 5 (100.0%) |' in md
   assert '**Avg.** (over fvqa)' in md and 'Left out of the average: mmsearch' in md
 
 

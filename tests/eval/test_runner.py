@@ -41,7 +41,7 @@ def test_resume_after_a_kill_judges_no_item_twice(tmp_path, tokenizer, env):
   assert set(run['all']['turns']) == {'mean', 'median', 'p90'} and run['all']['gen_tokens']['mean'] > 0
   assert 0 < run['average_pass_at_1'] < 1
   md = (tmp_path / 'report.md').read_text()
-  assert '| fvqa | 3 | 3 |' in md and 'infoseek' not in md
+  assert '| fvqa | 3 | 0 (0.0%) | 3 | 3 |' in md and 'infoseek' not in md
 
 
 def test_judge_errors_are_neither_right_nor_wrong(tmp_path, tokenizer, env):
@@ -53,7 +53,7 @@ def test_judge_errors_are_neither_right_nor_wrong(tmp_path, tokenizer, env):
   assert s['judged'] == 0 and s['judge_error_rate'] == 1.0 and s['judge_errors'] == 2
   assert s['pass_at_1'] is None and rep['runs']['agentic']['average_pass_at_1'] is None  # n/a, not 0.0
   assert rep['runs']['agentic']['average_covers'] == [] and 'fvqa' in rep['runs']['agentic']['average_excludes']
-  assert '| fvqa | 2 | 0 | n/a | 2 (100.0%) |' in (tmp_path / 'report.md').read_text()
+  assert '| fvqa | 2 | 0 (0.0%) | 2 | 0 | n/a | 2 (100.0%) |' in (tmp_path / 'report.md').read_text()
   records = [json.loads(l) for l in (tmp_path / 'results.jsonl').read_text().splitlines()]
   assert all(r['correct'] is None and r['judge_error'].startswith('JudgeParseError') for r in records)
 

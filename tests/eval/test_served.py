@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import zlib
 
 import httpx
 import numpy as np
@@ -36,24 +37,25 @@ def served_config(**rollout):
 def _flags(config) -> list[str]:
   """The CLI overrides that make configs/eval.py into `config` (its rollout engine fields included)."""
   r = config.rollout
-  out = ['--config.benchmarks=fvqa', '--config.max_items_per_benchmark=2', '--config.max_tool_calls=1',
-         f'--config.modes={",".join(MODES)}', '--config.batch_size=2', '--config.progress=False',
+  out = ['--config.benchmarks=fvqa', f'--config.max_items_per_benchmark={config.max_items_per_benchmark}',
+         '--config.max_tool_calls=1', f'--config.modes={",".join(config.modes)}', '--config.batch_size=2',
+         '--config.progress=False',
          '--config.image.min_pixels=1024', '--config.image.max_pixels=4096', '--config.rollout.max_new_tokens=4',
          '--config.rollout.max_total_tokens=1536', '--config.rollout.timeout_s=300',
          f'--config.rollout.engine={r.engine}']
-  for field in ('urls', 'base_url', 'model'):
+  for field in ('urls', 'base_url', 'model', 'retries'):
     if r.get(field):
       out.append(f'--config.rollout.{field}={r[field]}')
   return out
 
 
-def _evaluate_cli(workdir, config):
+def _evaluate_cli(workdir, config, items=2):
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1', 'JAX_PLATFORMS': 'cpu'}
   out = subprocess.run([sys.executable, '-m', 'osvl_jax.evaluate', '--config=configs/eval.py',
-                        f'--workdir={workdir}', *_flags(config)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
+                        f'--workdir={workdir}', *_flags(config)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.strip().splitlines()[-1] == f'benchmarks=1 items=2 report={workdir / "report.json"}'
+  assert out.stdout.strip().splitlines()[-1] == f'benchmarks=1 items={items} report={workdir / "report.json"}'
   return json.loads((workdir / 'report.json').read_text())
 
 
@@ -153,3 +155,72 @@ def test_an_api_model_that_calls_tools_is_judged_and_costed_in_every_mode(tmp_pa
       by_item.setdefault(json.dumps(body['messages'][1]['content'][0]), []).append(images[0])
   assert any(any(not np.array_equal(ims[0], im) for im in ims[1:]) for ims in by_item.values())  # degraded
   assert all(r['response'] == 'Tagus River' for r in records.values())
+
+
+def test_engine_failures_are_counted_apart_and_redone_on_resume(tmp_path, env):
+  """An API model answering some items with 500s: those are engine errors (not wrong answers: Pass@1 is over the
+  items that ran, the engine-error rate beside it), the billed tokens reach the report; a rerun with another
+  timeout / retries / concurrency resumes and rolls out exactly the failed items again; another model behind the
+  same URL is refused."""
+  from osvl_jax.eval import results
+  from tests.rollout.openai_double import USAGE, Reply
+  broken = {'on': True}
+  fails = lambda body: broken['on'] and zlib.crc32(json.dumps(body['messages'][1]).encode()) % 2 == 0
+  double = ChatDouble(lambda body, n: Reply(status=500) if fails(body) else SCRIPT[1],
+                      models=[{'id': 'api-model', 'object': 'model', 'created': 1, 'owned_by': 'lab-a'}])
+  config = served_config(engine='openai', model='api-model', max_new_tokens=128, retries=0)
+  config.update(max_items_per_benchmark=6, modes=('direct',))
+  with double.serve() as url:
+    config.rollout.base_url = url
+    rep = runner.evaluate(config, tmp_path, env=env)
+    failed = {k for k, r in _records(tmp_path).items() if r['engine_error']}
+    s = rep['runs']['direct']['benchmarks']['fvqa']
+    ran = [r for r in _records(tmp_path).values() if not r['engine_error']]
+    assert 0 < len(failed) < 6 and (s['items'], s['engine_errors'], s['ran']) == (6, len(failed), 6 - len(failed))
+    assert s['engine_error_rate'] == pytest.approx(len(failed) / 6)
+    assert s['pass_at_1'] == pytest.approx(sum(r['correct'] for r in ran) / len(ran))
+    assert all(_records(tmp_path)[k]['correct'] is None for k in failed)
+    assert rep['meta']['engine_usage']['prompt_tokens'] == len(ran) * USAGE['prompt_tokens']
+    assert f"Engine error rate {100 * len(failed) / 6:.1f}%" in (tmp_path / 'report.md').read_text()
+    broken['on'] = False
+    asked = len(double.bodies)
+    config.rollout.update(timeout_s=900.0, retries=2, max_concurrency=3)   # not result-deciding
+    rep = runner.evaluate(config, tmp_path, env=env)
+    redone = [json.dumps(b['messages'][1]) for b in double.bodies[asked:]]
+    assert len(redone) == len(failed) and not any(_records(tmp_path)[k]['engine_error'] for k in failed)
+    assert rep['runs']['direct']['benchmarks']['fvqa']['engine_errors'] == 0
+    double.models[0]['owned_by'] = 'lab-b'   # another model behind the same URL and name
+    with pytest.raises(results.SettingsMismatch, match=r'policy\.reports\.owned_by'):
+      runner.Evaluator(config, tmp_path, env=env)
+
+
+def test_the_cli_counts_a_killed_worker_and_a_failing_one_as_engine_errors_and_redoes_them(tmp_path, tokenizer):
+  """`python -m osvl_jax.evaluate` over two SGLang-API workers: one killed after two answers, one answering 500s
+  (no retries, so each request's outcome is its worker's). 6 items, 3 requests per worker: 2 ran, 4 engine errors;
+  Pass@1 over the 2. A rerun with both healthy redoes exactly the 4."""
+  from tests.rollout.sglang_double import SGLangDouble
+  from osvl_jax import trajectory as tj
+  processor = tj.ImageProcessor(min_pixels=1024, max_pixels=4096)
+  killed, failing = (SGLangDouble(tokenizer, processor, [SCRIPT[1]]) for _ in range(2))
+  killed.die_after, failing.status = 2, 500
+  with killed.serve() as a, failing.serve() as b:
+    config = served_config(engine='sglang', urls=f'{a},{b}', retries=0)
+    config.update(modes=('direct',), max_items_per_benchmark=6)
+    rep = _evaluate_cli(tmp_path, config, items=6)
+  first = _records(tmp_path)
+  failed = sorted(k for k, r in first.items() if r['engine_error'])
+  s = rep['runs']['direct']['benchmarks']['fvqa']
+  assert (s['items'], s['engine_errors'], s['ran'], len(failed)) == (6, 4, 2, 4)
+  assert s['engine_error_rate'] == pytest.approx(4 / 6)
+  assert s['pass_at_1'] == pytest.approx(sum(r['correct'] for r in first.values() if not r['engine_error']) / 2)
+  settings = json.loads((tmp_path / 'eval_settings.json').read_text())
+  assert settings['policy']['reports'] == {a: killed.model_info, b: failing.model_info}
+  killed.die_after, failing.status = None, 200
+  sent = len(killed.bodies) + len(failing.bodies)
+  with killed.serve(port=int(a.rsplit(':', 1)[1])), failing.serve(port=int(b.rsplit(':', 1)[1])):
+    rep = _evaluate_cli(tmp_path, config, items=6)
+  assert len(killed.bodies) + len(failing.bodies) - sent == 4
+  again = _records(tmp_path)
+  assert sorted(k for k in again if again[k]['engine_error'] is None) == sorted(again) and len(again) == 6
+  assert {k: again[k] for k in first if k not in failed} == {k: first[k] for k in first if k not in failed}
+  assert rep['runs']['direct']['benchmarks']['fvqa']['engine_errors'] == 0

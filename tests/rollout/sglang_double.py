@@ -10,6 +10,9 @@ Built from SGLang 0.5.23's documented `/generate` schema (`tests/serve/sglang_sc
     `BaseMultimodalProcessor._expand_input_ids`); a pad/image count mismatch -> 400;
   * `meta_info.prompt_tokens` = the expanded prompt's length (`len(req.origin_input_ids)`), plus
     `prompt_tokens_offset` to play a server that drifted;
+  * `GET /model_info` answers `model_info`; a worker in trouble is played by `status` (each `/generate` answered
+    with that HTTP error) and `die_after` (after that many answered `/generate` requests, the next one's connection
+    is dropped and the server stops listening: a killed worker);
   * the "model" prefers, at each position, the next id of a `ScriptedEngine` turn over the expanded context (the
     project's scripted policy), with logit 0, and a plain id ('x') with logit -5; `sampling_params.logit_bias` is
     added to those logits before the greedy choice and the returned log-probs, as SGLang's
@@ -57,12 +60,18 @@ class SGLangDouble:
   Attributes:
     requests: the raw bytes of every `/generate` body, in arrival order.
     bodies: the same, parsed.
+    model_info: the `GET /model_info` answer.
+    status: 200, or the HTTP error status every `/generate` gets.
+    die_after: None, or the `/generate` requests answered before the worker dies.
   """
 
-  def __init__(self, tokenizer, processor: tj.ImageProcessor, script, prompt_tokens_offset: int = 0):
+  def __init__(self, tokenizer, processor: tj.ImageProcessor, script, prompt_tokens_offset: int = 0,
+               model_info: dict | None = None):
     self.tokenizer, self.processor = tokenizer, processor
     self.policy = engine_lib.ScriptedEngine(script, tokenizer)
     self.prompt_tokens_offset = prompt_tokens_offset
+    self.model_info = model_info or {'model_path': 'scripted-policy', 'weight_version': 'default'}
+    self.status, self.die_after, self.answered = 200, None, 0
     self.fallback_id = tokenizer.encode('x', add_special_tokens=False)[0]
     self.requests: list[bytes] = []
     self.bodies: list[dict] = []
@@ -109,8 +118,8 @@ class SGLangDouble:
         'output_token_logprobs': [[lp, i, None] for lp, i in zip(lps, out)]}}
 
   @contextlib.contextmanager
-  def serve(self):
-    """Runs the double on a free port of 127.0.0.1 in a thread; yields its base URL."""
+  def serve(self, port: int = 0):
+    """Runs the double on `port` (0: a free one) of 127.0.0.1 in a thread; yields its base URL."""
     double = self
 
     class Handler(BaseHTTPRequestHandler):
@@ -126,18 +135,30 @@ class SGLangDouble:
         self.wfile.write(data)
 
       def do_GET(self):  # pylint: disable=invalid-name
+        if self.path == '/model_info':
+          return self._send(200, double.model_info)
         self._send(200 if self.path == '/health' else 404, {})
 
       def do_POST(self):  # pylint: disable=invalid-name
         raw = self.rfile.read(int(self.headers.get('Content-Length', 0)))
         if self.path != '/generate':
           return self._send(404, {'error': self.path})
+        if double.status != 200:
+          return self._send(double.status, {'error': {'message': f'scripted status {double.status}'}})
+        with double._lock:  # pylint: disable=protected-access
+          dies = double.die_after is not None and double.answered >= double.die_after
+          double.answered += not dies
+        if dies:  # killed: this connection dropped unanswered, the port closed
+          self.close_connection = True
+          threading.Thread(target=httpd.shutdown, daemon=True).start()
+          httpd.socket.close()
+          return None
         try:
           return self._send(200, double.generate(raw))
         except BadRequest as e:
           return self._send(400, {'error': {'message': str(e)}})
 
-    httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    httpd = ThreadingHTTPServer(('127.0.0.1', port), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

@@ -106,3 +106,21 @@ def test_the_agent_loop_records_a_token_exact_trajectory_of_the_api_model(make_b
   want.append_observation(traj.steps[0].result)
   want.append_assistant_text(ANSWER)
   assert traj.token_ids.tolist() == want.finish().token_ids.tolist()
+
+
+def test_native_tool_calls_are_read_back_into_the_turn(make_builder, tokenizer):
+  """An endpoint whose tool parser returns `tool_calls` (content None): the call becomes the turn's `<tool_call>`,
+  parsed by the builder; arguments that are not JSON stay in the turn as sent, so the step is malformed."""
+  call = {'name': 'crop', 'arguments': '{"image": "img_1", "x": 0, "y": 0, "width": 0.5, "height": 0.5}'}
+  replies = [Reply(None, tool_calls=[call]), Reply(None, tool_calls=[{'name': 'crop', 'arguments': 'x=0 y=0'}])]
+  double = ChatDouble(lambda body, n: replies[n])
+  with double.serve() as url:
+    engine = openai_engine.OpenAIEngine(url, 'm', tokenizer, max_new_tokens=256)
+    read, unreadable = [], []
+    for out in (read, unreadable):
+      builder = make_builder()
+      builder.start('q', None)
+      (gen,) = engine.generate([(builder.prompt_ids(), [])])
+      out.append(builder.append_assistant(gen.ids, gen.logprobs))
+  assert read[0].kind == 'tool_call' and read[0].name == 'crop' and read[0].arguments['width'] == 0.5
+  assert unreadable[0].kind not in ('tool_call', 'response') and unreadable[0].error
