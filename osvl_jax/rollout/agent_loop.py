@@ -36,7 +36,9 @@ failure stays with its own trajectory, and the other items and samples of the ba
     timeout; any exception of `Engine.agenerate`) -> that trajectory ends at its last whole step with
     stop_reason 'error' and `Trajectory.error` = 'engine <class> failed at step <l>: <type>: <cause>' (never a
     tool error); a failed batch of an in-process engine is retried row by row, so only the failing rows end;
-  - anything else (an id outside the vocabulary, an error observation that cannot be appended either) -> that
+  - an engine output the policy cannot have produced (`engine.check_generation`: an id outside the vocabulary, a
+    log-prob that is NaN, infinite or positive) -> the same engine error, naming the value;
+  - anything else (an error observation that cannot be appended either) -> that
     trajectory ends at its last whole step with stop_reason 'error' and `Trajectory.error` saying why.
 The builder's appends are transactional, so a failed append leaves no partial observation or step, and the other
 episodes of the batch are untouched. A turn with vision ids (from an engine other than the embedded sampler,
@@ -366,6 +368,7 @@ async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, po
   t0 = time.perf_counter()
   try:
     gen = await queue.generate(key, (e.builder.prompt_ids(), e.builder.images), cap)
+    engine_lib.check_generation(gen)  # an id outside the vocabulary, a NaN log-prob: the engine's fault
   except Exception as err:  # pylint: disable=broad-except  # EngineError, refused connection, 5xx, timeout, ...
     e.done, e.end_reason = True, 'error'
     e.error = f'engine {type(engine).__name__} failed at step {len(e.builder.steps)}: {_why(err)}'

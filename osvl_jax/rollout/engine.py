@@ -221,6 +221,31 @@ def run_sync(coroutine_fn: Callable[[], Any], aclose: Callable[[], Any]) -> Any:
     return pool.submit(asyncio.run, main()).result()
 
 
+LOGPROB_SLACK = 1e-3  # a log-prob up to this far above 0 is float rounding of log 1; further is no log-prob
+
+
+def check_generation(gen: Generation, vocab_size: int = tokens_lib.VOCAB_SIZE) -> None:
+  """Refuses an engine output the policy cannot have produced: an id outside the model's vocabulary, or a log-prob
+  that is not a finite number <= 0 (NaN, ±inf, a positive value beyond `LOGPROB_SLACK`). The agent loop calls it on
+  every turn, so such a turn is an engine error of its trajectory and never reaches the trainer.
+
+  Args:
+    gen: the engine's turn; vocab_size: the model's embedding rows (`tokens.VOCAB_SIZE`).
+  Raises:
+    ValueError: naming the first bad value, its position in the turn and (for a log-prob) its id.
+  """
+  bad = np.flatnonzero((gen.ids < 0) | (gen.ids >= vocab_size))
+  if bad.size:
+    k = int(bad[0])
+    raise ValueError(f'id {int(gen.ids[k])} at position {k} is outside the vocabulary [0, {vocab_size})')
+  if gen.logprobs is not None:
+    bad = np.flatnonzero(~(np.isfinite(gen.logprobs) & (gen.logprobs <= LOGPROB_SLACK)))
+    if bad.size:
+      k = int(bad[0])
+      raise ValueError(f'log-prob {float(gen.logprobs[k]):g} at position {k} (id {int(gen.ids[k])}) is not a finite '
+                       'number <= 0')
+
+
 def as_context(context: Context | tuple) -> Context:
   """`(prompt_ids, images)` -> `Context` with prompt_ids as int32 [T]."""
   prompt_ids, images = context

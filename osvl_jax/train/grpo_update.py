@@ -143,11 +143,28 @@ def check_mismatch(metrics: dict, threshold: float | None, figure: str = 'logpro
   """
   value = metrics.get(figure, 0.0)
   tokens = metrics.get(figure.replace('_abs_mean', '_tokens'), 0)
-  if threshold and tokens and value > float(threshold):
+  if threshold and tokens and not value <= float(threshold):  # a NaN figure rings too
     raise MismatchAlarm(
         f'{figure}={value:.4g} (mean |log π_rollout − log π_old| over {int(tokens)} loss tokens) exceeds '
         f'grpo.max_logprob_mismatch={threshold}: the engine sampled from another policy than the trainer scores (did it see the images? are its weights the '
         'published ones? same temperature?); the step is not taken')
+
+
+def check_rollout_logprobs(rollout_logprobs: np.ndarray, completion_mask: np.ndarray, prompt_ids) -> None:
+  """Refuses engine log-probs that are not finite on a completion token (a NaN would make every mismatch figure
+  NaN, which no threshold compares above, and TIS weights NaN).
+
+  Args:
+    rollout_logprobs: float32 [B, K]; completion_mask: bool [B, K]; prompt_ids: [B].
+  Raises:
+    ValueError: naming the first such value, its loss position, its row and the row's prompt_id.
+  """
+  bad = ~np.isfinite(np.asarray(rollout_logprobs)) & np.asarray(completion_mask, bool)
+  if bad.any():
+    row, k = (int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(f'rollout_logprobs: {float(rollout_logprobs[row, k]):g} at loss position {k} of row {row} '
+                     f'(prompt_id {prompt_ids[row]!r}; {int(bad.sum())} such tokens in the batch): the engine\'s '
+                     'log-probs must be finite; the step is not taken')
 
 
 def tis_weights(old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, known_rows: np.ndarray,
@@ -322,7 +339,8 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       metrics: those reduced by `STEP_REDUCTIONS` (+ grad_norm_max), `mismatch_metrics`, optimizer_steps,
       mini_batches, micro_batches (per mini-batch, the largest).
   Raises (from update):
-    ValueError: prompt_ids not [B]; beta > 0 without ref_model.
+    ValueError: prompt_ids not [B]; beta > 0 without ref_model; a rollout log-prob that is not finite on a
+      completion token (`check_rollout_logprobs`, before any optimizer step).
     MismatchAlarm: the engine's log-probs are further than `cfg.max_logprob_mismatch` from π_old's (before any
       optimizer step).
   """
@@ -346,6 +364,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put, temp, packing)
     known = rollout_logprob_rows(batch)
     rollout = batch.get('rollout_logprobs', np.zeros_like(batch['old_logprobs']))
+    check_rollout_logprobs(rollout, batch['completion_mask'], prompt_ids)  # before any optimizer step
     out = mismatch_metrics(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
     figure = 'logprob_mismatch_abs_mean'
     if on_policy is not None:  # the alarm's figure: the engine's own gap, not the lag of stale rows' policy

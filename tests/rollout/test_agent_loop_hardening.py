@@ -2,6 +2,7 @@
 vision ids and end-of-sequence ids from the policy, ids outside the vocabulary, and 1,000 random turns."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -283,3 +284,43 @@ def test_random_turns_never_escape_and_every_trajectory_trains(tokenizer, make_b
     pads = int(np.sum(batch['input_ids'] == tj.IMAGE_PAD_ID))
     assert pads == sum(im.num_tokens for t in trajs[k:k + 80] for im in t.images)
     assert batch['completion_mask'].sum() == sum(int(t.gen_mask[1:].sum()) for t in trajs[k:k + 80])
+
+
+class _ValuesEngine(engine_lib.Engine):
+  """Returns fixed (ids, log-probs) per prompt (by a marker in the question), else the answer with log-probs -0.1."""
+
+  def __init__(self, tokenizer, turns_by_key):
+    self.tokenizer, self.turns_by_key = tokenizer, turns_by_key
+
+  def generate(self, contexts, max_new_tokens=None, stop=None, sampling=None):
+    out = []
+    for c in map(engine_lib.as_context, contexts):
+      text = self.tokenizer.decode(c.prompt_ids.tolist())
+      answer = self.tokenizer.encode(ANSWER, add_special_tokens=False) + [tj.IM_END_ID]
+      ids, logprobs = next((v for k, v in self.turns_by_key.items() if f'Question {k}:' in text),
+                           (answer, [-0.1] * len(answer)))
+      out.append(engine_lib.Generation(np.asarray(ids), np.asarray(logprobs), '', engine_lib.FINISH_STOP))
+    return out
+
+
+@pytest.mark.parametrize('ids, logprobs, why', [
+    ([9707, tj.VOCAB_SIZE + 5, tj.IM_END_ID], [-0.1] * 3, r'id 151941 at position 1 is outside the vocabulary '
+                                                          r'\[0, 151936\)'),
+    ([9707, -2, tj.IM_END_ID], [-0.1] * 3, r'id -2 at position 1 is outside the vocabulary'),
+    ([9707, 11, tj.IM_END_ID], [-0.1, float('nan'), -0.2], r'log-prob nan at position 1 \(id 11\)'),
+    ([9707, 11, tj.IM_END_ID], [-0.1, -0.3, float('-inf')], r'log-prob -inf at position 2'),
+    ([9707, 11, tj.IM_END_ID], [2.5, -0.3, -0.1], r'log-prob 2.5 at position 0'),
+])
+def test_an_engine_output_out_of_range_is_an_engine_error_naming_the_value(tokenizer, env, make_builder, ids,
+                                                                           logprobs, why):
+  """Ids outside the model's vocabulary and log-probs that are not finite numbers <= 0 are an engine fault: that
+  trajectory ends at its last whole step with an engine error naming the value (never a turn appended with them, so
+  NaN never reaches the trainer's log-prob mismatch); the other trajectories go on."""
+  engine = _ValuesEngine(tokenizer, {'bad': (ids, logprobs)})
+  bad, ok = agent_loop.run_episodes(engine, env, make_builder, _items('bad', 'ok'), max_turns=3)
+  assert (bad.stop_reason, bad.steps) == ('error', [])
+  assert bad.error.startswith('engine _ValuesEngine failed at step 0: ')
+  assert re.search(why, bad.error), bad.error
+  assert bad.gen_mask.sum() == 0 and tj.check_trajectory(bad) == []
+  assert (ok.stop_reason, ok.final_response, ok.error) == ('response', 'Agra', None)
+  assert np.all(np.isfinite(ok.rollout_logprobs))

@@ -410,3 +410,34 @@ def test_packed_update_is_the_unpacked_update(setup, aggregation):
   for a, b, p0 in zip(_params(packed), _params(plain), _params(model0)):
     size = np.abs(b - p0).max()
     np.testing.assert_allclose(a - p0, b - p0, rtol=0, atol=1e-5 * size + 4 * np.spacing(np.abs(p0).max()))
+
+
+@pytest.mark.parametrize('threshold', [None, 0.5])
+def test_non_finite_engine_logprobs_stop_the_update_naming_the_row(setup, threshold):
+  """A NaN (or infinite) engine log-prob on a completion token is no mismatch figure (NaN > 0.5 is False, so the
+  alarm stayed quiet and the step was taken): the update refuses the batch, naming the row and the value, before any
+  optimizer step, whether or not the alarm is on."""
+  model0, batch, grid, pids = setup
+  old = np.asarray(_logprobs(model0, batch, grid))
+  rollout = np.where(batch['completion_mask'], old, 0.0).astype(np.float32)
+  token = int(np.flatnonzero(batch['completion_mask'][2])[3])
+  rollout[2, token] = np.nan
+  model, optimizer = _fresh(model0, _sgd())
+  before = _params(model)
+  with pytest.raises(ValueError, match=rf"rollout_logprobs: nan at loss position {token} of row 2 \(prompt_id 'p0'; "
+                                       r'1 such tokens'):
+    grpo_update.make_update_fn(_cfg(max_logprob_mismatch=threshold))(
+        model, optimizer, dict(batch, rollout_logprobs=rollout), grid, pids)
+  assert all(np.array_equal(a, b) for a, b in zip(before, _params(model)))
+  # Off the completion tokens (padding), a NaN is never read: the update runs.
+  rollout[2, token] = old[2, token]
+  rollout[0, -1] = np.inf if not batch['completion_mask'][0, -1] else rollout[0, -1]
+  grpo_update.make_update_fn(_cfg(max_logprob_mismatch=threshold))(
+      model, optimizer, dict(batch, rollout_logprobs=rollout), grid, pids)
+  assert not all(np.array_equal(a, b) for a, b in zip(before, _params(model)))
+
+
+def test_the_mismatch_alarm_rings_on_a_nan_figure():
+  with pytest.raises(grpo_update.MismatchAlarm, match='logprob_mismatch_abs_mean=nan'):
+    grpo_update.check_mismatch({'logprob_mismatch_abs_mean': float('nan'), 'logprob_mismatch_tokens': 3}, 0.5)
+  grpo_update.check_mismatch({'logprob_mismatch_abs_mean': float('nan'), 'logprob_mismatch_tokens': 3}, None)
