@@ -53,7 +53,8 @@ named, never resumed from the old items (a folder where no stage has finished ta
 a time writes a folder: it holds `<dataset>/build.lock` (`locked`; a second build fails at once naming the holder's
 pid). A stage counts as finished only once its files are on disk (fsynced, `counts.json` last, the folder renamed
 into place). A stage whose LLM endpoint did not answer (`llm.outages`: refused connections, timeouts, 5xx, ...) is not
-saved and the build fails (`llm.EndpointDown`), so a rerun asks again. `<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
+saved and the build fails (`llm.EndpointDown`), so a rerun asks again.
+`<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
 `load_prompts`) are in `osvl_jax/data/pipeline.py`. The steps that need an LLM endpoint or a policy model run only
 when their section names one (offline they are skipped and counted): the canonical question and the whole-question
 unique-referent judge (`data.llm_questions`), the descriptor proposal and per-step referent judge

@@ -195,10 +195,13 @@ def dump_rollout_batch(workdir, step: int, rollout_batch: dict) -> None:
   """Debug (`grpo.dump_rollouts`): pickles the rollout batch that step `step` (1-based, as in the metrics) trains
   on, as every host receives it (trajectories after `drop_stale`, their scores, policy_versions, stale,
   rollout_seconds; and the run's fatal_mode), to `<workdir>/rollouts/<step:08d>.pkl`, so its update can be recomputed
-  offline and `python -m osvl_jax.view` can show it."""
+  offline and `python -m osvl_jax.view` can show it; written as `<step>.pkl.tmp` renamed into place (a `.pkl` is
+  whole)."""
   folder = workdir / 'rollouts'
   folder.mkdir(parents=True, exist_ok=True)
-  (folder / f'{int(step):08d}.pkl').write_bytes(pickle.dumps(rollout_batch, protocol=pickle.HIGHEST_PROTOCOL))
+  tmp = folder / f'{int(step):08d}.pkl.tmp'
+  tmp.write_bytes(pickle.dumps(rollout_batch, protocol=pickle.HIGHEST_PROTOCOL))
+  tmp.replace(tmp.with_suffix(''))
 
 
 def _load_prompts(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> list[dict]:

@@ -23,7 +23,7 @@ def main(argv=None) -> int:
   except (OSError, view.ViewError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  counts = ', '.join(f'{k}: {v}' for k, v in found.items())
+  counts = ', '.join(f'{k}: {len(v) if k == "unreadable" else v}' for k, v in found.items())
   print(f'view: {page} trajectories={sum(v for k, v in found.items() if k in ("eval", "rollout", "records"))} '
         f'({counts})')
   return 0

@@ -6,13 +6,15 @@ tool call (name and arguments) or the response, the tool result (ok / error kind
 format reward r_fmt^(l); the emitted tokens of the step and how many of them the loss keeps (Eq. 10's M under the
 entry's fatal_mode), the fatal step and the masked steps marked; the final answer, the judge's verdict, the reward
 parts. Filters (source, benchmark, mode, verdict) hide cards in the page's own script; the address fragment
-presets them (`index.html#verdict=wrong&benchmark=fvqa`).
+presets them (`index.html#verdict=wrong&benchmark=fvqa`). What could not be read (`found['unreadable']`, a card that
+fails to render) is listed under the heading; all text is escaped, a lone surrogate shown as U+FFFD.
 """
 
 import hashlib
 import html
 import json
 import pathlib
+import re
 
 from PIL import Image
 
@@ -65,6 +67,7 @@ applyFilters();
 """
 
 _FILTERS = ('source', 'benchmark', 'mode', 'verdict')
+_SURROGATE = re.compile('[\ud800-\udfff]')  # a lone surrogate: no UTF-8 for it (a str only holds lone ones)
 
 
 class _Images:
@@ -186,19 +189,30 @@ def write(entries: list[sources.Entry], out: str | pathlib.Path, title: str, fou
     entries: what `sources.load` returned.
     out: the output folder (created; an existing page and its images are replaced).
     title: the page heading (e.g. the path viewed).
-    found: `sources.load`'s counts, shown under the heading.
+    found: `sources.load`'s counts, shown under the heading, and what it could not read ('unreadable'), listed there
+      with the entries that fail to render.
   """
   out = pathlib.Path(out)
   images = _Images(out)
-  counts = ', '.join(f'{k}: {v}' for k, v in (found or {}).items())
-  cards = [_card(i, e, images) for i, e in enumerate(entries)]
+  found = dict(found or {})
+  unreadable = list(found.pop('unreadable', []))
+  cards, shown = [], []
+  for e in entries:
+    try:
+      cards.append(_card(len(cards), e, images))
+      shown.append(e)
+    except (ValueError, KeyError, TypeError, IndexError, OSError) as err:   # one bad trajectory, not the page
+      unreadable.append(f'{e.where}: {type(err).__name__}: {err}'[:300])
+  counts = ', '.join([f'{k}: {v}' for k, v in found.items()] + [f'unreadable: {len(unreadable)}'] * bool(unreadable))
+  problems = ('<section class="unreadable"><b>not shown (unreadable)</b><ul>'
+              + ''.join(f'<li>{html.escape(u)}</li>' for u in unreadable) + '</ul></section>') if unreadable else ''
   page = ['<!doctype html>', '<html lang="en"><head><meta charset="utf-8">',
           f'<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>',
-          f'<header><h1>Trajectories: {html.escape(title)}</h1><div>{html.escape(counts)}</div>',
-          f'<div>{_filters(entries)} <span id="count"></span></div></header>', *cards,
+          f'<header><h1>Trajectories: {html.escape(title)}</h1><div>{html.escape(counts)}</div>{problems}',
+          f'<div>{_filters(shown)} <span id="count"></span></div></header>', *cards,
           f'<script>{_SCRIPT}</script></body></html>']
   path = out / 'index.html'
   tmp = path.with_suffix('.html.tmp')
-  tmp.write_text('\n'.join(page), encoding='utf-8')
+  tmp.write_text(_SURROGATE.sub('\ufffd', '\n'.join(page)), encoding='utf-8')
   tmp.replace(path)
   return path

@@ -9,6 +9,8 @@
   A pickle runs code when it is read: view only dumps you wrote;
 - trajectory records: a built dataset (`<dataset>/sft`), a workdir holding one (`<workdir>/data/sft`), any HF
   datasets folder or `.arrow` file of `Trajectory.to_record` rows, or a JSON-lines file of `Trajectory.to_json`.
+What cannot be read (a torn line, a record with a corrupt PNG, a half-written dump, a dump's unknown fatal_mode) is
+named in `found['unreadable']` ('<where>: <why>'), and the rest is shown.
 """
 
 import dataclasses
@@ -65,14 +67,26 @@ def _is_datasets_folder(path: pathlib.Path) -> bool:
   return path.is_dir() and any((path / f).is_file() for f in ('state.json', 'dataset_info.json', 'dataset_dict.json'))
 
 
-def _records(path: pathlib.Path, limit: int) -> list[Entry]:
-  """Trajectory records of a datasets folder, an .arrow file or a JSON-lines file."""
+# What a stored trajectory that cannot be read raises (a torn line, a corrupt PNG, a half-written pickle).
+_UNREADABLE = (ValueError, KeyError, TypeError, IndexError, EOFError, OSError, pickle.UnpicklingError)
+
+
+def _why(e: BaseException) -> str:
+  return f'{type(e).__name__}: {e}'[:300]
+
+
+def _records(path: pathlib.Path, limit: int, unreadable: list[str]) -> list[Entry]:
+  """Trajectory records of a datasets folder, an .arrow file or a JSON-lines file (what does not decode named in
+  `unreadable`)."""
   if path.is_file() and path.suffix != '.arrow':
     out = []
-    with path.open(encoding='utf-8') as f:
+    with path.open(encoding='utf-8', errors='surrogateescape') as f:
       for line_no, line in enumerate(f, 1):
         if line.strip() and len(out) < limit:
-          out.append(Entry(record_lib.Trajectory.from_json(line), 'records', f'{path}:{line_no}'))
+          try:
+            out.append(Entry(record_lib.Trajectory.from_json(line), 'records', f'{path}:{line_no}'))
+          except _UNREADABLE as e:
+            unreadable.append(f'{path}:{line_no}: {_why(e)}')
     return out
   import datasets  # pylint: disable=g-import-not-at-top
   rows = datasets.Dataset.from_file(str(path)) if path.is_file() else datasets.load_from_disk(str(path))
@@ -83,18 +97,32 @@ def _records(path: pathlib.Path, limit: int) -> list[Entry]:
   out = []
   for split, table in splits:
     for i in range(min(len(table), limit - len(out))):
-      out.append(Entry(record_lib.Trajectory.from_record(table[i]), 'records', f'{path} {split} row {i}'.replace(
-          '  ', ' ')))
+      where = f'{path} {split} row {i}'.replace('  ', ' ')
+      try:
+        out.append(Entry(record_lib.Trajectory.from_record(table[i]), 'records', where))
+      except _UNREADABLE as e:
+        unreadable.append(f'{where}: {_why(e)}')
   return out
 
 
-def _rollout_dump(path: pathlib.Path, limit: int) -> list[Entry]:
-  """The trajectories of one `grpo.dump_rollout_batch` pickle with their scores."""
-  batch = pickle.loads(path.read_bytes())
+def _rollout_dump(path: pathlib.Path, limit: int, unreadable: list[str]) -> list[Entry]:
+  """The trajectories of one `grpo.dump_rollout_batch` pickle with their scores; a dump that does not unpickle (a
+  half-written file) is named in `unreadable`, and one of an unknown fatal_mode is shown without the loss mask."""
+  from osvl_jax.rl import fatal as fatal_lib  # pylint: disable=g-import-not-at-top
+  try:
+    batch = pickle.loads(path.read_bytes())
+  except _UNREADABLE as e:
+    unreadable.append(f'{path}: {_why(e)}')
+    return []
   if not isinstance(batch, dict) or 'trajectories' not in batch:
-    raise ViewError(f'{path}: not a GRPO rollout dump (a pickled dict with trajectories and scores)')
+    unreadable.append(f'{path}: not a GRPO rollout dump (a pickled dict with trajectories and scores)')
+    return []
   scores = batch.get('scores') or [{}] * len(batch['trajectories'])
   mode = str(batch.get('fatal_mode') or DEFAULT_FATAL_MODE)
+  if mode not in fatal_lib.FATAL_MODES.names():
+    unreadable.append(f'{path}: fatal_mode {mode!r} is not one of {fatal_lib.FATAL_MODES.names()}: its '
+                      'trajectories are shown without the loss mask')
+    mode = ''
   out = []
   for traj, score in list(zip(batch['trajectories'], scores))[:limit]:
     parts = {k: float(score[k]) for k in ('reward', 'r_fmt', 'r_acc', 'r_query') if k in score}
@@ -102,22 +130,30 @@ def _rollout_dump(path: pathlib.Path, limit: int) -> list[Entry]:
   return out
 
 
-def _eval(folder: pathlib.Path, limit: int) -> tuple[list[Entry], int]:
-  """(the stored trajectories of an evaluation workdir joined to their records, records without a trajectory)."""
+def _eval(folder: pathlib.Path, limit: int, unreadable: list[str]) -> tuple[list[Entry], dict]:
+  """(the stored trajectories of an evaluation workdir joined to their records, {'eval_records_past_limit': records
+  whose trajectory is past `limit`, 'eval_records_without_trajectory': the others not shown}); a trajectory that
+  does not decode is named in `unreadable`."""
   records = {}
-  with (folder / results_lib.RESULTS_FILE).open(encoding='utf-8') as f:
+  with (folder / results_lib.RESULTS_FILE).open(encoding='utf-8', errors='replace') as f:
     for line in f:
       try:
         record = json.loads(line)
         records[results_lib.ResultStore.key(record)] = record  # a later line (re-judged) replaces an earlier one
       except (json.JSONDecodeError, KeyError, TypeError):
         continue  # a torn line: its item was redone
-  out, shown = [], set()
-  for key, traj in results_lib.read_trajectories(folder):
-    if len(out) >= limit:
-      break  # the rest are not decoded (an evaluation writes its page after every run)
+  out, shown, past_limit = [], set(), set()
+  for key, row in results_lib.trajectory_lines(folder):
     record = records.get(key)
     if record is None or key in shown:
+      continue
+    if len(out) >= limit:
+      past_limit.add(key)  # not decoded (an evaluation writes its page after every run)
+      continue
+    try:
+      traj = record_lib.Trajectory.from_record(row)
+    except _UNREADABLE as e:
+      unreadable.append(f"{folder / results_lib.TRAJECTORIES_FILE} {'/'.join(key)}: {_why(e)}")
       continue
     shown.add(key)
     verdict = ('judge_error' if record.get('judge_error') else 'correct' if record.get('correct') else 'wrong')
@@ -125,12 +161,14 @@ def _eval(folder: pathlib.Path, limit: int) -> tuple[list[Entry], int]:
                      benchmark=str(record['benchmark']), mode=str(record.get('mode', '')), verdict=verdict,
                      scores={'judge_score': float(record.get('judge_score') or 0.0)},
                      judge_error=record.get('judge_error'), fatal_mode=''))
-  return out, len(records) - len(shown)
+  return out, {'eval_records_past_limit': len(past_limit),
+               'eval_records_without_trajectory': len(records) - len(shown) - len(past_limit)}
 
 
 def load(path: str | pathlib.Path, limit: int = 500) -> tuple[list[Entry], dict]:
-  """Every trajectory under `path` (at most `limit` per source), and what was found: {source: count, ...,
-  'eval_records_without_trajectory': n}.
+  """Every readable trajectory under `path` (at most `limit` per source), and what was found: {source: count, ...,
+  'eval_records_past_limit': n, 'eval_records_without_trajectory': n, 'unreadable': ['<where>: <why>', ...] (only
+  when something could not be read)}.
 
   Raises:
     FileNotFoundError: no such path.
@@ -139,25 +177,28 @@ def load(path: str | pathlib.Path, limit: int = 500) -> tuple[list[Entry], dict]
   path = pathlib.Path(path)
   if not path.exists():
     raise FileNotFoundError(f'{path}: no such file or folder')
-  entries, found = [], {}
+  entries, found, unreadable = [], {}, []
   if path.is_file():
-    entries = _rollout_dump(path, limit) if path.suffix == '.pkl' else _records(path, limit)
+    entries = (_rollout_dump(path, limit, unreadable) if path.suffix == '.pkl' else
+               _records(path, limit, unreadable))
   else:
     if (path / results_lib.RESULTS_FILE).is_file():
-      got, missing = _eval(path, limit)
+      got, counts = _eval(path, limit, unreadable)
       entries += got
-      found['eval_records_without_trajectory'] = missing
+      found.update(counts)
     dumps = sorted((path / 'rollouts').glob('*.pkl')) or sorted(path.glob('*.pkl'))
     for dump in dumps:
-      entries += _rollout_dump(dump, limit - sum(e.source == 'rollout' for e in entries))
+      entries += _rollout_dump(dump, limit - sum(e.source == 'rollout' for e in entries), unreadable)
     for split in (path / 'sft', path / 'data' / 'sft', path):
       if _is_datasets_folder(split):
-        entries += _records(split, limit)
+        entries += _records(split, limit, unreadable)
         break
-  if not entries and not found:
+  if not entries and not found and not unreadable:
     raise ViewError(f'{path}: no trajectories found; the viewer reads ' + FORMATS)
   for e in entries:
     found[e.source] = found.get(e.source, 0) + 1
+  if unreadable:
+    found['unreadable'] = unreadable
   return entries, found
 
 

@@ -22,7 +22,7 @@ from osvl_jax.eval import results, runner
 from osvl_jax.judges import base as judges_base
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.train import rollouts
+from osvl_jax.train import grpo, rollouts
 from tests.eval.conftest import CountingJudge, small_config
 from tools import env as tools_env
 from tools.base import ToolResult
@@ -171,3 +171,106 @@ def test_a_dataset_through_the_command_line_and_a_folder_without_trajectories(tm
   (tmp_path / 'empty').mkdir()
   bad = subprocess.run(cmd[:3] + [str(tmp_path / 'empty'), '--out=x'], capture_output=True, text=True, timeout=300)
   assert bad.returncode == 2 and 'no trajectories found' in bad.stderr and bad.stdout == ''
+
+
+def _nasty_record(tokenizer, processor) -> dict:
+  """A trajectory record whose model text needs escaping: a script element, a closing tag, quotes and a lone
+  surrogate (JSON '\\ud800') in the last step's response and the final answer."""
+  record = _fatal_trajectory(tokenizer, processor, 7).to_record()
+  nasty = 'A<script>document.title="pwned"</script></div></article>"\'&amp;\ud800Z'
+  record['steps'][-1]['response'] = nasty
+  record['final_response'] = nasty
+  return record
+
+
+def test_model_text_renders_as_text(tmp_path, tokenizer, processor):
+  path = tmp_path / 'trajs.jsonl'
+  path.write_text(json.dumps({**_nasty_record(tokenizer, processor),
+                              'images': []}) + '\n', encoding='utf-8')   # (json.dumps escapes the surrogate)
+  page, found = view.view(path, tmp_path / 'page')
+  assert found == {'records': 1}
+  html_text = page.read_text(encoding='utf-8')
+  assert html_text.count('<script>') == 1   # the page's own
+  assert '&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;' in html_text
+  assert 'A&lt;script&gt;' in html_text and '&amp;amp;\ufffdZ' in html_text   # the surrogate as U+FFFD
+  dom = _dom(page)
+  assert 'showing 1 of 1 trajectories' in dom and '<title>' in dom and 'pwned' not in dom.split('</title>')[0]
+  card, = _cards(dom)
+  assert card.count('&lt;/div&gt;&lt;/article&gt;"\'&amp;amp;\ufffdZ') == 2   # the response and the final answer
+
+
+def record_json(record: dict) -> str:
+  """`Trajectory.to_json`'s line of a record (PNG bytes as base64)."""
+  import base64
+  record['images'] = [{**im, 'png': base64.b64encode(im['png']).decode('ascii')} for im in record['images']]
+  return json.dumps(record, ensure_ascii=False)
+
+
+def test_unreadable_parts_are_named_and_the_rest_is_shown(tmp_path, tokenizer, processor):
+  """A torn line, a record with a corrupt PNG, a half-written dump and a dump of an unknown fatal_mode: each named
+  on the page, every readable trajectory shown."""
+  good = _fatal_trajectory(tokenizer, processor, 0)
+  corrupt = good.to_record()
+  corrupt['images'][0]['png'] = b'\x89PNG\r\n\x1a\n broken'
+  corrupt = record_json(corrupt)
+  lines = [good.to_json(), good.to_json()[:200], corrupt, good.to_json()]
+  (tmp_path / 'trajs.jsonl').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  page, found = view.view(tmp_path / 'trajs.jsonl', tmp_path / 'page')
+  assert found['records'] == 2 and [u.split(': ')[0] for u in found['unreadable']] == [
+      f"{tmp_path / 'trajs.jsonl'}:2", f"{tmp_path / 'trajs.jsonl'}:3"]
+  assert ': JSONDecodeError: ' in found['unreadable'][0]
+  assert ': ImageDecodeError: cannot decode image bytes' in found['unreadable'][1]
+  dumps = tmp_path / 'w' / 'rollouts'
+  dumps.mkdir(parents=True)
+  whole = pickle.dumps({'trajectories': [good], 'scores': [rollouts.score(good)], 'fatal_mode': 'mask_clamp'})
+  (dumps / '00000001.pkl').write_bytes(whole)
+  (dumps / '00000002.pkl').write_bytes(whole[:len(whole) // 2])
+  (dumps / '00000003.pkl').write_bytes(pickle.dumps({'trajectories': [good], 'fatal_mode': 'bogus'}))
+  page, found = view.view(tmp_path / 'w', tmp_path / 'page2')
+  assert found['rollout'] == 2 and len(found['unreadable']) == 2
+  assert found['unreadable'][0].startswith(f'{dumps / "00000002.pkl"}: ')
+  assert found['unreadable'][1].startswith(f"{dumps / '00000003.pkl'}: fatal_mode 'bogus' is not one of")
+  dom = _dom(page)
+  cards = _cards(dom)
+  assert 'showing 2 of 2 trajectories' in dom and len(cards) == 2
+  assert ' in the loss' in cards[0] and ' in the loss' not in cards[1]   # no mask for the unknown mode
+  assert dom.count('<li>' + str(dumps)) == 2 and 'unreadable: 2' in dom
+
+
+def test_eval_trajectories_past_the_limit_and_after_a_torn_line(tmp_path, tokenizer, processor):
+  """A killed run's torn last trajectory line does not swallow the next run's first; records whose trajectory lies
+  past `limit` are counted as such, not as records without a trajectory."""
+  records = [{'run': 'r', 'benchmark': 'fvqa', 'item_key': f'k{i}', 'id': str(i), 'correct': True, 'judge_score': 1.0}
+             for i in range(4)]
+  (tmp_path / results.RESULTS_FILE).write_text(''.join(json.dumps(r) + '\n' for r in records))
+  traj = _fatal_trajectory(tokenizer, processor, 0)
+  results.append_trajectory(tmp_path, ('r', 'fvqa', 'k0'), traj)
+  with open(tmp_path / results.TRAJECTORIES_FILE, 'a', encoding='utf-8') as f:
+    f.write('{"run": "r", "benchmark": "fvqa", "item_key": "k1", "trajectory": {"prompt_id": "q1", "samp')  # killed
+  results.append_trajectory(tmp_path, ('r', 'fvqa', 'k2'), traj)   # the resumed run
+  results.append_trajectory(tmp_path, ('r', 'fvqa', 'k3'), traj)
+  assert [k for k, _ in results.read_trajectories(tmp_path)] == [('r', 'fvqa', 'k0'), ('r', 'fvqa', 'k2'),
+                                                                  ('r', 'fvqa', 'k3')]
+  entries, found = view.load(tmp_path, limit=1)
+  assert found == {'eval_records_past_limit': 2, 'eval_records_without_trajectory': 1, 'eval': 1}
+  assert [e.where for e in entries] == ['r / fvqa / 0']
+
+
+_DUMP_ON_A_FULL_DISK = """import pathlib, resource, signal, sys
+from osvl_jax.train import grpo
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))   # the disk fills after 4 KiB
+grpo.dump_rollout_batch(pathlib.Path(sys.argv[1]), 2, {'trajectories': [], 'blob': b'x' * 100_000})
+"""
+
+
+def test_a_rollout_dump_cut_short_leaves_no_dump_behind(tmp_path, tokenizer, processor):
+  traj = _fatal_trajectory(tokenizer, processor, 0)
+  grpo.dump_rollout_batch(tmp_path, 1, {'trajectories': [traj], 'scores': [rollouts.score(traj)],
+                                        'fatal_mode': 'mask_clamp'})
+  done = subprocess.run([sys.executable, '-c', _DUMP_ON_A_FULL_DISK, str(tmp_path)], capture_output=True, text=True,
+                        timeout=300, cwd=pathlib.Path(__file__).parents[2])
+  assert done.returncode != 0 and 'File too large' in done.stderr, done.stderr[-2000:]
+  assert sorted(p.name for p in (tmp_path / 'rollouts').glob('*.pkl')) == ['00000001.pkl']
+  _, found = view.load(tmp_path)
+  assert found == {'rollout': 1}
