@@ -98,7 +98,9 @@ def test_sglang_engine_evaluates_a_served_model_in_every_mode(cluster, one_worke
   workdir, rep, records = one_worker
   _assert_costs_filled(rep, records)
   settings = json.loads((workdir / 'eval_settings.json').read_text())
+  reports = settings['policy'].pop('reports')
   assert settings['policy'] == {'served': 'sglang', 'urls': cluster[1][0]} and settings['engine'] == {'class': 'sglang'}
+  assert reports[cluster[1][0]]['served_model_name'] == 'osvl-jax'   # what /model_info says is served there
   assert rep['meta']['policy'] == f'served=sglang, urls={cluster[1][0]}'
 
 
@@ -124,7 +126,9 @@ def test_the_cli_evaluates_the_serves_chat_endpoint_as_an_openai_model(cluster, 
   records = _records(tmp_path)
   _assert_costs_filled(rep, records)
   settings = json.loads((tmp_path / 'eval_settings.json').read_text())
+  reports = settings['policy'].pop('reports')
   assert settings['policy'] == {'served': 'openai', 'base_url': f'{cluster[1][0]}/v1', 'model': 'osvl-jax'}
+  assert reports['id'] == 'osvl-jax' and 'created' not in reports   # its /v1/models card, without the stamp
 
 
 def test_an_api_model_that_calls_tools_is_judged_and_costed_in_every_mode(tmp_path, env):
