@@ -203,6 +203,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0
   c.grpo.ckpt_every = 5
+  # The image-blind counter-test (osvl_jax/train/rollouts.py ZERO_PIXELS): 'rollout' | 'update' zero the pixels there;
+  # 'none' is a real run.
+  c.grpo.zero_pixels = 'none'
   c.grpo.dump_rollouts = False  # debug: pickle each step's rollout batch to <workdir>/rollouts/<step>.pkl
 
   # r_acc / r_query judges (osvl_jax/judges/registry.py): 'rule' offline, or 'llm' = any OpenAI-compatible

@@ -58,7 +58,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       judge.base_url / judge.model, on_error, temperature, prompts); grpo.steps / prompts_per_step / ckpt_every not ints >= 1,
       num_generations < 2 (a group of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay
       < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof
-      not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1], heldout_prompts (optional) < 0;
+      not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1], heldout_prompts (optional) < 0,
+      zero_pixels (optional) not in `rollouts.ZERO_PIXELS`;
       rollout max_turns / max_new_tokens /
       fatal_k < 1, max_total_tokens < max_new_tokens; `grpo_batch.check_budgets`' (grpo.length_buckets,
       grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's
@@ -99,6 +100,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   checks.number(config, 'grpo.clip_ratio_c', low=1, low_open=True, optional=True)
   checks.number(config, 'grpo.patches_per_shard', integer=True, low=0, optional=True)
   checks.number(config, 'grpo.heldout_prompts', integer=True, low=0, optional=True)  # held out of training
+  if cfg.get('zero_pixels') is not None:
+    checks.choice(config, 'grpo.zero_pixels', rollouts.ZERO_PIXELS)
   if cfg.get('lr_schedule') is not None:
     checks.choice(config, 'grpo.lr_schedule', policy.SCHEDULES)
   checks.number(config, 'grpo.temperature', low=0, low_open=True)
