@@ -139,14 +139,33 @@ class RolloutRunner:
     Returns:
       len(items) * num_generations trajectories; `policy_version` is the oldest emitted token's version as the
       engine reports it (the last published version for prompt-only trajectories).
+    Raises:
+      RuntimeError: every trajectory ended on an error (`check_not_all_failed`): nothing to train on.
     """
     self.engine.reseed(seed)
     if zero_pixels(self.config) == 'rollout':
       items = [{**item, 'image': None if item.get('image') is None else np.zeros_like(item['image'])}
                for item in items]
-    return agent_loop.run_episodes(self.engine, self.env, self.make_builder, items, num_generations=num_generations,
-                                   limits=self.limits, sampling=engine_lib.Sampling(temperature, top_p),
-                                   policy_version=self.version or 0)
+    trajectories = agent_loop.run_episodes(self.engine, self.env, self.make_builder, items,
+                                           num_generations=num_generations, limits=self.limits,
+                                           sampling=engine_lib.Sampling(temperature, top_p),
+                                           policy_version=self.version or 0)
+    check_not_all_failed(trajectories)
+    return trajectories
+
+
+def check_not_all_failed(trajectories: list[trajectory_lib.Trajectory]) -> None:
+  """Refuses a rollout batch in which every trajectory ended on an error (stop_reason 'error': an engine that
+  answers ids outside the vocabulary or NaN log-probs, a server that refuses every request, prompts that cannot be
+  rendered): a step on it would train on no token, silently. One failed trajectory among others is the agent loop's
+  business (it ends alone, DESIGN.md §6b).
+
+  Raises:
+    RuntimeError: naming the count and the first trajectory's error.
+  """
+  if trajectories and all(t.stop_reason == 'error' for t in trajectories):
+    raise RuntimeError(f'rollout: all {len(trajectories)} trajectories ended on an error, nothing to train on (the '
+                       f'step is not taken); first: {trajectories[0].error}')
 
 
 def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,
