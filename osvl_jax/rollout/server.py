@@ -171,7 +171,7 @@ class SamplerService:
 
   def parse_generate(self, body: dict) -> tuple[list[Row], bool]:
     """A `/generate` body -> (rows, is_batch) (`server_requests.parse_generate`, ids checked against the served
-    model's vocabulary, within `self.limits`).
+    model's vocabulary, a compact one included, within `self.limits`).
 
     Raises:
       RequestError: naming the field: one this server cannot honour, a malformed value, ids or images, image spans
@@ -180,7 +180,7 @@ class SamplerService:
     config = getattr(self.sampler._model, 'config', None)  # pylint: disable=protected-access
     vocab = getattr(getattr(config, 'text', None), 'vocab_size', tokens_lib.VOCAB_SIZE)
     return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens, self.limits,
-                          self.image_gate)
+                          self.image_gate, model_config=config)
 
   # -- worker (`server_scheduler`) -----------------------------------------------------------------------------
   def _run(self) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import request_limits
 from osvl_jax.rollout.request_fields import (  # noqa: F401  (re-exported)
@@ -83,8 +84,10 @@ def expand_image_pads(ids: Sequence[int], refs: Sequence[Any]) -> np.ndarray:
 
 def parse_generate(body: Any, image_processor: Any, vocab: int, default_max_new_tokens: int,
                    limits: request_limits.RequestLimits | None = None,
-                   gate: request_limits.ImageGate | None = None) -> tuple[list[Row], bool]:
-  """A SGLang `/generate` body -> (rows, is_batch): ids in [0, vocab), images decoded and processed with
+                   gate: request_limits.ImageGate | None = None,
+                   model_config: Any = None) -> tuple[list[Row], bool]:
+  """A SGLang `/generate` body -> (rows, is_batch): ids in [0, vocab) (and in a compact vocabulary of
+  `model_config`, the served `Qwen3VLConfig`: `config.check_ids`), images decoded and processed with
   `image_processor` (`ImageProcessor`) through `gate`, pads expanded and their spans checked
   (`request_limits.check_image_spans`); a row without max_new_tokens gets `default_max_new_tokens`.
 
@@ -154,6 +157,11 @@ def parse_generate(body: Any, image_processor: Any, vocab: int, default_max_new_
     for k, i in enumerate(ids):
       if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
         raise RequestError(f'{where}[{k}]={i!r} is not a token id: integers in [0, {vocab})')
+    if getattr(getattr(model_config, 'text', None), 'vocab_ids', None) is not None:
+      try:
+        config_lib.check_ids(model_config, ids, where)
+      except ValueError as e:
+        raise RequestError(str(e)) from None
     name = f'sampling_params[{b}]' if is_batch and isinstance(body.get('sampling_params'), list) else 'sampling_params'
     parsed.append((parse_sampling(sp, default_max_new_tokens, limits, name),
                    boolean(lp, f'return_logprob[{b}]' if isinstance(body.get('return_logprob'), list)
