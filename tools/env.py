@@ -13,6 +13,7 @@ Error kinds `ToolEnv.call` returns (DESIGN.md §5), with `text` naming the culpr
                  the image.
   backend_error  the backend raised (message: exception type and text); an image that cannot be decoded.
   timeout, http_error, backend_error  from a remote backend (`tools.remote`).
+  timeout        also any call that runs past `config.call_timeout_s` (a hung tool; the process can still exit).
   no_result      (ok=True) a search found nothing.
   any kind       injected by `config.failure_injection` (see `FailureInjector`), counted in `env.injected_counts`.
 
@@ -55,6 +56,9 @@ def default_config() -> ml_collections.ConfigDict:
       `ESPCN`, `LapSRN`, `EDSR`) whose `<ALGO>_x<scale>.pb` is used; '' / missing file = bicubic (said so).
     lookup.seed: the lookup world's table (`tools/specs/lookup.py`, the learning testbed's tool; never enabled by
       default).
+    call_timeout_s: seconds a tool call may run (0 / None = unbounded); past it the call is a `timeout` result and
+      is abandoned, its body left running in a daemon thread (no Python thread can be killed), which never keeps
+      the process from exiting.
   Argument bounds (top_k in [1, 20], amount in (0, 10]) live in the tool's `Param`s, the one source of truth.
   """
   c = ml_collections.ConfigDict()
@@ -79,6 +83,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.super_resolution = ml_collections.ConfigDict({'model_dir': '', 'model': 'FSRCNN'})
   c.perspective_correct = ml_collections.ConfigDict({'min_area_frac': 0.1})
   c.lookup = ml_collections.ConfigDict({'seed': 0})   # the lookup world's table (tools/specs/lookup.py)
+  c.call_timeout_s = 300.0
   return c
 
 
@@ -228,7 +233,7 @@ class ToolEnv:
             if isinstance(v, np.ndarray):
               kwargs[k], n = image_io.fit_pixel_budget(v, int(self.config.max_image_pixels))
               note += n
-        result = self._bodies[ours](**kwargs)
+        result = _bounded(self._bodies[ours], kwargs, name, self.config.get('call_timeout_s'))
       except schema.ArgumentError as e:
         return base.error('bad_arguments', f'Bad arguments for {name}: {e}.', seconds=time.perf_counter() - t0)
       except base.ToolError as e:
@@ -252,6 +257,34 @@ class ToolEnv:
       text_search.get_index(schema.data_dir(self.config))
     if 'image_search' in self.names and self.config.image_search.backend == 'local':
       image_search.get_index(image_search_spec.image_dirs(self.config))
+
+
+def _bounded(body, kwargs: dict, name: str, timeout: float | None) -> base.ToolResult:
+  """`body(**kwargs)`, given at most `timeout` seconds (None / 0: unbounded) in a daemon thread.
+
+  Raises:
+    base.ToolError: kind 'timeout', naming tools.call_timeout_s, when the body has not returned in time
+      (it is abandoned, still running); whatever the body raised, when it raised.
+  """
+  if not timeout:
+    return body(**kwargs)
+  out, done = {}, threading.Event()
+
+  def run():
+    try:
+      out['result'] = body(**kwargs)
+    except BaseException as e:  # pylint: disable=broad-except  # re-raised in the caller's thread
+      out['error'] = e
+    finally:
+      done.set()
+
+  threading.Thread(target=run, name=f'tool-{name}', daemon=True).start()
+  if not done.wait(float(timeout)):
+    raise base.ToolError('timeout', f'did not return within {float(timeout):g} s (tools.call_timeout_s); the call '
+                                    'was abandoned')
+  if 'error' in out:
+    raise out['error']
+  return out['result']
 
 
 def _merge(cfg: ml_collections.ConfigDict, update: dict) -> None:
