@@ -1,0 +1,121 @@
+"""Latency isolation of `python -m osvl_jax.serve`: a short text request beside a cache flush and beside an image
+flood, against the same request alone.
+
+  .venv/bin/python bench/serve_latency.py [--new-tokens 8] [--long-tokens 1500] [--images 150]
+      [--image-side 1024] [--url http://HOST:PORT]
+
+Starts `python -m osvl_jax.serve --tiny` on a free 127.0.0.1 port (or uses `--url`), runs every case once to warm
+its shapes up (the compile is not timed), then times a greedy `--new-tokens` text request:
+  alone: the median of 3;
+  flush: sent right after a `/flush_cache`, itself sent while a `--long-tokens` request generates;
+  image flood: sent right after `--images` one-image requests (random `--image-side` PNGs, so decoding costs
+    what a real screenshot does) were sent at once.
+Prints the latencies, then last `flush_ratio=<flush / alone> image_flood_ratio=<flood / alone>` (target <= 2).
+"""
+
+import argparse
+import base64
+import concurrent.futures
+import io
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(prog='serve_latency.py', description=__doc__.split('\n')[0])
+  parser.add_argument('--new-tokens', type=int, default=8)
+  parser.add_argument('--long-tokens', type=int, default=1500)
+  parser.add_argument('--images', type=int, default=150)
+  parser.add_argument('--image-side', type=int, default=1024)
+  parser.add_argument('--url', default=None, help='an already running server (default: start a tiny one)')
+  args = parser.parse_args()
+
+  import httpx  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
+
+  proc, url = None, args.url
+  if url is None:
+    port = _free_port()
+    url = f'http://127.0.0.1:{port}'
+    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--bucket=64',
+                             f'--max_len={args.long_tokens + 256}', '--max_batch=256'],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 180
+    while True:
+      try:
+        if httpx.get(url + '/health', timeout=2).status_code == 200:
+          break
+      except httpx.HTTPError:
+        pass
+      if time.time() > deadline or (proc is not None and proc.poll() is not None):
+        raise SystemExit('the server did not start')
+      time.sleep(0.5)
+
+    def generate(ids, new, image=None):
+      body = {'input_ids': ids, 'sampling_params': {'max_new_tokens': new, 'temperature': 0}}
+      if image is not None:
+        body['image_data'] = [image]
+      t0 = time.perf_counter()
+      r = httpx.post(url + '/generate', json=body, timeout=3600)
+      r.raise_for_status()
+      return time.perf_counter() - t0, r.json()['meta_info']['completion_tokens']
+
+    rng = np.random.default_rng(0)
+    text = [int(i) for i in rng.integers(100, 150000, size=32)]
+    image_ids = text[:8] + [tj.VISION_START_ID, tj.IMAGE_PAD_ID, tj.VISION_END_ID] + text[8:16]
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (args.image_side, args.image_side, 3), dtype=np.uint8)).save(buf, 'PNG')
+    image = 'data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode()
+    generate(text, args.new_tokens)                                   # warm-up: the shapes timed below
+    generate(image_ids, args.new_tokens, image)
+    with concurrent.futures.ThreadPoolExecutor(args.images + 2) as pool:
+      list(pool.map(lambda _: generate(image_ids, args.new_tokens, image), range(8)))
+      alone = statistics.median(generate(text, args.new_tokens)[0] for _ in range(3))
+
+      def beside_flush():
+        long = pool.submit(generate, text[:16], args.long_tokens)
+        time.sleep(1.0)                                               # the long request is generating
+        flush = pool.submit(httpx.post, url + '/flush_cache', timeout=3600)
+        time.sleep(0.05)
+        seconds, _ = generate(text, args.new_tokens)
+        assert flush.result().status_code == 200
+        return seconds, long.result()
+
+      def behind_flood():
+        flood = [pool.submit(generate, image_ids, args.new_tokens, image) for _ in range(args.images)]
+        time.sleep(0.05)
+        seconds, _ = generate(text, args.new_tokens)
+        return seconds, max(f.result()[0] for f in flood)
+
+      beside_flush(), behind_flood()                                  # warm-up: their batch shapes compile
+      with_flush, (long_s, long_n) = beside_flush()
+      with_flood, flood_s = behind_flood()
+    print(f'alone {alone:.3f} s; beside a flush (a {long_n}-token request running {long_s:.1f} s) {with_flush:.3f} s; '
+          f'behind {args.images} image requests ({args.image_side}px, all answered in {flood_s:.1f} s) '
+          f'{with_flood:.3f} s; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores')
+    print(f'flush_ratio={with_flush / alone:.2f} image_flood_ratio={with_flood / alone:.2f}')
+  finally:
+    if proc is not None:
+      proc.terminate()
+      proc.wait(timeout=30)
+
+
+if __name__ == '__main__':
+  main()
