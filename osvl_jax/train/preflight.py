@@ -1,11 +1,13 @@
 """GRPO's checks of what lies outside the config, run before anything is written (`grpo.train`, after
-`grpo.check_config`): the checkpoint the policy starts from exists, and every rollout server answers `/health`.
+`grpo.check_config`): the checkpoint the policy starts from exists, and every rollout server answers `/health` and
+accepts the trainer's API key.
 
 Without them a missing `grpo.init_from` failed after the mesh and optimizer were built, leaving an empty
 `grpo_ckpt/`, and an unreachable `rollout.urls` failed with a raw engine error after metrics, TensorBoard files
 and a weight export were written. Both read only: no folder is created (orbax's manager would create one).
 """
 
+import os
 import pathlib
 
 import httpx
@@ -14,7 +16,7 @@ import orbax.checkpoint as ocp
 
 from osvl_jax import checkpoints
 from osvl_jax.checkpoints import storage
-from osvl_jax.rollout import factory
+from osvl_jax.rollout import factory, server_auth
 
 HEALTH_TIMEOUT = 5.0   # seconds for one GET /health (a server that is up answers at once)
 
@@ -65,6 +67,7 @@ def check_servers(config: ml_collections.ConfigDict, timeout: float = HEALTH_TIM
     The URLs checked ([] for the embedded engine).
   Raises:
     ConnectionError: naming the field and each URL that did not answer 200 within `timeout` seconds, and why.
+    PermissionError: a server refuses the API key (`check_api_key`).
   """
   if factory.engine_name(config.rollout) != 'sglang':
     return []
@@ -81,7 +84,36 @@ def check_servers(config: ml_collections.ConfigDict, timeout: float = HEALTH_TIM
   if failed:
     raise ConnectionError('rollout servers not ready: ' + '; '.join(failed) +
                           ' (start them first, e.g. `python -m osvl_jax.serve`, or fix the URLs)')
+  check_api_key(fields, timeout)
   return list(fields)
+
+
+def check_api_key(fields: dict[str, str], timeout: float = HEALTH_TIMEOUT) -> None:
+  """`GET /model_info` (an authenticated endpoint: /health stays open on a server run with a key) on every URL,
+  with the key the engine sends (`server_auth.api_key_from_env`), so a missing or wrong key stops the run before a
+  weight export rather than at the first `/update_weights_from_disk`.
+
+  Args:
+    fields: URL -> the config field it comes from ('urls' / 'admin_urls').
+  Raises:
+    PermissionError: naming the field, each URL that answered 401 / 403, and the variables read (never the key).
+  """
+  key = server_auth.api_key_from_env()
+  source = next((name for name in server_auth.API_KEY_ENV if os.environ.get(name)), None)
+  how = f'with the API key in ${source}' if key else 'without an API key'
+  variables = f'${server_auth.API_KEY_ENV[0]} (or ${server_auth.API_KEY_ENV[1]})'
+  refused = []
+  for url, field in fields.items():
+    headers = {'Authorization': f'Bearer {key}'} if key else None
+    try:
+      status = httpx.get(url.rstrip('/') + '/model_info', headers=headers, timeout=timeout).status_code
+    except httpx.HTTPError:   # it answered /health a moment ago: the engine's own retries deal with the rest
+      continue
+    if status in (401, 403):
+      refused.append(f'rollout.{field}: {url} answered /model_info with HTTP {status} {how}')
+  if refused:
+    raise PermissionError('rollout servers refuse the trainer: ' + '; '.join(refused) +
+                          f': set {variables} to the key the servers were started with (--api_key)')
 
 
 def check(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None:

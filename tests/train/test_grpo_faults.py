@@ -1,9 +1,12 @@
 """GRPO's runtime faults stop the trainer with an error naming the input, before anything is written where possible
 (osvl_jax/train/grpo.py, rollouts.py, preflight.py; osvl_jax/checkpoints): a rollout batch in which every
-trajectory ended on an error (an engine answering out-of-vocabulary ids) is no step to take."""
+trajectory ended on an error (an engine answering out-of-vocabulary ids) is no step to take; servers that refuse
+the trainer's API key stop it before a weight export."""
 
+import http.server
 import pathlib
 import sys
+import threading
 
 import ml_collections
 import numpy as np
@@ -13,8 +16,8 @@ from osvl_jax import checkpoints
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import factory
-from osvl_jax.train import data, grpo, metrics, policy
+from osvl_jax.rollout import factory, server_auth
+from osvl_jax.train import data, grpo, metrics, policy, preflight
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
@@ -67,3 +70,54 @@ def test_a_step_whose_every_trajectory_failed_stops_the_trainer_naming_the_cause
     grpo.train(_config(), workdir)
   assert metrics.read_metrics(workdir, 'grpo') == []           # no step recorded, no checkpoint
   assert not (workdir / 'grpo_ckpt').exists() or not any((workdir / 'grpo_ckpt').iterdir())
+
+
+class _KeyedServer(http.server.BaseHTTPRequestHandler):
+  """A server run with an API key (`server_auth.authorized`, as `osvl_jax.serve --api_key`): /health open, every
+  other path 401 without `Authorization: Bearer <KEY>`."""
+
+  def do_GET(self):  # noqa: N802
+    if not server_auth.authorized('GET', self.path, self.headers.get('Authorization'), KEY):
+      self.send_response(401)
+    else:
+      self.send_response(200 if self.path in ('/health', '/model_info') else 404)
+    self.end_headers()
+    self.wfile.write(b'{}')
+
+  def log_message(self, *args):
+    pass
+
+
+KEY = 'sk-test-4f1d'
+
+
+@pytest.fixture
+def keyed_server():
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _KeyedServer)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  yield f'http://127.0.0.1:{server.server_address[1]}'
+  server.shutdown()
+  server.server_close()
+
+
+def test_a_trainer_without_the_servers_key_stops_before_anything_is_written(keyed_server, workdir, monkeypatch):
+  """/health is open on a keyed server, so the preflight also asks an authenticated endpoint (/model_info) with the
+  key the engine will send: a missing or wrong key stops the trainer naming the URL and the variables (never the
+  key), before a weight export."""
+  c = _config()
+  c.rollout.engine, c.rollout.urls = 'sglang', [keyed_server]
+  for name in server_auth.API_KEY_ENV:
+    monkeypatch.delenv(name, raising=False)
+  with pytest.raises(PermissionError, match=rf'rollout.urls: {keyed_server} answered /model_info with HTTP 401 '
+                                            r'without an API key: set \$OSVL_API_KEY \(or \$SGLANG_API_KEY\)'):
+    preflight.check_servers(c)
+  before = sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob('*'))
+  with pytest.raises(PermissionError, match='rollout.urls'):
+    grpo.train(c, workdir)
+  assert sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob('*')) == before   # no weights/, metrics
+  monkeypatch.setenv('SGLANG_API_KEY', 'sk-wrong-key')
+  with pytest.raises(PermissionError, match=r'HTTP 401 with the API key in \$SGLANG_API_KEY') as refused:
+    preflight.check_servers(c)
+  assert 'sk-wrong-key' not in str(refused.value)
+  monkeypatch.setenv('OSVL_API_KEY', KEY)   # read first (server_auth.api_key_from_env)
+  assert preflight.check_servers(c) == [keyed_server]
