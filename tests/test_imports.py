@@ -113,3 +113,19 @@ def test_one_openai_compatible_client():
   built = [where for where, line in _lines(('osvl_jax', 'data_pipeline', 'tools', 'bench'))
            if re.search(r'\b(Async)?OpenAI\(', line)]
   assert built and all(where.startswith('osvl_jax/openai_client.py:') for where in built), built
+
+
+# Rooms that read or show what the jobs write sit below the jobs: {room: the rooms it never imports}.
+BELOW = {
+    'osvl_jax/data': ('osvl_jax.eval', 'osvl_jax.view', 'osvl_jax.train', 'osvl_jax.rollout', 'osvl_jax.plan'),
+    'osvl_jax/view': ('osvl_jax.eval', 'osvl_jax.train', 'osvl_jax.plan'),
+}
+
+
+def test_readers_and_the_viewer_import_no_job_above_them():
+  """The viewer reads evaluation results through `osvl_jax.data.eval_results`, not `osvl_jax.eval` (which imports
+  the viewer to write its pages); the dataset readers import no job."""
+  offenders = [f'{path.relative_to(REPO).as_posix()}: {m}' for room, above in BELOW.items()
+               for path in sorted((REPO / room).rglob('*.py'))
+               for m in sorted(_imported_modules(path)) if any(m == a or m.startswith(a + '.') for a in above)]
+  assert offenders == []

@@ -5,4 +5,6 @@
                pipeline)
   official.py  the official OpenSearch-VL release (LLaMA-Factory ShareGPT SFT, RL prompt jsonl)
   benchmarks.py evaluation benchmarks -> EvalItem, adapters registered by name (DESIGN.md §9)
+  eval_results.py an evaluation workdir's results.jsonl / trajectories.jsonl (written by `osvl_jax.eval.results`,
+               shown by `osvl_jax.view`)
 """

@@ -20,19 +20,20 @@ out again.
 
 `<workdir>/trajectories.jsonl`: the trajectory of each new record, one line `{"run", "benchmark", "item_key",
 "trajectory": Trajectory.to_json}` (`append_trajectory`), for `python -m osvl_jax.view`; never read to resume.
+The file names, the record key and the readers live in `osvl_jax.data.eval_results` (the viewer reads them there).
 """
 
 import hashlib
 import json
 import os
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import ml_collections
 
-RESULTS_FILE = 'results.jsonl'
-TRAJECTORIES_FILE = 'trajectories.jsonl'
+from osvl_jax.data.eval_results import (  # noqa: F401  (read_trajectories: re-exported)
+    RESULTS_FILE, TRAJECTORIES_FILE, read_trajectories, record_key)
+
 SETTINGS_FILE = 'eval_settings.json'
 
 class SettingsMismatch(ValueError):
@@ -159,10 +160,7 @@ class ResultStore:
                                f'not {fingerprint!r} (results of another evaluation)')
       self._records[key] = record  # a later line (a re-judged record) replaces an earlier one
 
-  @staticmethod
-  def key(record: dict) -> tuple[str, str, str]:
-    """(run, benchmark, item_key) of a record."""
-    return str(record['run']), str(record['benchmark']), str(record['item_key'])
+  key = staticmethod(record_key)
 
   @property
   def records(self) -> list[dict]:
@@ -220,31 +218,3 @@ def _ends_with_newline(path: pathlib.Path) -> bool:
   with path.open('rb') as f:
     f.seek(-1, os.SEEK_END)
     return f.read(1) == b'\n'
-
-
-def trajectory_lines(workdir: str | pathlib.Path) -> Iterator[tuple[tuple[str, str, str], dict]]:
-  """Yields ((run, benchmark, item_key), the trajectory's record, not decoded) for each whole line of
-  `<workdir>/trajectories.jsonl` (a torn line is skipped)."""
-  path = pathlib.Path(workdir) / TRAJECTORIES_FILE
-  if not path.is_file():
-    return
-  with path.open(encoding='utf-8', errors='replace') as f:   # (a torn line may end inside a character)
-    for line in f:
-      try:
-        row = json.loads(line)
-        key = (str(row['run']), str(row['benchmark']), str(row['item_key']))
-        traj = dict(row['trajectory'])
-      except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        continue  # a torn line (a killed run)
-      yield key, traj
-
-
-def read_trajectories(workdir: str | pathlib.Path) -> Iterator[tuple[tuple[str, str, str], Any]]:
-  """Yields ((run, benchmark, item_key), Trajectory) for each whole line of `<workdir>/trajectories.jsonl`."""
-  from osvl_jax.trajectory import record  # pylint: disable=g-import-not-at-top
-  for key, row in trajectory_lines(workdir):
-    try:
-      traj = record.Trajectory.from_record(row)
-    except (KeyError, TypeError, ValueError):
-      continue  # a line that parses but does not decode
-    yield key, traj

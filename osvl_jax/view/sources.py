@@ -2,7 +2,7 @@
 
 `load(path)` finds every source under `path` (a path may hold several: a demo workdir has its dataset and, with
 `grpo.dump_rollouts`, its rollout dumps):
-- evaluation: a folder with `results.jsonl` and `trajectories.jsonl` (`eval.results`): each trajectory joined to its
+- evaluation: a folder with `results.jsonl` and `trajectories.jsonl` (`data.eval_results`): each trajectory joined to its
   judged record by (run, benchmark, item_key): benchmark, mode, verdict, judge score;
 - GRPO rollout dumps (`grpo.dump_rollouts`): a `<step>.pkl` file, a folder of them, or a workdir with `rollouts/`;
   each trajectory with its reward parts (`train.rollouts.score`) and the loss mask of the dump's `fatal_mode`.
@@ -14,13 +14,12 @@ named in `found['unreadable']` ('<where>: <why>'), and the rest is shown.
 """
 
 import dataclasses
-import json
 import pathlib
 import pickle
 
 import numpy as np
 
-from osvl_jax.eval import results as results_lib
+from osvl_jax.data import eval_results as results_lib
 from osvl_jax.trajectory import record as record_lib
 
 DEFAULT_FATAL_MODE = 'mask_clamp'  # the mask shown for a dump written before dumps named their fatal_mode
@@ -134,14 +133,7 @@ def _eval(folder: pathlib.Path, limit: int, unreadable: list[str]) -> tuple[list
   """(the stored trajectories of an evaluation workdir joined to their records, {'eval_records_past_limit': records
   whose trajectory is past `limit`, 'eval_records_without_trajectory': the others not shown}); a trajectory that
   does not decode is named in `unreadable`."""
-  records = {}
-  with (folder / results_lib.RESULTS_FILE).open(encoding='utf-8', errors='replace') as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-        records[results_lib.ResultStore.key(record)] = record  # a later line (re-judged) replaces an earlier one
-      except (json.JSONDecodeError, KeyError, TypeError):
-        continue  # a torn line: its item was redone
+  records = results_lib.read_records(folder)
   out, shown, past_limit = [], set(), set()
   for key, row in results_lib.trajectory_lines(folder):
     record = records.get(key)
