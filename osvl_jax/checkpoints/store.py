@@ -69,7 +69,8 @@ def restore(mngr: ocp.CheckpointManager, model: nnx.Module, optimizer: nnx.Optim
     The checkpoint's meta dict (with 'step'), or None when there is no checkpoint.
 
   Raises:
-    ValueError: the checkpoint's `scan_layers` layout differs from the model's, or its parameters do not fit.
+    ValueError: the checkpoint's `scan_layers` layout differs from the model's; the step cannot be read — damaged
+      or its parameters do not fit (`unreadable_step`: naming the step folder and the step kept before it).
   """
   step = mngr.latest_step() if step is None else step
   if step is None:
@@ -84,7 +85,10 @@ def restore(mngr: ocp.CheckpointManager, model: nnx.Module, optimizer: nnx.Optim
            'meta': ocp.args.JsonRestore()}
   if optimizer is not None:
     items['opt'] = ocp.args.StandardRestore(abstract(nnx.state(optimizer)))
-  restored = mngr.restore(step, args=ocp.args.Composite(**items))
+  try:
+    restored = mngr.restore(step, args=ocp.args.Composite(**items))
+  except Exception as e:  # pylint: disable=broad-except  # orbax / tensorstore: KeyError, ValueError, OSError, ...
+    raise unreadable_step(mngr, step, e) from e
   nnx.update(model, restored['params'])
   if optimizer is not None:
     nnx.update(optimizer, restored['opt'])
@@ -92,8 +96,28 @@ def restore(mngr: ocp.CheckpointManager, model: nnx.Module, optimizer: nnx.Optim
 
 
 def read_meta(mngr: ocp.CheckpointManager, step: int | None = None) -> dict:
-  """The JSON meta of the latest (or `step`) checkpoint, without reading any array; {} when there is none."""
+  """The JSON meta of the latest (or `step`) checkpoint, without reading any array; {} when there is none.
+
+  Raises:
+    ValueError: the meta cannot be read (`unreadable_step`).
+  """
   step = mngr.latest_step() if step is None else step
   if step is None:
     return {}
-  return dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'])
+  try:
+    return dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'])
+  except Exception as e:  # pylint: disable=broad-except  # a cut JSON file, a missing item
+    raise unreadable_step(mngr, step, e) from e
+
+
+def unreadable_step(mngr: ocp.CheckpointManager, step: int, error: Exception) -> ValueError:
+  """The error of a finished step folder that orbax cannot read: it names the folder, the cause (cut to 300
+  characters) and the step kept before it. A damaged step is refused rather than skipped, as orbax and MaxText do:
+  a silent fallback would train on and later write that step again over the damaged folder."""
+  folder = epath.Path(mngr.directory) / str(step)
+  earlier = [s for s in mngr.all_steps() if s < step]
+  then = (f'if it is damaged (a file cut short or deleted), move it aside to resume from step {max(earlier)}'
+          if earlier else 'no earlier step is kept')
+  why = f'{type(error).__name__}: {error}'
+  return ValueError(f'checkpoint {folder} cannot be read ({why[:300]}); {then}; if the model differs from the one '
+                    'that wrote it, fix config.model')

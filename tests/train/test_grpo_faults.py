@@ -1,16 +1,19 @@
 """GRPO's runtime faults stop the trainer with an error naming the input, before anything is written where possible
 (osvl_jax/train/grpo.py, rollouts.py, preflight.py; osvl_jax/checkpoints): a rollout batch in which every
 trajectory ended on an error (an engine answering out-of-vocabulary ids) is no step to take; servers that refuse
-the trainer's API key stop it before a weight export."""
+the trainer's API key stop it before a weight export; a damaged last checkpoint is refused naming its folder."""
 
 import http.server
 import pathlib
+import re
+import shutil
 import sys
 import threading
 
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
 from osvl_jax import checkpoints
 from osvl_jax import trajectory as tj
@@ -121,3 +124,46 @@ def test_a_trainer_without_the_servers_key_stops_before_anything_is_written(keye
   assert 'sk-wrong-key' not in str(refused.value)
   monkeypatch.setenv('OSVL_API_KEY', KEY)   # read first (server_auth.api_key_from_env)
   assert preflight.check_servers(c) == [keyed_server]
+
+
+def _damage(step_dir: pathlib.Path, how: str) -> None:
+  if how == 'meta':                       # the JSON meta cut short
+    (step_dir / 'meta' / 'metadata').write_text('{"stage": "gr')
+  elif how == 'truncated':                # every array data file cut to 10 bytes
+    for f in (step_dir / 'params').rglob('*'):
+      if f.is_file() and f.parent.name == 'd':
+        f.write_bytes(f.read_bytes()[:10])
+  else:                                   # the params item deleted
+    shutil.rmtree(step_dir / 'params')
+
+
+@pytest.mark.parametrize('how', ['meta', 'truncated', 'deleted'])
+def test_a_damaged_last_checkpoint_is_refused_naming_the_step_folder_and_the_previous_step(tmp_path, how):
+  """A finished step folder that cannot be read stops the resume with an error naming that folder and the step kept
+  before it (moving the folder aside resumes from there); no silent fallback, which would later write the same
+  step again over the damaged one."""
+  model = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+  mngr = checkpoints.manager(tmp_path, 'grpo_ckpt')
+  for step in (1, 2):
+    checkpoints.save(mngr, step, model, None, {'stage': 'grpo'})
+  _damage(tmp_path / 'grpo_ckpt' / '2', how)
+  folder = re.escape(str(tmp_path / 'grpo_ckpt' / '2'))
+  with pytest.raises(ValueError, match=rf'checkpoint {folder} cannot be read \(.+\); if it is damaged .* move it '
+                                       r'aside to resume from step 1'):
+    checkpoints.restore(checkpoints.manager(tmp_path, 'grpo_ckpt'), nnx.Linear(4, 3, rngs=nnx.Rngs(1)))
+  restored = nnx.Linear(4, 3, rngs=nnx.Rngs(1))
+  assert checkpoints.restore(checkpoints.manager(tmp_path, 'grpo_ckpt'), restored, step=1)['step'] == 1
+  np.testing.assert_array_equal(np.asarray(restored.kernel.value), np.asarray(model.kernel.value))
+
+
+def test_grpo_resume_from_a_damaged_last_step_names_it(workdir):
+  c = _config()
+  mesh = sharding.mesh_from_config(c.mesh)
+  model, optimizer = policy.create(c, mesh, 'grpo')
+  checkpoints.save(checkpoints.manager(workdir, 'grpo_ckpt'), 1, model, optimizer, {'stage': 'grpo'})
+  _damage(workdir / 'grpo_ckpt' / '1', 'meta')
+  folder = re.escape(str(workdir / 'grpo_ckpt' / '1'))
+  with pytest.raises(ValueError, match=rf'checkpoint {folder} cannot be read \(JSONDecodeError: .+\); no earlier '
+                                       r'step is kept'):
+    grpo.train(c, workdir)
+  assert metrics.read_metrics(workdir, 'grpo') == []
