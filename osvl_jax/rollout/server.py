@@ -15,7 +15,8 @@ Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sgl
                                   the old one + 1 when it is an integer and none is given. Refused
                                   (`success: false`, the old weights keep serving) for a path outside
                                   `--weights_root` (`server_auth`), another architecture or non-finite values
-                                  (`weight_update.check_update`).
+                                  or weights that overflow when run (`weight_update.check_update`); an HF folder
+                                  is loaded from a private copy (`_load_model`).
   GET|POST /flush_cache           empties the sampler's prefix cache between two decode chunks (it does not wait
                                   for running requests, nor do later requests wait for them); always succeeds.
   GET /health, /health_generate, /ready
@@ -57,7 +58,10 @@ A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream 
 
 import asyncio
 import dataclasses
+import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -75,9 +79,30 @@ from osvl_jax.trajectory import tokens as tokens_lib
 
 
 def _load_model(path: str):
-  """The default weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint)."""
+  """The default weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint). An HF
+  folder is first copied file by file into a private temporary folder and loaded from there (its safetensors are
+  memory-mapped, and the served arrays may alias the mapping): a file rewritten in place while, or after, it
+  loads can neither crash the server (SIGBUS) nor change the served weights. Needs the folder's size free in
+  $TMPDIR while it loads.
+
+  Raises:
+    ValueError: a file of the folder changed while it was copied (written in place: publish by renaming).
+    FileNotFoundError / ValueError: from `checkpoints.load_policy`.
+  """
   from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  return checkpoints.load_policy(path)[0]
+  if not checkpoints.is_hf_folder(path):
+    return checkpoints.load_policy(path)[0]
+  with tempfile.TemporaryDirectory(prefix='osvl-weights-') as private:
+    for name in sorted(os.listdir(path)):
+      src = os.path.join(path, name)
+      if os.path.isfile(src):   # the loader reads the folder's files only
+        with open(src, 'rb') as f, open(os.path.join(private, name), 'wb') as out:
+          before = os.fstat(f.fileno())
+          shutil.copyfileobj(f, out, 16 << 20)
+          after, copied = os.fstat(f.fileno()), out.tell()
+        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or copied != after.st_size:
+          raise ValueError(f'{src} changed while it was read (written in place?): not loaded')
+    return checkpoints.load_policy(private)[0]   # the mapped copy's pages outlive its deletion
 
 
 @dataclasses.dataclass

@@ -9,8 +9,11 @@ A server keeps serving its old weights unless the new ones are the same architec
   - `nonfinite_params`: one jitted reduction (per-parameter `all(isfinite)`, a bool vector, one host transfer)
     names the parameters holding NaN or Inf.
 
-`check_update` runs both and raises `UpdateRefused`; the caller leaves the old weights (and version, and prefix
-cache) in place.
+  - `smoke_forward`: finite weights can still overflow when run (e.g. a layer scaled far up): one forward pass of
+    a few text tokens must give finite log-probs, computed in the served model's compute dtype.
+
+`check_update` runs all three and raises `UpdateRefused`; the caller leaves the old weights (and version, and
+prefix cache) in place.
 """
 
 from __future__ import annotations
@@ -88,11 +91,40 @@ def nonfinite_params(model) -> list[str]:
   return ['/'.join(map(str, path)) for (path, _), good in zip(flat, ok) if not good]
 
 
+SMOKE_TOKENS = 8   # text tokens of the smoke forward pass
+
+
+@nnx.jit
+def _smoke(model, ids):
+  positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), (3,) + ids.shape)
+  hidden, _ = model(ids, positions)
+  logprobs = jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)
+  return jnp.all(jnp.isfinite(hidden)) & jnp.all(jnp.isfinite(logprobs)), hidden[0, 0, 0]
+
+
+def smoke_forward(served, new) -> str | None:
+  """Why `new` cannot serve, from one forward pass of `SMOKE_TOKENS` ids spread over the vocabulary (None: it
+  can): non-finite activations or log-probs (weights that overflow when run), or a compute dtype other than the
+  served model's."""
+  vocab = new.config.text.vocab_ids
+  rows = np.linspace(0, (len(vocab) if vocab is not None else new.config.text.vocab_size) - 1, SMOKE_TOKENS)
+  ids = np.asarray(vocab, np.int32)[rows.astype(int)] if vocab is not None else rows.astype(np.int32)
+  finite, sample = _smoke(new, jnp.asarray(ids[None]))
+  want = np.dtype(served.dtype)
+  if np.dtype(sample.dtype) != want:
+    return f'the update computes in {np.dtype(sample.dtype)}, the served model in {want}'
+  if not bool(finite):
+    return (f'the update overflows when run: a forward pass of {SMOKE_TOKENS} tokens gives non-finite activations '
+            'or log-probs')
+  return None
+
+
 def check_update(served, new) -> None:
   """Refuses `new` as the replacement of the served model `served` (both `Qwen3VLModel`s).
 
   Raises:
-    UpdateRefused: the architecture differs (`architecture_diff`), or parameters hold NaN / Inf (named).
+    UpdateRefused: the architecture differs (`architecture_diff`), parameters hold NaN / Inf (named), or the
+      smoke forward pass fails (`smoke_forward`).
   """
   diff = architecture_diff(served, new)
   if diff:
@@ -101,3 +133,6 @@ def check_update(served, new) -> None:
   if bad:
     raise UpdateRefused(f'the update holds non-finite values (NaN or Inf) in {len(bad)} parameter(s): '
                         f'{_name_some(bad)}')
+  smoke = smoke_forward(served, new)
+  if smoke:
+    raise UpdateRefused(smoke)

@@ -1,7 +1,12 @@
-"""`/update_weights_from_disk` refuses another architecture (deeper, wider, MoE, other parameter dtype) and
-non-finite weights: `success: false` naming what differs, and the old weights keep answering bit-identically."""
+"""`/update_weights_from_disk` refuses another architecture (deeper, wider, MoE, other parameter or compute dtype),
+non-finite weights and finite weights that overflow when run: `success: false` naming what differs, and the old
+weights keep answering bit-identically. The default loader reads a private copy of an HF folder, so one rewritten
+in place while (or after) it loads cannot crash the server."""
 
 import dataclasses
+import subprocess
+import sys
+import textwrap
 
 import httpx
 import jax.numpy as jnp
@@ -14,7 +19,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import jax_sampler, server, weight_sync
 from osvl_jax.rollout import weight_update
-from tests.serve.conftest import BUCKET, MAX_LEN, NEW, serve_in_thread
+from tests.serve.conftest import BUCKET, MAX_LEN, NEW, REPO, serve_in_thread
 
 TINY = Qwen3VLConfig.tiny()
 
@@ -31,6 +36,14 @@ def _poisoned(value):
   return model
 
 
+def _overflowing():
+  """The served tiny model with the final norm's weight scaled by 1e38: every weight finite, the logits not."""
+  model = model_lib.Qwen3VLModel(TINY, nnx.Rngs(0))
+  weight = model.language_model.norm.weight
+  weight[...] = weight[...] * 1e38
+  return model
+
+
 CANDIDATES = {   # model_path -> (model builder, words the refusal must name)
     'deeper': (lambda: model_lib.Qwen3VLModel(_text(num_hidden_layers=3), nnx.Rngs(0)), 'num_hidden_layers: 2 -> 3'),
     'wider': (lambda: model_lib.Qwen3VLModel(_text(hidden_size=96, intermediate_size=192), nnx.Rngs(0)),
@@ -41,6 +54,9 @@ CANDIDATES = {   # model_path -> (model builder, words the refusal must name)
     'nan': (lambda: _poisoned(jnp.nan), 'non-finite values (NaN or Inf) in 1 parameter(s): '
             'language_model/layers/1/mlp/down_proj/kernel'),
     'inf': (lambda: _poisoned(jnp.inf), 'language_model/layers/1/mlp/down_proj/kernel'),
+    'bf16_compute': (lambda: model_lib.Qwen3VLModel(TINY, nnx.Rngs(0), dtype=jnp.bfloat16),   # float32 params
+                     "dtype: 'float32' -> 'bfloat16'"),
+    'overflow': (_overflowing, 'the update overflows when run: a forward pass of 8 tokens gives non-finite'),
     'seed1': (lambda: model_lib.Qwen3VLModel(TINY, nnx.Rngs(1)), None),   # same architecture: accepted
 }
 
@@ -66,7 +82,7 @@ def _greedy(url, contexts):
 def test_other_architectures_and_nonfinite_weights_are_refused_and_the_old_ones_keep_serving(url, contexts):
   ids, lps, _ = _greedy(url, contexts)
   info = httpx.get(url + '/model_info', timeout=10).json()
-  for path in ('deeper', 'wider', 'moe', 'bf16', 'nan', 'inf'):
+  for path in ('deeper', 'wider', 'moe', 'bf16', 'bf16_compute', 'nan', 'inf', 'overflow'):
     r = httpx.post(url + '/update_weights_from_disk', json={'model_path': path, 'weight_version': 'bad'},
                    timeout=120)
     out = r.json()
@@ -95,3 +111,53 @@ def test_check_update_on_exported_folders(tiny_model, tmp_path):
     weight_update.check_update(tiny_model, checkpoints.load_policy(str(folder))[0])
   assert weight_update.nonfinite_params(tiny_model) == []
   assert np.isfinite(np.asarray(tiny_model.language_model.layers[1].mlp.down_proj.kernel[...])).all()
+
+
+def test_smoke_forward_names_the_compute_dtype(tiny_model):
+  class Relabelled:   # a model whose dtype attribute says float32 but that computes in bfloat16
+    dtype = jnp.float32
+  assert weight_update.smoke_forward(tiny_model, tiny_model) is None
+  bf16 = CANDIDATES['bf16_compute'][0]()
+  assert weight_update.smoke_forward(Relabelled, bf16) == ('the update computes in bfloat16, the served model in '
+                                                           'float32')
+
+
+RACE = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from osvl_jax.models.qwen3_vl import weights
+    from osvl_jax.rollout import server
+    folder = sys.argv[1]
+    mapped = weights.read_safetensors
+
+    def racing(path):   # a writer rewrites the published file in place right after the loader mapped one
+      out = mapped(path)
+      with open(f'{folder}/model.safetensors', 'r+b') as f:
+        f.truncate(4096)
+      return out
+    weights.read_safetensors = racing
+    model = server._load_model(folder)
+    print(float(np.abs(np.asarray(model.language_model.layers[1].mlp.down_proj.kernel[...])).sum()))
+""")
+
+
+def test_a_folder_rewritten_in_place_while_it_loads_cannot_crash_the_loader(tiny_model, tmp_path):
+  folder = weight_sync.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
+  run = subprocess.run([sys.executable, '-c', RACE, str(folder)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 0, (run.returncode, run.stderr[-2000:])   # before: -7 (SIGBUS)
+  want = float(np.abs(np.asarray(tiny_model.language_model.layers[1].mlp.down_proj.kernel[...])).sum())
+  assert float(run.stdout.split()[-1]) == pytest.approx(want)         # the weights as published
+
+
+def test_a_file_that_changes_while_it_is_copied_is_refused(tiny_model, tmp_path, monkeypatch):
+  folder = weight_sync.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
+  copy = server.shutil.copyfileobj
+
+  def appending(src, dst, length):   # a writer appends to the file while it is copied
+    copy(src, dst, length)
+    with open(src.name, 'ab') as f:
+      f.write(b'x')
+  monkeypatch.setattr(server.shutil, 'copyfileobj', appending)
+  with pytest.raises(ValueError, match='changed while it was read'):
+    server._load_model(str(folder))
