@@ -5,6 +5,7 @@
 
 Shapes follow `Qwen3VLConfig.tiny()` (Hkv=2, G=2, D=16). Variants are timed interleaved (round robin) so load from
 other processes on a shared machine hits them alike; the minimum over repeats is printed, plus compile time.
+Feeds BENCHMARKS.md, "Attention, CPU".
 """
 
 import argparse

@@ -13,6 +13,7 @@ program built, compiled or read from a persistent cache) for each phase's step f
   sft_programs=<n> grpo_programs=<n> sampler_programs=<n> distinct_image_grids=<m> steady_step_s=<x>
 and, beside each count, the bound the config sets (`*_bound`): the count must not exceed it, nor grow with m or N
 (`tests/test_bench_cli.py` runs this at small N). steady_step_s: the mean SFT step after the first (compile) step.
+Feeds BENCHMARKS.md, "Compile counts".
 """
 
 import argparse

@@ -4,6 +4,7 @@ Command: `.venv/bin/python bench/param_count.py`
 Prints `config=<name> flax_params=<n> hf_params=<n> equal=<bool>` for 8B, 4B (real config.json), and 2B, 30B-A3B,
 32B (assembled hparams, `qwen/configs/qwen3_vl_family_hparams.assembled.json`). Nothing is allocated: the Flax
 model is built under `nnx.eval_shape`, the HF one on `torch.device('meta')`. Takes ~1 minute on 2 CPU cores.
+Feeds BENCHMARKS.md, "Parameter counts".
 """
 
 import argparse

@@ -16,6 +16,7 @@ Measures:
   paths_per_s    walked items per second of `graph.sample_paths` on one core (stratified seeds, tau = 10,000,
                  seed in-degree in [50, tau], h ~ Cat({2,3,4}; .4,.4,.2), up to 10 retries)
 Prints exactly `graph_build_s=<x> graph_rss_gb=<y> paths_per_s=<z>` on stdout; details on stderr.
+Feeds BENCHMARKS.md, "Graph scale".
 """
 
 import os

@@ -22,7 +22,7 @@ Every rollout (warm-ups included) starts with `/flush_cache`: the server's prefi
 the rollout itself computed, so a turn reuses its own episode's earlier turns (and the shared system prompt), never
 the identical contexts of the previous rollout of the same items.
 Prints the wall time of each mode (best of `--repeats`), the server's batch statistics, the machine, and last
-`speedup_vs_sequential=<sequential seconds / concurrent seconds>`.
+`speedup_vs_sequential=<sequential seconds / concurrent seconds>`. Feeds BENCHMARKS.md, "Rollout concurrency".
 """
 
 import argparse

@@ -21,7 +21,7 @@ thread whatever its flags (CPU time = wall time), and torch with 2 OpenMP thread
 than with 1 (227 vs 29 ms per decode step at batch 1), which is no fair reference. The figures move with the
 machine's load (printed): compare runs made under the same load. Prints per batch: decode tokens/s and ms per
 decode step of each, and their ratio; last line `ratio_jax_over_hf_generate=<smallest ratio over the batch
-sizes>`.
+sizes>`. Feeds BENCHMARKS.md, "Sampler vs HF `generate`".
 """
 
 import argparse

@@ -10,7 +10,7 @@ server batches those waiting). Greedy decoding of exactly `--new-tokens` ids per
 modes do the same work. The server it starts runs without a prefix cache (`--prefix_cache_slots=0`): the same
 prompts are sent again and again, and this bench measures request batching alone (bench/rollout_concurrency.py
 measures the cache on agent episodes). Prints the best wall time of each mode, the server's batch sizes, the machine load, and
-last `batching_speedup=<sequential seconds / concurrent seconds>`.
+last `batching_speedup=<sequential seconds / concurrent seconds>`. Feeds BENCHMARKS.md, "Serving".
 """
 
 import argparse

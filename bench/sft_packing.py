@@ -7,6 +7,7 @@ same batches (`train.data.batch_indices`), one after the other in one process. P
   mode=<plain|packed> steady_step_s=<mean after the first 6 steps> micro_batches=<mean per step> loss_last=<x>
 and the packed budget (T, K, P). The losses of the two modes must agree (packing changes no loss; Eq. 8 sums over
 the step's tokens); the speed is what packing buys or costs for this dataset's lengths.
+Feeds BENCHMARKS.md, "SFT packing".
 """
 
 import argparse

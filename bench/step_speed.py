@@ -29,6 +29,7 @@ still split 8 ways: the same code under rules that map every parameter axis to N
       [--rows 8 --tokens 128 --repeats 3]
 Prints, for each: step_s, tokens_per_s, state_mib_per_device (parameters + optimizer state on device 0), and
 sharded_over_replicated_step_time.
+Feeds BENCHMARKS.md, "Step speed, CPU", "Step speed, GPU" (through bench/device_check.sh) and "Sharded step" (--sharding).
 """
 
 import argparse

@@ -4,6 +4,7 @@ Run: `.venv/bin/python bench/tools_quality.py` (about 3-5 min on 2 cores). Expec
 sharpen_psnr_gain_db > 0, sharpen_laplacian_gain > 1, perspective_max_corner_error_deg < 3, sr_psnr_gain_db > 0,
 ocr_cer_english <= 0.15, image_search_top1 >= 0.95, image_search_ms_per_query_10k <= 50 (target),
 injected == observed. Helpers (degradations, transcripts, rollouts) are the tests' own, from tests/tools/.
+Feeds BENCHMARKS.md, "Tools".
 """
 
 import argparse

@@ -100,7 +100,7 @@ class JaxSampler(engine_lib.Engine):
                pad_batch_pow2: bool = True, progress: bool = False, decode_steps: int = 64,
                prefix_cache_slots: int = 0, patch_bucket: int = 256):
     """Args:
-      model: a `Qwen3VLModel` (nnx.Module) with `__call__`, `logits`, `init_cache` (docs/INTERFACES.md).
+      model: a `Qwen3VLModel` (nnx.Module) with `__call__`, `logits`, `init_cache` (`models/qwen3_vl/model.py`).
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`), for `Generation.text` and stop strings.
       image_processor: optional `trajectory.ImageProcessor`, used only for images given as raw uint8 [H, W, 3]
         arrays instead of `ImageRef`s.
