@@ -147,7 +147,7 @@ def test_commands_modules_and_functions_named_in_the_docs_exist():
       path = token.split(':')[0].rstrip('/')
       if '/' in path and path.split('/')[0] in {p.name for p in REPO.iterdir()} and not (REPO / path).exists():
         missing.append(f'{page.name}: {token}')
-      dotted = re.fullmatch(r'((?:%s)(?:\.\w+)+)(\(.*\))?' % '|'.join(DOTTED_ROOTS), token)
+      dotted = re.match(r'((?:%s)(?:\.\w+)+)\b(?![/.])' % '|'.join(DOTTED_ROOTS), token)
       if dotted:
         parts = dotted.group(1).split('.')
         split = max((i for i in range(1, len(parts) + 1) if _module_file('.'.join(parts[:i]))), default=0)
