@@ -41,6 +41,16 @@ def compact_copy(full: model_lib.Qwen3VLModel, vocab=VOCAB) -> model_lib.Qwen3VL
 
 
 @pytest.fixture(scope='module')
+def full():
+  return model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
+
+
+@pytest.fixture(scope='module')
+def compact(full):
+  return compact_copy(full)
+
+
+@pytest.fixture(scope='module')
 def image_ref():
   """A 64x64 random image -> grid (1, 4, 4), 4 image-pad tokens."""
   proc = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)
@@ -62,9 +72,7 @@ def _forward(model, ids, ref):
   return np.asarray(model.logits(hidden))
 
 
-def test_ids_round_trip_through_rows():
-  full = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-  compact = compact_copy(full)
+def test_ids_round_trip_through_rows(full, compact):
   ids = jnp.asarray(np.random.default_rng(0).permutation(VOCAB), jnp.int32)
   rows = compact.ids_to_rows(ids)
   np.testing.assert_array_equal(np.asarray(VOCAB)[np.asarray(rows)], ids)   # row r is the r-th listed id
@@ -105,9 +113,7 @@ def test_compact_logits_are_the_full_models_rows_of_the_vocabulary(image_ref, ti
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-def test_loss_logprobs_are_the_full_models_renormalised_over_the_vocabulary(image_ref):
-  full = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-  compact = compact_copy(full)
+def test_loss_logprobs_are_the_full_models_renormalised_over_the_vocabulary(full, compact, image_ref):
   ids = _prompt(image_ref)
   grid = np.asarray(image_ref.grid_thw)[None]
   pos, _ = rope.get_rope_index(ids[None], grid)
@@ -124,10 +130,8 @@ def test_loss_logprobs_are_the_full_models_renormalised_over_the_vocabulary(imag
   assert np.all(got > full_lp + 1e-3)   # renormalised over 157 rows: more mass than over 151,936
 
 
-def test_the_hf_dict_and_a_checkpoint_keep_the_vocabulary(tmp_path):
-  cfg = Qwen3VLConfig.tiny()
-  assert 'osvl_vocab_ids' not in cfg.to_hf_dict()['text_config']   # a full model's dict is unchanged
-  compact = compact_copy(model_lib.Qwen3VLModel(cfg, nnx.Rngs(0)))
+def test_the_hf_dict_and_a_checkpoint_keep_the_vocabulary(compact, tmp_path):
+  assert 'osvl_vocab_ids' not in Qwen3VLConfig.tiny().to_hf_dict()['text_config']   # a full model's: unchanged
   assert Qwen3VLConfig.from_hf_dict(compact.config.to_hf_dict()) == compact.config
   checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 3, compact, None, {'stage': 'sft'})
   loaded, meta = checkpoints.load_policy('sft', workdir=tmp_path)
@@ -136,8 +140,7 @@ def test_the_hf_dict_and_a_checkpoint_keep_the_vocabulary(tmp_path):
                                 compact.language_model.embed_tokens.embedding[...])
 
 
-def test_hf_export_of_a_compact_model_is_refused_writing_nothing(tmp_path):
-  compact = compact_copy(model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0)))
+def test_hf_export_of_a_compact_model_is_refused_writing_nothing(compact, tmp_path):
   checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1, compact, None,
                    {'stage': 'sft', 'image_processor': {'min_pixels': 1024, 'max_pixels': 4096}})
   refusal = rf'compact vocabulary of {len(VOCAB)} Qwen ids \(model.vocab\): an HF checkpoint needs all 151936 rows'
