@@ -11,6 +11,7 @@ its shapes up (the compile is not timed), then times a greedy `--new-tokens` tex
   image flood: sent right after `--images` one-image requests (random `--image-side` PNGs, so decoding costs
     what a real screenshot does) were sent at once.
 Prints the latencies, then last `flush_ratio=<flush / alone> image_flood_ratio=<flood / alone>` (target <= 2).
+Feeds BENCHMARKS.md, "Serving".
 """
 
 import argparse
