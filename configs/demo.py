@@ -114,7 +114,9 @@ def get_config() -> ml_collections.ConfigDict:
   # 20 of the 450 steps; a fraction of sft.steps (as MaxText's warmup_steps_fraction), so --config.sft.steps=5
   # runs (warmup 0). An explicit --config.sft.warmup_steps is kept as given (sft.check_config says what fits).
   c.sft.warmup_steps = c.sft.get_ref('steps') * 2 // 45
-  c.sft.lr_schedule = 'cosine'  # 'cosine' (to 10% of lr) | 'constant', after the warmup (policy.make_schedule)
+  c.sft.lr_schedule = 'cosine'  # 'cosine' (to min_lr_ratio x lr) | 'constant', after warmup (policy.make_schedule)
+  c.sft.min_lr_ratio = 0.1
+  c.sft.adam_b2 = 0.95  # AdamW beta2 (the paper runs' frameworks: 0.999)
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
   # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
@@ -134,10 +136,11 @@ def get_config() -> ml_collections.ConfigDict:
   # whole compiled shape from the config; a trajectory emitting more is refused at load. 0 = derived: each bucket's
   # most loss tokens (unpacked), the bound any full row meets (packed, batching.pack_budget).
   c.sft.max_loss_tokens = 0
-  # MoE router losses (policy.router_loss: + coef x HF's load-balancing loss, + coef x ST-MoE z-loss); 0 = off, and
-  # ignored by a dense model (the demo's). The paper's 30B-A3B runs: 0.01 / 1e-3 (configs/qwen3vl_paper.py).
+  # MoE router losses (policy.router_loss: + coef x the load-balancing loss, + coef x ST-MoE z-loss); 0 = off, and
+  # ignored by a dense model (the demo's). The paper's 30B-A3B GRPO run: 0.01 / 1e-3 (configs/qwen3vl_paper.py).
   c.sft.router_aux_loss_coef = 0.0
   c.sft.router_z_loss_coef = 0.0
+  c.sft.router_loss_form = 'per_layer'  # Megatron's sum of per-layer losses | 'pooled' (HF's; moe.ROUTER_LOSS_FORMS)
   c.sft.log_every = 10
   c.sft.ckpt_every = 150
 
@@ -155,6 +158,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.lr = 1e-4
   c.grpo.warmup_steps = 0  # GRPO steps of linear lr warmup (policy.make_tx), < grpo.steps
   c.grpo.lr_schedule = 'cosine'  # as sft.lr_schedule (the paper's GRPO runs: 'constant')
+  c.grpo.min_lr_ratio = 0.1
+  c.grpo.adam_b2 = 0.95  # as sft.adam_b2
   c.grpo.weight_decay = 0.0  # AdamW
   c.grpo.grad_clip = 1.0  # global-norm clipping
   c.grpo.eps_low = 0.2
@@ -183,6 +188,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.grpo.pack_rows = 0
   c.grpo.router_aux_loss_coef = 0.0  # MoE router losses, as sft.router_aux_loss_coef / router_z_loss_coef
   c.grpo.router_z_loss_coef = 0.0
+  c.grpo.router_loss_form = 'per_layer'
   # Update schedule (osvl_jax/train/grpo_update.py): prompts' groups per mini-batch = per optimizer step; 0 = the
   # whole rollout batch (the demo keeps one step per rollout batch; the official run: 64 of 256).
   c.grpo.mini_batch_prompts = 0

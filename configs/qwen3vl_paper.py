@@ -46,9 +46,13 @@ top-p 1.0 (validation 0.7 / 0.95), the RLOO estimator and `seq-mean-token-sum` a
 (where Eq. 11 / 12 differ, the launch script produced the reported numbers; the equations' variants are one switch
 away), 4,096 new tokens per model call, up to 50 calls, a 70,000-token response budget. 30B-A3B (MoE only): the
 router in float32 (always, `models/qwen3_vl/moe.py`), the auxiliary load-balancing loss at 0.01 and the router
-z-loss at 1e-3 in both stages (`router_aux_loss_coef` / `router_z_loss_coef` of config.sft and config.grpo;
-transformers' load-balancing loss over the real tokens, pooled over the sparse layers, and the ST-MoE z-loss; the
-dense sizes set 0).
+z-loss at 1e-3 in GRPO (`router_aux_loss_coef` / `router_z_loss_coef` of config.grpo; Megatron's form, one loss per
+sparse layer summed over the layers, `grpo.router_loss_form`; the dense sizes set 0). Table 4 lists no router loss
+for SFT: config.sft sets 0.
+
+What the tables leave to the frameworks, as they set it (each in a comment below): SFT (HF Trainer) AdamW beta2
+0.999, weight decay 0, a cosine decaying to 0; GRPO (verl) AdamW beta2 0.999, weight decay 0.01, the dual clip
+c = 3.
 
 SFT takes Table 4's batch of 256 trajectories per optimizer step on a slice with fewer rows by gradient
 accumulation: sft.micro_batch_size rows per micro-batch (one 32k row per batch shard), their gradients summed, each
@@ -224,6 +228,10 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.sft.steps = (epochs * examples + batch - 1) // batch
   c.sft.warmup_steps = c.sft.get_ref('steps') // 10  # Table 4: warmup ratio 0.1
   c.sft.lr_schedule = 'cosine'  # Table 4
+  # What Table 4 leaves to the SFT framework (HF Trainer, via LLaMA-Factory): AdamW beta2 0.999 (`adam_beta2`),
+  # weight decay 0.0, its 'cosine' decaying to 0 (min_lr_ratio 0; the demo's cosine ends at 10%), grad clip 1.0.
+  c.sft.adam_b2 = 0.999
+  c.sft.min_lr_ratio = 0.0
   c.sft.weight_decay = 0.0
   c.sft.grad_clip = 1.0
   # Image patches per batch shard (rows of one data x fsdp device), a multiple of 4: a fixed budget makes every
@@ -237,10 +245,12 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   # max_loss_tokens (0 = the bound any full row meets).
   c.sft.pack_rows = 0
   c.sft.max_loss_tokens = 0
-  # PAPER.md Official run settings, Table 5's "MoE only" row (30B-A3B; for both stages here): auxiliary
-  # (load-balancing) loss coefficient 0.01, router z-loss 1e-3. Dense sizes: 0 (no router).
-  c.sft.router_aux_loss_coef = 0.01 if size == '30b_a3b' else 0.0
-  c.sft.router_z_loss_coef = 1e-3 if size == '30b_a3b' else 0.0
+  # MoE router losses: off. Table 4 lists none for SFT (Table 5's "MoE only" row is the RL run's); set them with
+  # --config.sft.router_aux_loss_coef / router_z_loss_coef, in HF's pooled form (the SFT framework's,
+  # `moe.load_balancing_loss`), or router_loss_form='per_layer' for Megatron's.
+  c.sft.router_aux_loss_coef = 0.0
+  c.sft.router_z_loss_coef = 0.0
+  c.sft.router_loss_form = 'pooled'
   c.sft.log_every = 5  # Table 4: logging every 5 steps, checkpoint every 400
   c.sft.ckpt_every = 400
 
@@ -264,7 +274,11 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.lr = 1e-6
   c.grpo.warmup_steps = 0  # Table 5: constant lr (verl's default), no warmup
   c.grpo.lr_schedule = 'constant'
-  c.grpo.weight_decay = 0.0  # AdamW (the paper does not say; verl's actor default is 0.01)
+  # What Table 5 leaves to verl (its actor optimizer's defaults, which the official run inherits): AdamW betas
+  # (0.9, 0.999), weight decay 0.01, grad clip 1.0 (min_lr_ratio: verl's 0, unused by the constant schedule).
+  c.grpo.adam_b2 = 0.999
+  c.grpo.weight_decay = 0.01
+  c.grpo.min_lr_ratio = 0.0
   c.grpo.grad_clip = 1.0
   # The update's compiled shapes (configs/demo.py says how they are used): T buckets ending at max_total_tokens;
   # K up to T (50 turns x 4096 tokens exceed the 71,680 budget); patches per shard on the 4 x 2^k ladder.
@@ -284,11 +298,16 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.estimator = 'rloo'
   c.grpo.std_ddof = 1
   c.grpo.aggregation = 'seq_mean_token_sum'
-  c.grpo.clip_ratio_c = ml_collections.config_dict.placeholder(float)
+  # verl's dual clip (actor.clip_ratio_c 3.0, on by default in its policy loss): for Â < 0 the clipped ratio term
+  # is bounded by c · Â. None = Eq. 12 exactly.
+  c.grpo.clip_ratio_c = 3.0
   # PAPER.md Official run settings, Table 5's "MoE only" row (30B-A3B): auxiliary (load-balancing) loss
-  # coefficient 0.01, router z-loss 1e-3. Dense sizes: 0 (no router).
+  # coefficient 0.01, router z-loss 1e-3. Dense sizes: 0 (no router). The coefficients are Megatron's (verl's
+  # Megatron backend): a loss per sparse layer, summed over the 48 layers ('per_layer'); 'pooled' is HF's one loss
+  # over the pooled layers, 6x (aux) / 48x (z) weaker per layer near uniform routing (`moe.ROUTER_LOSS_FORMS`).
   c.grpo.router_aux_loss_coef = 0.01 if size == '30b_a3b' else 0.0
   c.grpo.router_z_loss_coef = 1e-3 if size == '30b_a3b' else 0.0
+  c.grpo.router_loss_form = 'per_layer'
   c.grpo.tis_cap = ml_collections.config_dict.placeholder(float)  # None = no truncated importance sampling
   # The mismatch alarm (grpo_update.check_mismatch): a step whose mean |log π_rollout − log π_old| over the loss
   # tokens exceeds this stops the run (an SGLang server in bf16 agrees to a few hundredths of a nat per token).
@@ -299,6 +318,7 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.temperature = 0.7  # Table 5: train sampling temperature 0.7, top-p 1.0 (the trainer's log-probs at 0.7)
   c.grpo.top_p = 1.0
   c.grpo.ckpt_every = 1 if size == '30b_a3b' else 50  # Table 5: save every 50 | 1 steps (32B: as 8B)
+  c.grpo.zero_pixels = 'none'  # the image-blind counter-test's switch (bench/learning_world.py); a real run: 'none'
   c.grpo.dump_rollouts = False  # debug: pickle each step's rollout batch to <workdir>/rollouts/<step>.pkl
 
   # The paper's judges (PAPER.md, "The paper's judge and agent protocols"): an LLM judge at temperature 0 with the

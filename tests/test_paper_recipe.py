@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 
+import optax
 import pytest
 
 from data_pipeline import build
@@ -42,10 +43,20 @@ TABLE_5 = {
     '30b_a3b': {'grpo.num_generations': 16, 'grpo.mini_batch_prompts': 128, 'grpo.ckpt_every': 1},
     '32b': {'grpo.num_generations': 8, 'grpo.mini_batch_prompts': 64, 'grpo.ckpt_every': 50},
 }
-# Table 5's "MoE only" row (auxiliary load-balancing loss 0.01, router z-loss 1e-3), set for both stages of the
-# 30B-A3B runs; the dense sizes have no router (0).
+# Table 5's "MoE only" row (auxiliary load-balancing loss 0.01, router z-loss 1e-3), the 30B-A3B GRPO run's, in
+# Megatron's form (verl's Megatron backend: a loss per sparse layer, summed over the layers); the dense sizes have no
+# router (0). Table 4 lists no router loss: SFT sets 0 (HF's pooled form, the SFT framework's, were they set).
 MOE_ROW = {'router_aux_loss_coef': 0.01, 'router_z_loss_coef': 1e-3}
 NO_ROUTER = {'router_aux_loss_coef': 0.0, 'router_z_loss_coef': 0.0}
+ROUTER_FORM = {'sft': 'pooled', 'grpo': 'per_layer'}
+
+# What the tables leave to the frameworks the official run used, as they default it (issue 50):
+#   SFT, HF Trainer (LLaMA-Factory): `TrainingArguments` adam_beta2 0.999, weight_decay 0.0, max_grad_norm 1.0, its
+#     'cosine' scheduler decaying to 0;
+#   GRPO, verl's actor: optim betas (0.9, 0.999), weight_decay 0.01, grad_clip 1.0, clip_ratio_c 3.0 (dual clip).
+SFT_FRAMEWORK = {'sft.adam_b2': 0.999, 'sft.weight_decay': 0.0, 'sft.grad_clip': 1.0, 'sft.min_lr_ratio': 0.0}
+GRPO_FRAMEWORK = {'grpo.adam_b2': 0.999, 'grpo.weight_decay': 0.01, 'grpo.grad_clip': 1.0,
+                  'grpo.clip_ratio_c': 3.0}
 
 # PAPER.md, "The paper's judge and agent protocols": the LLM accuracy and query-quality judges at temperature 0; the
 # endpoint is the user's (empty in the files, given on the command line).
@@ -99,7 +110,10 @@ def test_sft_run_files_carry_table_4(size):
   assert config.sft.steps == math.ceil(8 * 36_592 / 256) == 1144 and config.sft.warmup_steps == 114
   lr = policy.make_schedule(config.sft.lr, config.sft.steps, config.sft.warmup_steps, config.sft.lr_schedule)
   assert float(lr(0)) == 0.0 and float(lr(114)) == pytest.approx(2e-5, rel=1e-6)   # linear warmup, then cosine
-  assert float(lr(1144)) == pytest.approx(2e-6, rel=1e-5)
+  lr = policy.make_schedule(config.sft.lr, config.sft.steps, config.sft.warmup_steps, config.sft.lr_schedule,
+                            config.sft.min_lr_ratio)
+  assert float(lr(629)) == pytest.approx(1e-5, rel=1e-4)   # half-way through the decay: half the lr
+  assert float(lr(1144)) == 0.0                             # HF Trainer's 'cosine' ends at 0 (SFT_FRAMEWORK)
 
 
 @pytest.mark.parametrize('size', SIZES)
@@ -204,10 +218,29 @@ def test_eval_paper_carries_the_papers_evaluation_and_the_cli_accepts_it(monkeyp
 
 @pytest.mark.parametrize('stage', ('sft', 'grpo'))
 @pytest.mark.parametrize('size', SIZES)
-def test_moe_run_files_carry_the_router_losses_of_table_5(stage, size):
+def test_moe_run_files_carry_the_router_losses_of_table_5_in_megatrons_form(stage, size):
   config = _load(f'qwen3vl_paper:{stage}_{size}')
-  assert {k: config[stage][k] for k in MOE_ROW} == (MOE_ROW if size == '30b_a3b' else NO_ROUTER)
-  assert policy.router_loss_coefs(config[stage]) == tuple((MOE_ROW if size == '30b_a3b' else NO_ROUTER).values())
+  want = MOE_ROW if (stage, size) == ('grpo', '30b_a3b') else NO_ROUTER
+  assert {k: config[stage][k] for k in MOE_ROW} == want
+  assert policy.router_loss_coefs(config[stage]) == (*want.values(), ROUTER_FORM[stage])
+
+
+@pytest.mark.parametrize('name', RUNS)
+def test_run_files_carry_the_framework_defaults_the_official_run_inherits(monkeypatch, name):
+  """SFT_FRAMEWORK / GRPO_FRAMEWORK, in the file and in the optimizer `policy.create` builds from it."""
+  config = _load(f'qwen3vl_paper:{name}')
+  stage = config.stage
+  want = SFT_FRAMEWORK if stage == 'sft' else GRPO_FRAMEWORK
+  assert {k: _get(config, k) for k in want} == want
+  assert _load('demo')[stage].adam_b2 == policy.ADAM_B2 == 0.95   # the demo keeps its own (its numbers stay)
+  built = []
+  monkeypatch.setattr(policy, 'make_tx', lambda *a: built.append(a) or optax.identity())
+  monkeypatch.setattr(policy, 'create_model', lambda *a, **k: None)
+  monkeypatch.setattr(policy, 'create_optimizer', lambda *a: None)
+  policy.create(config, None, stage)
+  (_, _, _, weight_decay, grad_clip, _, b2, min_lr_ratio), = built
+  assert (b2, weight_decay, grad_clip, min_lr_ratio) == tuple(
+      want.get(f'{stage}.{k}', config[stage][k]) for k in ('adam_b2', 'weight_decay', 'grad_clip', 'min_lr_ratio'))
 
 
 def test_show_config_prints_a_run_files_settings_with_overrides():
@@ -215,6 +248,10 @@ def test_show_config_prints_a_run_files_settings_with_overrides():
                         '--config.grpo.lr=2e-6'], capture_output=True, text=True, check=True, timeout=300,
                        cwd=CONFIGS.parent).stdout
   assert 'estimator: rloo' in out and 'lr: 2.0e-06' in out and 'system_prompt: agent_system_v2' in out
+  grpo = out.split('\ngrpo:\n', 1)[1]
+  grpo = grpo[:re.search(r'^\S', grpo, re.M).start()]   # the grpo section, to the next top-level field
+  for line in ('adam_b2: 0.999', 'weight_decay: 0.01', 'clip_ratio_c: 3.0', 'router_loss_form: per_layer'):
+    assert f'  {line}\n' in grpo, line
 
 
 def test_every_variant_loads_through_config_flags_and_an_unknown_one_is_refused_listing_them(monkeypatch):

@@ -49,13 +49,15 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   default 1), tis_cap (None or 0 = off, else >= 1), max_logprob_mismatch (the mismatch alarm, `check_mismatch`: None
   or 0 = off, else > 0), max_staleness (int >= 0; 0 = strictly on-policy; read by the
   async rollout), micro_batch_size (must divide the rows of a mini-batch, mini_batch_prompts × num_generations),
-  router_aux_loss_coef / router_z_loss_coef (>= 0; MoE router losses, `make_grad_fn`), pack_rows (int >= 0; > 0 =
+  router_aux_loss_coef / router_z_loss_coef (>= 0; MoE router losses, `make_grad_fn`), router_loss_form, adam_b2,
+  min_lr_ratio (`policy.check_optimizer_config`), pack_rows (int >= 0; > 0 =
   packed micro-batches of that many rows, `Packing`; not beside micro_batch_size).
 
   Raises:
     ValueError: naming the field: mini_batch_prompts < 0 or not dividing grpo.prompts_per_step, ppo_epochs < 1,
       tis_cap in (0, 1) or < 0, max_logprob_mismatch < 0, max_staleness < 0, micro_batch_size not dividing the
-      mini-batch rows (or a non-int count), a router loss coefficient < 0, pack_rows < 0 or set beside
+      mini-batch rows (or a non-int count), a router loss coefficient < 0, `policy.check_optimizer_config`'s,
+      pack_rows < 0 or set beside
       micro_batch_size.
   """
   prompts = checks.positive_int(config, 'grpo.prompts_per_step')
@@ -69,6 +71,7 @@ def check_update_config(config: ml_collections.ConfigDict) -> None:
   checks.number(config, 'grpo.max_logprob_mismatch', low=0, optional=True)
   for field in policy.ROUTER_LOSS_FIELDS:
     checks.number(config, f'grpo.{field}', low=0, optional=True)
+  policy.check_optimizer_config(config, 'grpo')  # adam_b2, min_lr_ratio, router_loss_form
   rows = mini * checks.number(config, 'grpo.num_generations', integer=True, low=1)
   pack_rows = checks.number(config, 'grpo.pack_rows', integer=True, low=0, optional=True)
   if pack_rows and config.grpo.get('micro_batch_size'):
@@ -214,7 +217,8 @@ def make_grad_fn(cfg: ml_collections.ConfigDict):
   scalars), so the micro-batch gradients sum to the mini-batch gradient. The batch needs old_logprobs, advantages,
   loss_mask (ref_logprobs when beta > 0; tis_weights [B, K] when TIS is on) beside `batching.collate`'s fields.
   Loss settings from `cfg` (= config.grpo): eps_low, eps_high, beta, aggregation, clip_ratio_c, temperature (π_θ
-  at the rollout temperature, `policy.loss_logprobs`; default 1), router_aux_loss_coef / router_z_loss_coef (MoE:
+  at the rollout temperature, `policy.loss_logprobs`; default 1), router_aux_loss_coef / router_z_loss_coef /
+  router_loss_form (MoE:
   −J + the micro-batch's share rows / num_sequences of aux_coef · aux + z_coef · z over its real tokens,
   `policy.router_loss`; metrics router_aux_loss / router_z_loss, which sum over the micro-batches to the
   row-weighted mean; absent = 0: no router terms); one function (and compile cache) per distinct setting.

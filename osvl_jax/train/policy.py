@@ -11,6 +11,7 @@ Parameters and the optimizer state (Adam mu / nu like their parameter) are place
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ import optax
 from flax import nnx
 
 from osvl_jax import checkpoints
+from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
@@ -33,16 +35,22 @@ from osvl_jax.train import batching
 
 
 SCHEDULES = ('cosine', 'constant')
+# The optimizer's defaults where a stage's config leaves them out (configs/demo.py's values): AdamW β2 0.95, a cosine
+# ending at 10% of the lr. The frameworks of the paper's run (HF Trainer, verl) use β2 0.999 and a cosine to 0
+# (configs/qwen3vl_paper.py sets them).
+ADAM_B2 = 0.95
+MIN_LR_RATIO = 0.1
 
 
-def make_schedule(lr: float, steps: int, warmup_steps: int = 0, kind: str = 'cosine') -> optax.Schedule:
+def make_schedule(lr: float, steps: int, warmup_steps: int = 0, kind: str = 'cosine',
+                  min_lr_ratio: float = MIN_LR_RATIO) -> optax.Schedule:
   """Learning rate per optimizer step: linear warmup from 0 over `warmup_steps`, then (`kind`) 'cosine' decay to
-  10% of `lr` at `steps`, or 'constant' `lr` (verl's actor default, the official GRPO run's); without warmup the
-  first step already uses `lr`.
+  min_lr_ratio · `lr` at `steps` (HF Trainer's 'cosine': 0), or 'constant' `lr` (verl's actor default, the
+  official GRPO run's); without warmup the first step already uses `lr`.
 
   Raises:
     ValueError: steps < 1, warmup_steps < 0 or warmup_steps >= steps (optax's cosine decay needs >= 1 step), an
-      unknown `kind`.
+      unknown `kind`, min_lr_ratio outside [0, 1].
   """
   if kind not in SCHEDULES:
     raise ValueError(f'lr_schedule={kind!r}: expected one of {SCHEDULES}')
@@ -50,27 +58,43 @@ def make_schedule(lr: float, steps: int, warmup_steps: int = 0, kind: str = 'cos
     raise ValueError(f'steps={steps}: the schedule needs at least one step')
   if not 0 <= warmup_steps < steps:
     raise ValueError(f'warmup_steps={warmup_steps} must lie in [0, steps={steps})')
+  if not 0 <= min_lr_ratio <= 1:
+    raise ValueError(f'min_lr_ratio={min_lr_ratio} must lie in [0, 1]')
   if kind == 'constant':
     if warmup_steps == 0:
       return optax.constant_schedule(lr)
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), optax.constant_schedule(lr)],
                                 [warmup_steps])
   if warmup_steps == 0:
-    return optax.cosine_decay_schedule(lr, decay_steps=steps, alpha=0.1)
-  return optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, steps, end_value=lr * 0.1)
+    return optax.cosine_decay_schedule(lr, decay_steps=steps, alpha=min_lr_ratio)
+  return optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, steps, end_value=lr * min_lr_ratio)
 
 
 def make_tx(lr: float, steps: int, warmup_steps: int = 0, weight_decay: float = 0.0,
-            grad_clip: float = 1.0, schedule: str = 'cosine') -> optax.GradientTransformation:
-  """AdamW (b1 0.9, b2 0.95) on `make_schedule(lr, steps, warmup_steps, schedule)`, global-norm clipping at
-  `grad_clip`.
+            grad_clip: float = 1.0, schedule: str = 'cosine', b2: float = ADAM_B2,
+            min_lr_ratio: float = MIN_LR_RATIO) -> optax.GradientTransformation:
+  """AdamW (b1 0.9, `b2`, decoupled `weight_decay`) on `make_schedule(lr, steps, warmup_steps, schedule,
+  min_lr_ratio)`, global-norm clipping at `grad_clip`.
 
   Raises:
     ValueError: from `make_schedule`.
   """
   return optax.chain(optax.clip_by_global_norm(grad_clip),
-                     optax.adamw(make_schedule(lr, steps, warmup_steps, schedule), b1=0.9, b2=0.95,
+                     optax.adamw(make_schedule(lr, steps, warmup_steps, schedule, min_lr_ratio), b1=0.9, b2=b2,
                                  weight_decay=weight_decay))
+
+
+def check_optimizer_config(config: ml_collections.ConfigDict, stage: str) -> None:
+  """Checks the optional optimizer and router-loss fields of `config.<stage>` that `create` / `router_loss_coefs`
+  read: adam_b2 in [0, 1), min_lr_ratio in [0, 1], router_loss_form one of `moe.ROUTER_LOSS_FORMS`.
+
+  Raises:
+    ValueError: naming the field and its value.
+  """
+  checks.number(config, f'{stage}.adam_b2', low=0, high=1, high_open=True, optional=True)
+  checks.number(config, f'{stage}.min_lr_ratio', low=0, high=1, optional=True)
+  if config[stage].get('router_loss_form') is not None:
+    checks.choice(config, f'{stage}.router_loss_form', moe.ROUTER_LOSS_FORMS)
 
 
 def create_model(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -113,7 +137,8 @@ def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     config: the job config: `model`, `seed`, optional `sharding_rules`, and the stage's optimizer settings.
     mesh: the trainer's mesh (`sharding.mesh_from_config(config.mesh)`).
     stage: 'sft' or 'grpo': `config.<stage>` gives lr, steps and optionally warmup_steps (0), weight_decay (0.0),
-      grad_clip (1.0), lr_schedule ('cosine' | 'constant') to `make_tx`. The schedule spans optimizer steps: for
+      grad_clip (1.0), lr_schedule ('cosine' | 'constant'), adam_b2 (`ADAM_B2`), min_lr_ratio (`MIN_LR_RATIO`) to
+      `make_tx`. The schedule spans optimizer steps: for
       GRPO each of the `steps` rollout batches makes ppo_epochs × (prompts_per_step / mini_batch_prompts) of them
       (DESIGN.md §6), and warmup_steps counts rollout steps too.
     workdir: the job folder, whose dataset a compact `model.vocab='dataset'` names (`checkpoints.vocab_ids`).
@@ -129,7 +154,8 @@ def create(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     per_step = int(cfg.get('ppo_epochs') or 1) * max(int(cfg.prompts_per_step) // int(mini), 1)
   model = create_model(config, mesh, seed=config.seed, workdir=workdir)
   tx = make_tx(cfg.lr, cfg.steps * per_step, cfg.get('warmup_steps', 0) * per_step, cfg.get('weight_decay', 0.0),
-               cfg.get('grad_clip', 1.0), cfg.get('lr_schedule', 'cosine'))
+               cfg.get('grad_clip', 1.0), cfg.get('lr_schedule', 'cosine'), cfg.get('adam_b2', ADAM_B2),
+               cfg.get('min_lr_ratio', MIN_LR_RATIO))
   return model, create_optimizer(model, tx, mesh, sharding.rules_from_config(config))
 
 
@@ -142,6 +168,22 @@ def check_vocabulary(model: model_lib.Qwen3VLModel, trajectories, stage: str) ->
   """
   for t in trajectories:
     config_lib.check_ids(model.config, t.token_ids, f'{stage} trajectory {t.prompt_id!r} (sample {t.sample_index})')
+
+
+def drop_out_of_vocabulary(model: model_lib.Qwen3VLModel, trajectories: list) -> tuple[list, list[str]]:
+  """(the trajectories whose every id has a row in the model's vocabulary, the errors of the others). A compact
+  vocabulary (`model.vocab`) covers what the dataset's tools say, but a tool's error text may echo a malformed call in
+  ids it never listed: the sampler ends such an episode (an engine error) and the update cannot embed it, so GRPO
+  drops it from the batch and counts it (a group then has fewer samples, `grpo_batch.prepare_batch`). With the full
+  vocabulary nothing is dropped."""
+  kept, errors = [], []
+  for t in trajectories:
+    try:
+      config_lib.check_ids(model.config, t.token_ids, f'trajectory {t.prompt_id!r} (sample {t.sample_index})')
+      kept.append(t)
+    except ValueError as e:
+      errors.append(str(e))
+  return kept, errors
 
 
 def pin_placement(*modules: nnx.Module) -> None:
@@ -198,7 +240,7 @@ def loss_logprobs_and_router_stats(model: model_lib.Qwen3VLModel, batch: dict, t
       rollout at that temperature samples from (verl divides the logits by the rollout temperature for π_old,
       π_θ and π_ref alike). 1.0 (SFT) leaves the logits as they are.
     router_stats: also return the MoE router statistics over the batch's real tokens (`attention_mask`):
-      `moe.router_stats` summed over the sparse layers (None for a dense model). False: the forward as without.
+      `moe.router_stats` stacked over the sparse layers (None for a dense model). False: the forward as without.
     chunk: loss positions per vocabulary projection over one batch shard's rows (`chunked_token_logprobs`).
   Returns:
     ([B, K] float32 log pi_T(token t+1 | tokens <= t) at `loss_positions`, garbage where `completion_mask` is 0
@@ -264,36 +306,51 @@ def chunked_token_logprobs(hidden, table, targets, temperature=1.0, chunk: int =
 ROUTER_LOSS_FIELDS = ('router_aux_loss_coef', 'router_z_loss_coef')
 
 
-def router_loss_coefs(cfg: ml_collections.ConfigDict | None) -> tuple[float, float]:
-  """(aux, z) coefficients of the MoE router losses from a stage's config (`config.sft` / `config.grpo`):
-  `router_aux_loss_coef` (HF `Qwen3VLMoeTextConfig`'s name) and `router_z_loss_coef` (HF `SwitchTransformers`'s),
-  0.0 where absent or None (off: the paper's 30B-A3B runs set 0.01 and 1e-3, configs/qwen3vl_paper.py)."""
-  return tuple(float((cfg or {}).get(name) or 0.0) for name in ROUTER_LOSS_FIELDS)
+class RouterLoss(NamedTuple):
+  """A stage's MoE router losses: coefficients of the load-balancing (aux) and z-losses, and how the sparse layers'
+  losses combine (`moe.ROUTER_LOSS_FORMS`: 'per_layer', Megatron's sum of per-layer losses; 'pooled', HF's one loss
+  over pooled statistics). Hashable: a static argument of the compiled steps."""
+  aux: float
+  z: float
+  form: str = 'per_layer'
 
 
-def router_losses_on(model: model_lib.Qwen3VLModel, coefs: tuple[float, float]) -> bool:
+def router_loss_coefs(cfg: ml_collections.ConfigDict | None) -> RouterLoss:
+  """The MoE router losses of a stage's config (`config.sft` / `config.grpo`): `router_aux_loss_coef` (HF
+  `Qwen3VLMoeTextConfig`'s name) and `router_z_loss_coef` (HF `SwitchTransformers`'s), 0.0 where absent or None
+  (off), and `router_loss_form` ('per_layer' where absent)."""
+  cfg = cfg or {}
+  return RouterLoss(*(float(cfg.get(name) or 0.0) for name in ROUTER_LOSS_FIELDS),
+                    cfg.get('router_loss_form') or 'per_layer')
+
+
+def router_losses_on(model: model_lib.Qwen3VLModel, coefs: tuple) -> bool:
   """Whether the step adds router losses: a MoE model and a non-zero coefficient (a dense model has no router;
   with both coefficients 0 the step traces exactly the program it traces without them)."""
-  return model.config.is_moe and any(coefs)
+  return model.config.is_moe and any(RouterLoss(*coefs)[:2])
 
 
-def router_loss(stats: dict, coefs: tuple[float, float], weight=1.0) -> tuple[jax.Array, dict]:
-  """The router terms a step adds to its task loss: weight · (aux_coef · aux + z_coef · z), with aux HF's
-  load-balancing loss (`moe.load_balancing_loss`, transformers' `load_balancing_loss_func` with the attention
-  mask; HF adds router_aux_loss_coef · aux to the LM loss the same way) and z the ST-MoE z-loss (`moe.z_loss`).
+def router_loss(stats: dict, coefs: tuple, weight=1.0) -> tuple[jax.Array, dict]:
+  """The router terms a step adds to its task loss: weight · (aux_coef · aux + z_coef · z), with aux the
+  load-balancing loss (`moe.load_balancing_loss`) and z the ST-MoE z-loss (`moe.z_loss`) in the form
+  `coefs.form`: 'per_layer', Megatron's losses per sparse layer summed over the layers; 'pooled', transformers'
+  `load_balancing_loss_func` with the attention mask (HF adds router_aux_loss_coef · aux to the LM loss the same way).
 
   Args:
     stats: `loss_logprobs_and_router_stats`'s router statistics of this (micro-)batch.
-    coefs: (aux_coef, z_coef), `router_loss_coefs`.
+    coefs: a `RouterLoss` (`router_loss_coefs`), or (aux_coef, z_coef) in the 'per_layer' form.
     weight: the share of this micro-batch in the optimizer step's batch (rows / rows of the step), float or
       float32 scalar, so that the micro-batch terms add up to the row-weighted mean (HF's gradient accumulation).
   Returns:
     (float32 [] penalty, {'router_aux_loss': weight · aux, 'router_z_loss': weight · z}): metrics that sum over a
     step's micro-batches to the step's (row-weighted mean) values.
+  Raises:
+    ValueError: an unknown form.
   """
-  aux = weight * moe.load_balancing_loss(stats)
-  z = weight * moe.z_loss(stats)
-  return coefs[0] * aux + coefs[1] * z, {'router_aux_loss': aux, 'router_z_loss': z}
+  coefs = RouterLoss(*coefs)
+  aux = weight * moe.load_balancing_loss(stats, coefs.form)
+  z = weight * moe.z_loss(stats, coefs.form)
+  return coefs.aux * aux + coefs.z * z, {'router_aux_loss': aux, 'router_z_loss': z}
 
 
 def vision_inputs(batch: dict) -> dict | None:

@@ -42,7 +42,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       sft.micro_batch_size (optional; 0 = the batch) not an int >= 0 dividing sft.batch_size, the micro-batch not a
       multiple of the mesh's data x fsdp size, sft.patches_per_shard (optional) not an int >= 0, sft.length_buckets
       (optional) not increasing ints >= 1,
-      sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0, sft.pack_rows (optional; 0 = no packing) not
+      sft.router_aux_loss_coef / router_z_loss_coef (optional) < 0, `policy.check_optimizer_config`'s (adam_b2,
+      min_lr_ratio, router_loss_form), sft.pack_rows (optional; 0 = no packing) not
       an int >= 0 or not a multiple of the data x fsdp devices, or set beside sft.micro_batch_size,
       sft.max_loss_tokens (optional) not an int >= 0.
   """
@@ -59,6 +60,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                         meaning=', or () for one bucket, the longest trajectory')
   for field in policy.ROUTER_LOSS_FIELDS:
     checks.number(config, f'sft.{field}', low=0, optional=True)
+  policy.check_optimizer_config(config, 'sft')  # adam_b2, min_lr_ratio, router_loss_form (optional)
   if config.sft.get('lr_schedule') is not None:
     checks.choice(config, 'sft.lr_schedule', policy.SCHEDULES)
   micro = checks.number(config, 'sft.micro_batch_size', integer=True, low=0, optional=True) or config.sft.batch_size
@@ -86,7 +88,7 @@ def loss_fn(model, batch: dict, router_coefs: tuple[float, float] = (0.0, 0.0), 
   """The SFT loss of `batch` (`policy.loss_logprobs` + `losses.sft_loss`, Eq. 7-8): (loss, metrics); batch fields
   as `make_train_step` reads them.
 
-  With a MoE model and non-zero `router_coefs` (aux, z; `policy.router_loss_coefs`) the loss is
+  With a MoE model and non-zero `router_coefs` (aux, z[, form]; `policy.router_loss_coefs`) the loss is
   L_SFT + share · (aux_coef · aux + z_coef · z) (`policy.router_loss`, over the batch's real tokens) and the metrics
   add router_aux_loss / router_z_loss; otherwise the program is the one without them. For one micro-batch of a step
   (`make_grad_step`): `num_tokens` is Σ M of the whole step's batch (float32 scalar; default this batch's) and

@@ -99,7 +99,7 @@ def test_moe_save_hf_folder_loads_in_transformers_with_same_logits(tmp_path):
 
 def test_router_losses_match_transformers_on_a_padded_batch(moe_hf):
   """HF's aux loss (`load_balancing_loss_func` with the attention mask, `output_router_logits=True`) within 1e-5 of
-  `moe.load_balancing_loss`, and the z-loss within 1e-5 (relative) of a float64 computation from HF's router
+  `moe.load_balancing_loss` in its 'pooled' form, and the z-loss within 1e-5 (relative) of a float64 computation from HF's router
   logits, on a batch with right and left padding; the stacked (scan_layers) model gives the same. The routers are
   sharpened (x50) so that routing is far from uniform (aux loss > k = 2)."""
   with torch.no_grad():
@@ -124,9 +124,9 @@ def test_router_losses_match_transformers_on_a_padded_batch(moe_hf):
   for scan_layers in (False, True):
     model = weights.load_hf_state_dict(config, state, expert_layout='transformers', scan_layers=scan_layers)
     stats = forward(model, ids, pos, mask)
-    aux, z = float(moe.load_balancing_loss(stats)), float(moe.z_loss(stats))
-    assert float(stats['rows']) == 2 * mask.sum() == 32                 # 2 sparse layers x 16 real tokens
-    assert float(stats['tokens'].sum()) == 2 * 2 * mask.sum()           # k = 2 assignments per counted token
+    aux, z = float(moe.load_balancing_loss(stats, 'pooled')), float(moe.z_loss(stats, 'pooled'))
+    assert stats['tokens'].shape == (2, 4) and stats['rows'].tolist() == [16, 16]   # per layer: 16 real tokens
+    assert stats['tokens'].sum(-1).tolist() == [32, 32]                 # k = 2 assignments per counted token
     assert abs(aux - ref_aux) <= 1e-5, (scan_layers, aux, ref_aux)
     assert abs(z - ref_z) <= 1e-5 * ref_z, (scan_layers, z, ref_z)
   assert ref_aux > 2.05 and abs(unmasked - ref_aux) > 1e-2             # unbalanced; the padding counts in HF

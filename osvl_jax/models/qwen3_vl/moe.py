@@ -211,7 +211,7 @@ def router_stats(logits, probs, top_index, mask) -> dict:
   Returns:
     {'tokens': float32 [E] Σ mask · (times expert e is among a token's top k) (no gradient),
      'probs': float32 [E] Σ mask · probs[..., e], 'z': float32 [] Σ mask · logsumexp(logits)^2,
-     'rows': float32 [] Σ mask}. Layers add up (`text.Qwen3VLText` sums them over the sparse layers).
+     'rows': float32 [] Σ mask}. `text.Qwen3VLText` stacks them over the L sparse layers ([L, E], [L]).
   """
   e = logits.shape[-1]
   mask = mask.astype(jnp.float32)
@@ -222,27 +222,53 @@ def router_stats(logits, probs, top_index, mask) -> dict:
           'z': jnp.sum(jnp.square(lse) * mask), 'rows': jnp.sum(mask)}
 
 
-def zero_router_stats(num_experts: int) -> dict:
-  """`router_stats` of no token: zeros ('tokens', 'probs': float32 [E]; 'z', 'rows': float32 [])."""
-  zeros = jnp.zeros((num_experts,), jnp.float32)
-  return {'tokens': zeros, 'probs': zeros, 'z': jnp.zeros((), jnp.float32), 'rows': jnp.zeros((), jnp.float32)}
+# How the router losses of the sparse layers combine. 'per_layer': Megatron-Core's (the official 30B-A3B GRPO run,
+# verl's Megatron backend), one loss per sparse layer, summed over the layers (each layer's coefficient-weighted
+# loss is added to the objective); 'pooled': transformers' (HF `load_balancing_loss_func`), one loss over the
+# statistics pooled over layers and tokens. Near uniform routing the per-layer form presses each layer L / k times
+# harder (aux) and L times harder (z) than the pooled one (L = 48, k = 8 for Qwen3-VL-30B-A3B: 6x, 48x).
+ROUTER_LOSS_FORMS = ('per_layer', 'pooled')
 
 
-def load_balancing_loss(stats: dict) -> jax.Array:
-  """HF `load_balancing_loss_func` (transformers 5, qwen3_vl_moe; Switch Transformer eq. 4-6) from `router_stats`
-  summed over the L sparse layers: with R = stats['rows'] = L · Σ mask,
-    E · Σ_e (tokens_e / R) · (probs_e / R),
-  the fraction of top-k assignments and the mean router probability of each expert pooled over layers and tokens
-  (not a mean of per-layer losses), as HF computes it. HF does not divide by k: uniform routing gives k.
+def _form(form: str) -> str:
+  if form not in ROUTER_LOSS_FORMS:
+    raise ValueError(f'router_loss_form={form!r}: expected one of {ROUTER_LOSS_FORMS}')
+  return form
 
-  Returns float32 []: 0 when no token is counted (HF would divide by zero).
+
+def load_balancing_loss(stats: dict, form: str = 'per_layer') -> jax.Array:
+  """The auxiliary load-balancing loss (Switch Transformer eq. 4-6) from `router_stats` stacked over the L sparse
+  layers ('tokens', 'probs' float32 [L, E], 'rows' [L]):
+
+    'per_layer' (Megatron-Core `switch_load_balancing_loss_func`, summed over the layers):
+        Σ_l E · Σ_e (tokens_le / Σ_e' tokens_le') · (probs_le / rows_l),
+      each layer's share of its top-k assignments routed to e (tokens / (k · rows), Megatron's division by k)
+      times e's mean router probability; uniform routing gives 1 per layer, L in all.
+    'pooled' (HF `load_balancing_loss_func`, transformers 5, qwen3_vl_moe): with R = Σ_l rows_l,
+        E · Σ_e (Σ_l tokens_le / R) · (Σ_l probs_le / R),
+      the statistics pooled over layers and tokens (not a mean of per-layer losses); HF does not divide by k:
+      uniform routing gives k.
+
+  A layer (or a batch) without a counted token adds 0 (HF would divide by zero).
+  Returns float32 []. Raises ValueError: an unknown `form`.
   """
-  rows = jnp.maximum(stats['rows'], 1.0)
-  return stats['tokens'].shape[-1] * jnp.sum((stats['tokens'] / rows) * (stats['probs'] / rows))
+  e = stats['tokens'].shape[-1]
+  if _form(form) == 'pooled':
+    rows = jnp.maximum(jnp.sum(stats['rows']), 1.0)
+    return e * jnp.sum((jnp.sum(stats['tokens'], 0) / rows) * (jnp.sum(stats['probs'], 0) / rows))
+  assignments = jnp.maximum(jnp.sum(stats['tokens'], -1, keepdims=True), 1.0)    # k · rows_l, [L, 1]
+  rows = jnp.maximum(stats['rows'], 1.0)[:, None]
+  return e * jnp.sum((stats['tokens'] / assignments) * (stats['probs'] / rows))
 
 
-def z_loss(stats: dict) -> jax.Array:
-  """Router z-loss (ST-MoE, Zoph et al. 2022, eq. 5; HF `SwitchTransformers` `router_z_loss_func`) from
-  `router_stats` summed over the sparse layers: the mean over counted tokens and layers of
-  logsumexp(router logits)^2. Returns float32 [] (0 when no token is counted)."""
-  return stats['z'] / jnp.maximum(stats['rows'], 1.0)
+def z_loss(stats: dict, form: str = 'per_layer') -> jax.Array:
+  """Router z-loss (ST-MoE, Zoph et al. 2022, eq. 5) from `router_stats` stacked over the L sparse layers ('z',
+  'rows' [L]): 'per_layer' (Megatron-Core `z_loss_func`, summed over the layers) Σ_l z_l / rows_l, each layer's
+  mean over its counted tokens of logsumexp(router logits)^2; 'pooled' (HF `SwitchTransformers`
+  `router_z_loss_func` over the pooled layers) Σ_l z_l / Σ_l rows_l, the mean over counted tokens and layers.
+
+  Returns float32 [] (a layer without a counted token adds 0). Raises ValueError: an unknown `form`.
+  """
+  if _form(form) == 'pooled':
+    return jnp.sum(stats['z']) / jnp.maximum(jnp.sum(stats['rows']), 1.0)
+  return jnp.sum(stats['z'] / jnp.maximum(stats['rows'], 1.0))

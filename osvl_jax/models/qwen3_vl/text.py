@@ -289,9 +289,9 @@ class Qwen3VLText(nnx.Module):
       deepstack: sequence of [N_img_tokens, hidden] added at `visual_pos_mask` after layers 0, 1, ...
         (HF `Qwen3VLTextModel._deepstack_process`).
       cache, cache_index: see module docstring.
-      router_stats: also return the router-loss statistics of the sparse layers (`moe.router_stats` summed over
-        them, over the tokens of `attention_mask`, as HF `load_balancing_loss_func` counts them); None for a model
-        without sparse layers. False: the forward and its return as without it.
+      router_stats: also return the router-loss statistics of the sparse layers (`moe.router_stats` stacked over
+        them: [L_sparse, E] / [L_sparse], over the tokens of `attention_mask`, as HF `load_balancing_loss_func`
+        counts them); None for a model without sparse layers. False: the forward and its return as without it.
 
     Returns:
       hidden [B, T, hidden] after the final norm, updated cache (or None)[, router stats (dict) or None].
@@ -330,31 +330,31 @@ class Qwen3VLText(nnx.Module):
 
   def _unrolled(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask=None):
     """Python loop over the layer list; kv_all: ([L, B, Hkv, S, D],) * 2, updated layer by layer, or None.
-    Returns (x, kv_all, router stats summed over the sparse layers, or None without router_mask)."""
+    Returns (x, kv_all, router stats stacked over the sparse layers, or None without router_mask)."""
     block, impl = self.attention_block, self.attention_impl
     call = lambda lyr, x, cos, sin, mask, kv, index, rmask: lyr(x, cos, sin, mask, kv, index, block, rmask, impl)
     run = nnx.remat(call) if self.remat else call
-    total = None
+    per_layer = []
     for i, layer in enumerate(self.layers):
       kv = None if kv_all is None else (kv_all[0], kv_all[1], i)
       x, kv, stats = run(layer, x, cos, sin, mask, kv, cache_index, router_mask)
       kv_all = kv
       if stats is not None:
-        total = stats if total is None else jax.tree.map(jnp.add, total, stats)
+        per_layer.append(stats)
       if i < len(deepstack):
         x = scatter_add_rows(x, visual_pos_mask, deepstack[i])
       x = sharding.constrain(x, RESIDUAL_AXES)
-    return x, kv_all, total
+    return x, kv_all, (jax.tree.map(lambda *s: jnp.stack(s), *per_layer) if per_layer else None)
 
   def _scan(self, x, cos, sin, mask, kv_all, cache_index, visual_pos_mask, deepstack, router_mask=None):
     """`jax.lax.scan` over the stacked layer; DeepStack features are added after layer i < len(deepstack).
-    Returns (x, kv_all, router stats summed over the layers (carried), or None without router_mask)."""
+    Returns (x, kv_all, router stats stacked over the layers (the scan's outputs), or None without router_mask)."""
     block, impl = self.attention_block, self.attention_impl
     graphdef, stacked = nnx.split(self.layers)
     ds = jnp.stack([d.astype(x.dtype) for d in deepstack]) if deepstack else None   # [n_ds, N, hidden]
 
     def body(carry, xs):   # the cache (whole, [L, ...]) is carried: each layer writes its slots in place
-      h, kv, total = carry
+      h, kv = carry
       layer_state, i = xs
       h, kv, stats = nnx.merge(graphdef, layer_state)(h, cos, sin, mask, None if kv is None else (*kv, i),
                                                       cache_index, block, router_mask, impl)
@@ -362,15 +362,12 @@ class Qwen3VLText(nnx.Module):
         h = jax.lax.cond(i < ds.shape[0],
                          lambda h: scatter_add_rows(h, visual_pos_mask, ds[jnp.minimum(i, ds.shape[0] - 1)]),
                          lambda h: h, h)
-      total = None if total is None else jax.tree.map(jnp.add, total, stats)
-      return (sharding.constrain(h, RESIDUAL_AXES), kv, total), None
+      return (sharding.constrain(h, RESIDUAL_AXES), kv), stats
 
     if self.remat:
       body = jax.checkpoint(body)
-    total = None if router_mask is None else moe.zero_router_stats(self.config.num_experts)
-    (x, kv_all, total), _ = jax.lax.scan(body, (x, kv_all, total),
-                                         (stacked, jnp.arange(self.config.num_hidden_layers)))
-    return x, kv_all, total
+    (x, kv_all), stats = jax.lax.scan(body, (x, kv_all), (stacked, jnp.arange(self.config.num_hidden_layers)))
+    return x, kv_all, stats
 
 
 def _key_mask(attention_mask):
