@@ -85,3 +85,20 @@ def test_model_vocab_full_and_a_valid_file_pass_the_checks(tmp_path):
   config.model.vocab = str(tmp_path / 'v.json')
   policy_config.check_model_config(config)
   assert checkpoints.vocab_ids(config) == (3, 5, 151935)   # sorted, unique
+
+
+def test_grpo_drops_a_trajectory_outside_the_vocabulary_and_names_it(trajectories):
+  import dataclasses
+  from osvl_jax.models.qwen3_vl import config as config_lib
+  from osvl_jax.train import policy
+  vocab = _vocab(trajectories)
+  outside = max(vocab) + 1        # an id the world never listed, in an observation of q1 (a tool's echo)
+  odd = dataclasses.replace(trajectories[1], token_ids=trajectories[1].token_ids.copy())
+  odd.token_ids[-3] = outside
+  text = dataclasses.replace(config_lib.Qwen3VLConfig.tiny().text, vocab_ids=tuple(vocab))
+  model = type('M', (), {'config': dataclasses.replace(config_lib.Qwen3VLConfig.tiny(), text=text)})()
+  kept, errors = policy.drop_out_of_vocabulary(model, [trajectories[0], odd])
+  assert [t.prompt_id for t in kept] == ['q0'] and len(errors) == 1
+  assert f"trajectory 'q1' (sample 0): token id {outside}" in errors[0]
+  full = type('M', (), {'config': config_lib.Qwen3VLConfig.tiny()})()
+  assert policy.drop_out_of_vocabulary(full, trajectories) == (list(trajectories), [])
