@@ -27,6 +27,8 @@ or a budget of the sweep) and per benchmark:
   stop_reasons        {reason: ran records}
   engine_error_examples  up to 3 '<id>: <engine_error>'
 
+`meta.sampling` states how the policy sampled (`sampling`: greedy, or its temperature and top-p), the first thing
+to check before comparing a Pass@1 with another's.
 `average_pass_at_1` is the unweighted mean of the benchmarks' Pass@1 (the paper's "Avg."), over the benchmarks
 with a Pass@1 (`average_covers` names them; `average_excludes` says why each other one is left out); None when
 none has one. `rejected` (report.json top level, from the runner) counts per benchmark the file entries that were
@@ -55,6 +57,13 @@ def _dist(values: Sequence[float]) -> dict[str, float]:
 
 def _rate(n: int, d: int) -> float:
   return float(n) / d if d else 0.0
+
+
+def sampling(rollout: dict) -> str:
+  """How the policy sampled, from the run's rollout settings (`temperature`, `top_p`): 'greedy (temperature 0)'
+  or 'temperature 0.7, top-p 0.95'."""
+  temperature, top_p = float(rollout.get('temperature') or 0.0), float(rollout.get('top_p') or 1.0)
+  return 'greedy (temperature 0)' if temperature == 0 else f'temperature {temperature:g}, top-p {top_p:g}'
 
 
 def summarize_records(records: Sequence[dict]) -> dict:
@@ -128,7 +137,7 @@ def to_markdown(report: dict) -> str:
   """report.md: per run, a Pass@1 table (benchmarks + Avg.), a cost table, tool usage, problems."""
   lines = ['# Evaluation report', '']
   meta = report.get('meta', {})
-  for k in ('policy', 'judge', 'judge_prompt', 'system_prompt', 'results', 'view'):
+  for k in ('policy', 'sampling', 'judge', 'judge_prompt', 'system_prompt', 'results', 'view'):
     if k in meta:
       lines.append(f'- {k}: `{meta[k]}`')
   if meta.get('judge_usage'):  # this invocation's judge calls (items judged by an earlier, resumed one not counted)

@@ -343,7 +343,8 @@ class Evaluator:
         if len(p['examples']) < 3:
           p['examples'].append(f"{r['id']}: {r['problems'][0]}")
     rep = {
-        'meta': {'policy': self.policy_name, 'judge': self.judge.name, 'engine_usage': self.engine.usage(),
+        'meta': {'policy': self.policy_name, 'sampling': report_lib.sampling(self.settings['rollout']),
+                 'judge': self.judge.name, 'engine_usage': self.engine.usage(),
                  'judge_prompt': self.settings['judge']['prompt_names'].get('accuracy',
                                                                             f'{self.judge.name} (no prompt)'),
                  'judge_identity': self.settings['judge'],

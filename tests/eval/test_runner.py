@@ -42,6 +42,7 @@ def test_resume_after_a_kill_judges_no_item_twice(tmp_path, tokenizer, env):
   assert 0 < run['average_pass_at_1'] < 1
   md = (tmp_path / 'report.md').read_text()
   assert '| fvqa | 3 | 0 (0.0%) | 3 | 3 |' in md and 'infoseek' not in md
+  assert rep['meta']['sampling'] == 'greedy (temperature 0)' and '- sampling: `greedy (temperature 0)`' in md
 
 
 def test_judge_errors_are_neither_right_nor_wrong(tmp_path, tokenizer, env):
