@@ -70,15 +70,15 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   c.eval.temperature = 0.0
 
   g = c.grpo
-  g.steps = 30
+  g.steps = 40
   g.prompts_per_step = 4
   g.num_generations = 8
-  g.lr = 3e-4
+  g.lr = 5e-4
   g.lr_schedule = 'constant'
   g.temperature = 1.0
   g.top_p = 1.0
   g.length_buckets = (512, 1024)
   g.max_loss_tokens = 0
   g.loss_bucket = 64
-  g.ckpt_every = 30
+  g.ckpt_every = 40
   return c

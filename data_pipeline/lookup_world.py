@@ -222,8 +222,9 @@ def expert_trajectories(c: ml_collections.ConfigDict, items: list[dict], tokeniz
 
 def world_vocab(trajectories, prompts_ids, tokenizer, env) -> list[int]:
   """The Qwen ids the world can produce: every id of the expert trajectories and the RL prompts, the end-of-sequence
-  ids, and the ids of the tool's error texts for calls a policy may get wrong (an out-of-range digit pair, a missing
-  argument, an unknown tool)."""
+  ids, and the ids of the error texts of calls a policy may get wrong (an out-of-range digit, a missing or unexpected
+  argument, an unknown tool, malformed turns). An error text that echoes other ids ends its episode: GRPO drops it
+  (`policy.drop_out_of_vocabulary`)."""
   ids = set(traj_lib.EOS_IDS)
   for t in trajectories:
     ids.update(int(i) for i in t.token_ids)
@@ -232,6 +233,13 @@ def world_vocab(trajectories, prompts_ids, tokenizer, env) -> list[int]:
   errors = [env.call('lookup', {'key': 13, 'day': 5}, []), env.call('lookup', {'key': 3}, []),
             env.call('lookup', {'key': 3, 'day': 5, 'x': 1}, []), env.call('lookup', 'x', []),
             env.call('lookup_', {}, [])]
+  call = '<tool_call>\n{"name": "lookup", "arguments": {"key": 3, "day": 5}}\n</tool_call>'
+  for text in ('<think>\nKey 3.\n</think>', f'<think>\nKey 3.\n</think>\n{call[:-12]}', call,
+               f'<think>\nKey 3.\n</think>\n{call}\n{call}', f'<think>\nKey 3.\n</think>\n<response>3</response>\n{call}',
+               '<think>\nKey 3.\n</think>\n<tool_call>\n{"name": "lookup", "arguments": {"key": 3, "day": 5}\n</tool_call>'):
+    action = traj_lib.parse_action(text)
+    if not action.format_ok:   # the observations of malformed turns (the agent loop's)
+      errors.append(agent_loop.malformed_result(action))
   for r in errors:
     ids.update(tokenizer.encode(r.text))
   return sorted(ids)
