@@ -92,7 +92,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Agent prompts (osvl_jax/judges/prompts): a versioned file name, or 'builder_default' for the trainer's
   # short instructions (trajectory.builder.DEFAULT_INSTRUCTIONS). system_prompt 'checkpoint': the one the
-  # checkpoint was trained with (its meta; one system prompt per run), 'agent_system_v2' for an HF folder.
+  # checkpoint was trained with (its meta; one system prompt per run), 'agent_system_v3' for an HF folder.
   c.system_prompt = 'checkpoint'
   c.direct_prompt = 'agent_direct_v1'
   c.rag_prompt = 'agent_rag_v1'

@@ -73,9 +73,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.temperature = 0.0
   c.rollout.top_p = 1.0
 
-  # PAPER.md, "The paper's judge and agent protocols": the LLM accuracy judge (the VDR-Bench protocol, accuracy_v2),
-  # GPT-4o at temperature 0; the endpoint on the command line (--config.judge.base_url, --config.judge.model).
+  # PAPER.md, "The paper's judge and agent protocols": the LLM accuracy judge (the VDR-Bench protocol, Figs. 8 / 10:
+  # accuracy_v3; this project's earlier wording, accuracy_v2, one value away), GPT-4o at temperature 0, a failed
+  # judgement scoring 0 (the release's; 'rule' falls back to the rule judge); the endpoint on the command line
+  # (--config.judge.base_url, --config.judge.model).
   c.judge.name = 'llm'
   c.judge.temperature = 0.0
-  c.judge.prompts = ml_collections.ConfigDict({'accuracy': 'accuracy_v2'})
+  c.judge.prompts = ml_collections.ConfigDict({'accuracy': 'accuracy_v3'})
+  c.judge.on_error = 'zero'
   return c

@@ -59,9 +59,11 @@ accumulation: sft.micro_batch_size rows per micro-batch (one 32k row per batch s
 normalised by the whole step's supervised tokens (the step taken at once, `sft.make_step`).
 
 The judges are the paper's (PAPER.md, "The paper's judge and agent protocols"): judge.name 'llm', temperature 0,
-prompts accuracy_v2 (r_acc) and query_quality_v3 (r_query). The paper's judge was GPT-4o; set the endpoint on the
-command line, `--config.judge.base_url=http://HOST:PORT/v1 --config.judge.model=NAME` (any OpenAI-compatible
-server; the key from $OPENAI_API_KEY, `judge.api_key_env`): GRPO refuses to start without them, naming the fields.
+prompts accuracy_v3 (r_acc, Figs. 8 / 10) and query_quality_v4 (r_query, Fig. 11), a failed judgement scoring 0 (the
+release's; judge.on_error='rule' falls back to the rule judge); judge.query_model names r_query's model where it
+differs (the paper: two judge models). The paper's judge was GPT-4o; set the endpoint on the command line,
+`--config.judge.base_url=http://HOST:PORT/v1 --config.judge.model=NAME` (any OpenAI-compatible server; the key
+from $OPENAI_API_KEY, `judge.api_key_env`): GRPO refuses to start without them, naming the fields.
 
 What the tables do not fix, chosen here (override on the command line, e.g. `--config.sft.batch_size=64`):
   * sft.micro_batch_size: one 32k row per data-parallel shard of the slice; sft.steps = ceil(sft.epochs *
@@ -104,8 +106,9 @@ DATASET_DIR = '/path/to/osvl_data'  # set: the dataset folder (data_pipeline.bui
 MIN_PIXELS = 32 * 32  # LLaMA-Factory's default image_min_pixels (chosen here)
 MAX_PIXELS = 262_144  # Table 4: image max pixels, 512 x 512: at most 256 image tokens per image
 # One agent system prompt per run (pipeline synthesis via data.system_prompt, SFT data check, GRPO rollouts,
-# checkpoint meta -> evaluation): the paper's agent protocol (PAPER.md, "judge and agent protocols"), written here.
-SYSTEM_PROMPT = 'agent_system_v2'
+# checkpoint meta -> evaluation): the paper's agent prompt (Fig. 7, as PAPER.md's "judge and agent protocols"
+# describes it). 'agent_system_v2' (this project's earlier wording, with an abstention rule) is one value away.
+SYSTEM_PROMPT = 'agent_system_v3'
 TOOLS = ('text_search', 'image_search', 'ocr', 'crop', 'sharpen', 'super_resolution', 'perspective_correct')
 
 
@@ -329,5 +332,10 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.judge = judges_registry.default_config()
   c.judge.name = 'llm'
   c.judge.temperature = 0.0  # PAPER.md: GPT-4o, temperature 0
-  c.judge.prompts = ml_collections.ConfigDict({'accuracy': 'accuracy_v2', 'query_quality': 'query_quality_v3'})
+  # The paper's wordings (Figs. 8 / 10 and 11, as PAPER.md describes them); this project's earlier ones, with rules
+  # the paper lacks (a hedged list is wrong; only search calls rated), one value away: accuracy_v2, query_quality_v3.
+  c.judge.prompts = ml_collections.ConfigDict({'accuracy': 'accuracy_v3', 'query_quality': 'query_quality_v4'})
+  c.judge.on_error = 'zero'  # the release scores a failed judgement 0 ('rule': the rule judge's score)
+  # r_query's judge model where it is not judge.model's (the paper names two); '' = judge.model.
+  c.judge.query_model = ''
   return c

@@ -58,12 +58,16 @@ SFT_FRAMEWORK = {'sft.adam_b2': 0.999, 'sft.weight_decay': 0.0, 'sft.grad_clip':
 GRPO_FRAMEWORK = {'grpo.adam_b2': 0.999, 'grpo.weight_decay': 0.01, 'grpo.grad_clip': 1.0,
                   'grpo.clip_ratio_c': 3.0}
 
-# PAPER.md, "The paper's judge and agent protocols": the LLM accuracy and query-quality judges at temperature 0; the
-# endpoint is the user's (empty in the files, given on the command line).
+# PAPER.md, "The paper's judge and agent protocols": the LLM accuracy (Figs. 8 / 10) and query-quality (Fig. 11)
+# judges at temperature 0, worded after the paper's description (accuracy_v3, query_quality_v4; this project's
+# earlier wordings one value away); a failed judgement scores 0 (the official release); the endpoint is the user's
+# (empty in the files, given on the command line), r_query's model may differ (the paper: two judge models).
 PAPER_JUDGE = {
-    'judge.name': 'llm', 'judge.temperature': 0.0, 'judge.prompts.accuracy': 'accuracy_v2',
-    'judge.prompts.query_quality': 'query_quality_v3', 'judge.base_url': '', 'judge.model': '',
+    'judge.name': 'llm', 'judge.temperature': 0.0, 'judge.prompts.accuracy': 'accuracy_v3',
+    'judge.prompts.query_quality': 'query_quality_v4', 'judge.base_url': '', 'judge.model': '',
+    'judge.on_error': 'zero', 'judge.query_model': '',
 }
+PAPER_AGENT_PROMPT = 'agent_system_v3'   # Fig. 7, as PAPER.md describes it
 RUNS = [f'{stage}_{size}' for stage in ('sft', 'grpo') for size in SIZES]
 
 
@@ -92,7 +96,7 @@ def _one_agent_prompt_and_the_pipelines_rules(config):
   # the same, with the same image budget; D.1's 512 x 512 anchor images; RL prompts held out of SFT synthesis (~8K
   # of ~44.6K).
   pipeline = _load('qwen3vl_paper:data').data
-  assert config.system_prompt == pipeline.system_prompt == 'agent_system_v2'
+  assert config.system_prompt == pipeline.system_prompt == PAPER_AGENT_PROMPT
   assert (config.data.min_pixels, config.data.max_pixels) == (pipeline.min_pixels, pipeline.max_pixels) == (
       config.image.min_pixels, config.image.max_pixels)
   assert pipeline.min_image_side == 512 and pipeline.rl_fraction == 0.18
@@ -173,7 +177,7 @@ def test_the_judge_endpoint_comes_on_the_command_line(monkeypatch):
   judges_registry.check_config(config.judge)   # passes; no request is made
   judge = judges_registry.get_judge(config.judge)
   assert judge.name == 'llm' and judge.config.temperature == 0.0
-  assert judge.prompt_names == {'accuracy': 'accuracy_v2', 'query_quality': 'query_quality_v3',
+  assert judge.prompt_names == {'accuracy': 'accuracy_v3', 'query_quality': 'query_quality_v4',
                                 'process': 'process_v1'}
   old = _parse(monkeypatch, 'qwen3vl_paper:grpo_8b', '--config.judge.base_url=http://127.0.0.1:8000/v1',
                '--config.judge.model=m', '--config.judge.prompts.accuracy=accuracy_v1')   # the earlier wording
@@ -190,8 +194,8 @@ EVAL_PAPER = {
                       'perspective_correct'),
     'modes': ('agentic',), 'max_tool_calls': 50, 'rollout.max_new_tokens': 4096, 'rollout.temperature': 0.0,
     'rollout.top_p': 1.0, 'rollout.fatal_k': 3, 'image.max_pixels': 262_144, 'max_items_per_benchmark': 0,
-    'judge.name': 'llm', 'judge.temperature': 0.0, 'judge.prompts.accuracy': 'accuracy_v2', 'judge.base_url': '',
-    'judge.model': '',
+    'judge.name': 'llm', 'judge.temperature': 0.0, 'judge.prompts.accuracy': 'accuracy_v3', 'judge.base_url': '',
+    'judge.model': '', 'judge.on_error': 'zero',
 }
 
 
@@ -218,7 +222,7 @@ def test_eval_paper_carries_the_papers_evaluation_and_the_cli_accepts_it(monkeyp
   assert (validation.rollout.temperature, validation.rollout.top_p) == (0.7, 0.95)   # Table 5's, one value away
   assert report.sampling(config.rollout) == 'greedy (temperature 0)'                 # what report.md states
   assert report.sampling(validation.rollout) == 'temperature 0.7, top-p 0.95'
-  assert judges_registry.get_judge(config.judge).prompt_names['accuracy'] == 'accuracy_v2'
+  assert judges_registry.get_judge(config.judge).prompt_names['accuracy'] == 'accuracy_v3'
 
 
 @pytest.mark.parametrize('stage', ('sft', 'grpo'))
@@ -252,7 +256,7 @@ def test_show_config_prints_a_run_files_settings_with_overrides():
   out = subprocess.run([sys.executable, '-m', 'osvl_jax.show_config', '--config=configs/qwen3vl_paper.py:grpo_8b',
                         '--config.grpo.lr=2e-6'], capture_output=True, text=True, check=True, timeout=300,
                        cwd=CONFIGS.parent).stdout
-  assert 'estimator: rloo' in out and 'lr: 2.0e-06' in out and 'system_prompt: agent_system_v2' in out
+  assert 'estimator: rloo' in out and 'lr: 2.0e-06' in out and f'system_prompt: {PAPER_AGENT_PROMPT}' in out
   grpo = out.split('\ngrpo:\n', 1)[1]
   grpo = grpo[:re.search(r'^\S', grpo, re.M).start()]   # the grpo section, to the next top-level field
   for line in ('adam_b2: 0.999', 'weight_decay: 0.01', 'clip_ratio_c: 3.0', 'router_loss_form: per_layer'):
@@ -313,3 +317,63 @@ def test_the_planner_runs_a_variant_from_the_command_line():
                        capture_output=True, text=True, check=True, timeout=300, cwd=CONFIGS.parent).stdout
   assert out.splitlines()[0].startswith('config: stage=sft tpu=v5p-64')
   assert out.splitlines()[-1].endswith('fits=true')
+
+
+def test_the_paper_files_prompts_follow_the_papers_protocols_and_todays_are_one_value_away(monkeypatch):
+  """agent_system_v3 (Fig. 7): verify, don't guess; the defect -> tool map; chained tools; text_search for facts
+  beyond the pixels, after every image_search; the four-part <think>; one <tool_call> per turn from the <tools>
+  signatures; img_1 and the next ids; <response>\\boxed{}</response>; outputs in <tool_response> — and no abstention
+  rule (agent_system_v2 adds one). accuracy_v3 (Figs. 8 / 10) lacks v2's 'hedged list of candidates' rule;
+  query_quality_v4 (Fig. 11) keeps the five criteria and the five anchors."""
+  from osvl_jax.judges import prompts
+  agent = prompts.load(PAPER_AGENT_PROMPT)
+  for phrase in ("verify, don't guess", 'crop', 'sharpen', 'perspective_correct', 'Chain tools', 'text_search',
+                 'After every image_search', '<think></think>', 'what the question asks', "the image's quality",
+                 'still missing', 'single next action', '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
+                 '<tools></tools>', 'img_1', '<response>\\boxed{answer}</response>',
+                 '<tool_response></tool_response>'):
+    assert phrase in agent, phrase
+  assert 'cannot determine' not in agent and 'cannot determine' in prompts.load('agent_system_v2')
+  accuracy = prompts.load('accuracy_v3')
+  assert 'anywhere' in accuracy and 'correct: yes' in accuracy and 'reasoning:' in accuracy
+  assert 'candidates' not in accuracy and 'candidates' in prompts.load('accuracy_v2')
+  assert prompts.fields('accuracy_v3') == {'question', 'answers', 'response'}
+  query = prompts.load('query_quality_v4')
+  assert prompts.fields('query_quality_v4') == {'question', 'answers', 'final_answer', 'trajectory'}
+  assert all(c in query for c in ('Image-search utility', 'Text-search utility', 'Query progression',
+                                  'Complementarity', 'Evidence-to-noise ratio'))
+  assert [line.split(' = ')[0] for line in query.splitlines() if ' = ' in line] == ['0.0', '0.3', '0.5', '0.7', '1.0']
+  assert 'score: <float>' in query and 'reasoning: <2-3 sentences>' in query
+  config = _parse(monkeypatch, 'qwen3vl_paper:grpo_8b', '--config.system_prompt=agent_system_v2',
+                  '--config.judge.prompts.accuracy=accuracy_v2',
+                  '--config.judge.prompts.query_quality=query_quality_v3', '--config.judge.on_error=rule')
+  assert (config.system_prompt, config.judge.prompts.accuracy, config.judge.prompts.query_quality,
+          config.judge.on_error) == ('agent_system_v2', 'accuracy_v2', 'query_quality_v3', 'rule')
+
+
+def test_a_failed_judgement_scores_zero_and_r_query_asks_its_own_model(monkeypatch):
+  """The paper files' judge against a real HTTP server on 127.0.0.1: r_acc asks judge.model, r_query
+  judge.query_model; a judgement that fails (HTTP 500) scores 0 (the release), the rule judge's score with
+  on_error='rule' (one value away)."""
+  from tests.judges.test_llm_judge import FakeChatServer
+  from tools import base as tools_base
+  server = FakeChatServer(['correct: yes\nreasoning: r', 'score: 0.7\nreasoning: r', ('status', 500)])
+  try:
+    overrides = (f'--config.judge.base_url={server.base_url}', '--config.judge.model=acc-judge',
+                 '--config.judge.max_retries=0')
+    config = _parse(monkeypatch, 'qwen3vl_paper:grpo_8b', *overrides, '--config.judge.query_model=query-judge')
+    judge = judges_registry.get_judge(config.judge)
+    calls = [('text_search', {'query': 'Agra monument'})]
+    results = [tools_base.ToolResult(ok=True, text='The Taj Mahal is in Agra.')]
+    assert judge.accuracy('Where is it?', 'It is in Agra', ['Agra']).score == 1.0
+    assert judge.query_quality('Where is it?', calls, results, answers=['Agra'], response='Agra').score == 0.7
+    assert [r['body']['model'] for r in server.requests] == ['acc-judge', 'query-judge']
+    failed = judge.accuracy('Where is it really?', 'It is in Agra', ['Agra'])
+    assert failed.error is not None and failed.score == 0.0
+    fallback = judges_registry.get_judge(
+        _parse(monkeypatch, 'qwen3vl_paper:grpo_8b', *overrides, '--config.judge.on_error=rule').judge)
+    failed = fallback.accuracy('Where is it really?', 'It is in Agra', ['Agra'])
+    assert failed.error is not None and failed.score == 1.0   # the rule judge's: the answer is there
+    assert server.requests[-1]['body']['model'] == 'acc-judge'
+  finally:
+    server.close()

@@ -32,7 +32,7 @@ def train_settings(train_data: str | os.PathLike) -> dict:
 
 
 CHECKPOINT = 'checkpoint'   # config.system_prompt: the checkpoint's own (its meta), the default
-HF_SYSTEM_PROMPT = 'agent_system_v2'   # ... for a policy with no checkpoint meta (an HF folder)
+HF_SYSTEM_PROMPT = 'agent_system_v3'   # ... for a policy with no checkpoint meta (an HF folder): the paper's
 
 
 def _open(config: ml_collections.ConfigDict, step: int | None = None):

@@ -1,17 +1,22 @@
 """LLM judges over any OpenAI-compatible `/v1/chat/completions` endpoint (DESIGN.md §6; the paper used GPT-4o).
 
 Three judgements, one versioned prompt file each (`osvl_jax/judges/prompts`; temperature 0 from config). The
-defaults (`DEFAULT_PROMPTS`) are the paper's protocols (PAPER.md, "The paper's judge and agent protocols"); the
-earlier wordings are one config value away, `config.prompts = {'accuracy': 'accuracy_v1', 'query_quality':
-'query_quality_v2'}` (`--config.judge.prompts.accuracy=accuracy_v1` where the config names the field):
+defaults (`DEFAULT_PROMPTS`) are this project's wordings of the paper's protocols (PAPER.md, "The paper's judge and
+agent protocols") with rules of its own (a hedged list of candidates is wrong; only the search calls are rated);
+accuracy_v3 / query_quality_v4 follow the paper's description alone (the paper configs' choice). Every version is
+one config value away, `config.prompts = {'accuracy': 'accuracy_v3', 'query_quality': 'query_quality_v4'}`
+(`--config.judge.prompts.accuracy=accuracy_v1` where the config names the field):
   accuracy       accuracy_v2 (default): question, reference answers, response: does the response contain the
-                 correct answer anywhere? The judge replies `correct: yes|no` then `reasoning: ...`. accuracy_v1:
-                 `Correct` or `Incorrect`.                                      -> r_acc ∈ {0, 1}
+                 correct answer anywhere? The judge replies `correct: yes|no` then `reasoning: ...`. accuracy_v3:
+                 the same protocol without v2's rules on hedged lists and refusals. accuracy_v1: `Correct` or
+                 `Incorrect`.                                                   -> r_acc ∈ {0, 1}
   query quality  query_quality_v3 (default): question, reference answers, the final answer and a summary of the
                  pre-fatal tool calls (`summarize_trajectory`: at most 20 steps, arguments cut to 200 characters,
                  results to 400); only the search calls (`tools.base.SEARCH_TOOLS`) are rated, five criteria on
                  an anchored 0.0 / 0.3 / 0.5 / 0.7 / 1.0 scale; reply `score: <float>` then `reasoning: ...`.
+                 query_quality_v4: the same five criteria and scale, after the paper's description alone.
                  v1 / v2: the tool calls as `format_calls` lists them, `Score: x`. -> r_query ∈ [0, 1]
+                 Asked of `query_model` where set (the paper's second judge model), else of `model`.
   process        a whole trajectory (Sec. 3, four dimensions; `format_transcript`), `Score:` -> [0, 1]
                  (`process_quality`)
 Every template is filled from the same fields (`prompts.JUDGE_FIELDS`); a version leaves out those it does not use,
@@ -25,7 +30,8 @@ max_retries, retry_backoff_s, max_concurrency and the budgets max_requests /
 max_total_tokens): a failed request (connection, timeout, 408 / 409 / 429 / 5xx) or an unparseable reply is retried
 `max_retries` times with exponential backoff; then, or at once for another 4xx or a spent budget, the error is
 recorded in the `Verdict` and the judge's counters and the fallback score is returned (`on_error`: the rule judge's
-value, or 0). A judge never raises into the trainer. The client's `usage()` (`judge.client`) holds the token counts.
+value, or 0 as the official release scores it). A judge never raises into the trainer. The client's `usage()`
+(`judge.client`) holds the token counts.
 
 No call is made when there is nothing to judge: no final response -> r_acc = 0; no tool calls -> r_query = 0.
 """
@@ -313,7 +319,7 @@ class LLMJudge(base.Judge):
     self.config = config
     self.max_concurrency = int(config.max_concurrency)
     self.client = openai_client.ChatClient.from_config(config)
-    self._cache: dict[str, float] = {}
+    self._cache: dict[tuple[str, str], float] = {}
     self._cache_lock = threading.Lock()
     chosen = {**DEFAULT_PROMPTS, **dict(config.get('prompts') or {})}
     self.prompt_names = {k: prompts.check_judge_prompt(k, v) for k, v in chosen.items()}
@@ -333,16 +339,18 @@ class LLMJudge(base.Judge):
             'prompts': {k: hashlib.sha256(v.encode('utf-8')).hexdigest()[:16] for k, v in sorted(self.prompts.items())},
             'settings': {k: v for k, v in sorted(cfg.items()) if k not in OPERATIONAL_FIELDS}}
 
-  def _ask(self, prompt: str, parse) -> tuple[float | None, str | None, str]:
-    """(score, None, raw) on success, (None, error, raw of the last reply) after the client gave up."""
+  def _ask(self, prompt: str, parse, model: str = '') -> tuple[float | None, str | None, str]:
+    """(score, None, raw) on success, (None, error, raw of the last reply) after the client gave up; `model` ('' =
+    the client's) names the model asked."""
     with self._cache_lock:
-      if prompt in self._cache:
+      if (model, prompt) in self._cache:
         self._count('cache_hits')
-        return self._cache[prompt], None, ''
+        return self._cache[model, prompt], None, ''
     self._count('calls')
     try:
       reply = self.client.complete([{'role': 'user', 'content': prompt}], parse=parse,
-                                   temperature=float(self.config.temperature), max_tokens=int(self.config.max_tokens))
+                                   temperature=float(self.config.temperature), max_tokens=int(self.config.max_tokens),
+                                   **({'model': model} if model else {}))
     except openai_client.ChatError as e:  # after the retries, a 4xx, a spent budget
       self._count('retries', max(e.attempts - 1, 0))
       self._count('errors')
@@ -352,7 +360,7 @@ class LLMJudge(base.Judge):
       return None, f'{type(e).__name__}: {str(e)[:300]}', ''
     self._count('retries', reply.attempts - 1)
     with self._cache_lock:
-      self._cache[prompt] = reply.parsed
+      self._cache[model, prompt] = reply.parsed
     return reply.parsed, None, reply.text or ''
 
   def _fallback(self, rule_score: float) -> float:
@@ -389,7 +397,7 @@ class LLMJudge(base.Judge):
         question=question, answers=' | '.join(answers) or '(not given)', final_answer=final,
         calls=format_calls(tool_calls, results, int(self.config.max_result_chars)),
         trajectory=summarize_trajectory(tool_calls, results), search_tools=', '.join(tools_base.SEARCH_TOOLS))
-    score, error, raw = self._ask(prompt, parse_score)
+    score, error, raw = self._ask(prompt, parse_score, str(self.config.get('query_model') or ''))
     if error is not None:
       return base.Verdict(self._fallback(rule.query_quality(tool_calls, results, question)), error, raw)
     return base.Verdict(score, None, raw)

@@ -39,6 +39,8 @@ def default_config() -> ml_collections.ConfigDict:
     name: registered judge, 'rule' (offline default) or 'llm'.
     base_url: OpenAI-compatible endpoint including `/v1`, e.g. 'http://127.0.0.1:8000/v1' (llm).
     model: model name sent in the request (llm).
+    query_model: the model of the query-quality judgement (r_query) at the same endpoint; '' = `model` (the paper
+      names two judge models, one for r_acc and one for r_query) (llm).
     temperature: sampling temperature of the judge (0: deterministic).
     api_key_env: environment variable holding the API key; unset -> 'EMPTY' (local servers need none).
     timeout_s: per-request timeout, seconds.
@@ -50,16 +52,18 @@ def default_config() -> ml_collections.ConfigDict:
     max_requests: requests the judge may send in its life, retries included (0 = no limit); past it every verdict
       is a judge error naming the budget (llm).
     max_total_tokens: tokens (the endpoint's usage.total_tokens) the judge may use in its life (0 = no limit) (llm).
-    on_error: fallback score after the retries: 'rule' (the rule judge's value) or 'zero'.
+    on_error: fallback score after the retries: 'rule' (the rule judge's value; the default, for offline runs) or
+      'zero' (the official release's: a failed judgement scores 0; the paper configs set it).
     max_result_chars: tool-result text shown to the query judge per call by query_quality_v1 / v2 (v3 follows the
       paper's summary limits, `llm.summarize_trajectory`).
-    prompts (optional, not in the defaults): {kind: prompt name} over `llm.DEFAULT_PROMPTS` (the paper's protocols,
-      accuracy_v2 / query_quality_v3; e.g. {'accuracy': 'accuracy_v1'} for the earlier wording) (llm).
+    prompts (optional, not in the defaults): {kind: prompt name} over `llm.DEFAULT_PROMPTS` (accuracy_v2 /
+      query_quality_v3; the paper configs name the paper's wordings, accuracy_v3 / query_quality_v4) (llm).
   """
   c = ml_collections.ConfigDict()
   c.name = 'rule'
   c.base_url = ''
   c.model = ''
+  c.query_model = ''
   c.temperature = 0.0
   c.api_key_env = 'OPENAI_API_KEY'
   c.timeout_s = 60.0

@@ -72,8 +72,8 @@ def test_four_dimension_reply_reads_the_final_score():
 
 
 def test_prompt_files_are_versioned_and_formattable():
-  assert prompts.versioned_name('accuracy') == 'accuracy_v2'   # the latest: the paper's protocol
-  assert prompts.versions('accuracy') == [1, 2] and prompts.versions('query_quality') == [1, 2, 3]
+  assert prompts.versioned_name('accuracy') == 'accuracy_v3'   # the latest: the paper's protocol as described
+  assert prompts.versions('accuracy') == [1, 2, 3] and prompts.versions('query_quality') == [1, 2, 3, 4]
   assert llm.ACCURACY_PROMPT == prompts.load('accuracy_v2') and llm.QUERY_PROMPT == prompts.load('query_quality_v3')
   text = prompts.load('query_quality_v2').format(question='q', calls='[1] text_search {}')
   assert all(d in text for d in ('Relevance', 'Specificity', 'Progression', 'Tool fit')) and 'Score:' in text

@@ -153,7 +153,7 @@ def test_a_rerun_with_other_settings_is_refused_naming_them(tmp_path, tokenizer,
   runner.evaluate(config, tmp_path, judge=CountingJudge(), **kw)
   settings = json.loads((tmp_path / 'eval_settings.json').read_text())
   # No checkpoint (a given engine): config.system_prompt 'checkpoint' falls back to the paper's agent prompt.
-  assert settings['rollout']['temperature'] == 0.0 and settings['prompts']['system_prompt']['name'] == 'agent_system_v2'
+  assert settings['rollout']['temperature'] == 0.0 and settings['prompts']['system_prompt']['name'] == 'agent_system_v3'
   for field, change, named in [
       ('rollout', lambda c: setattr(c.rollout, 'temperature', 0.7), 'rollout.temperature'),
       ('system prompt', lambda c: setattr(c, 'system_prompt', 'builder_default'), 'prompts.system_prompt.name'),
@@ -227,7 +227,7 @@ def test_the_agent_prompt_is_the_checkpoints_unless_the_config_names_one(tmp_pat
   config.system_prompt = 'agent_system_v1'   # told otherwise
   assert policy.system_prompt(config) == ('agent_system_v1', traj_lib.system_prompt_text('agent_system_v1'))
   config.system_prompt, config.checkpoint = 'checkpoint', ''
-  assert policy.system_prompt(config) == ('agent_system_v2', v2)
+  assert policy.system_prompt(config) == ('agent_system_v3', traj_lib.system_prompt_text('agent_system_v3'))
   config.system_prompt = 'agent_sytem_v2'
   with pytest.raises(ValueError, match="system_prompt='agent_sytem_v2'"):
     policy.system_prompt(config)

@@ -5,8 +5,11 @@ report can name exactly the prompt it used). Judge prompts are `str.format` temp
 `JUDGE_FIELDS` lists the fields the LLM judge fills for each kind (a version may use any subset of them).
 
   accuracy_v1        binary semantic equivalence of a response to the reference answers: Correct / Incorrect
-  accuracy_v2        the paper's protocol (PAPER.md, "judge and agent protocols"; the default): does the response
-                     contain the correct answer anywhere in it; reply `correct: yes|no` then `reasoning: ...`
+  accuracy_v2        the paper's protocol (PAPER.md, "judge and agent protocols"; the LLM judge's default): does the
+                     response contain the correct answer anywhere in it; reply `correct: yes|no` then `reasoning:
+                     ...`; adds rules of its own (a hedged list of candidates, a refusal: not present)
+  accuracy_v3        the paper's protocol as PAPER.md describes it (Figs. 8 / 10), without v2's added rules (the
+                     paper configs')
   query_quality_v1   one overall 0-1 score of the tool calls
   query_quality_v2   four dimensions (relevance, specificity, progression, tool fit; Sec. 4.2), pre-fatal prefix,
                      `Score:` = their mean
@@ -15,11 +18,19 @@ report can name exactly the prompt it used). Judge prompts are `str.format` temp
                      to 200 characters, results to 400); only the search calls (`tools.base.SEARCH_TOOLS`) are
                      rated, on five criteria (image-search utility, text-search utility, query progression,
                      image-text complementarity, evidence-to-noise ratio), anchored 0.0 / 0.3 / 0.5 / 0.7 / 1.0;
-                     reply `score: <float>` then `reasoning: <2-3 sentences>`
+                     reply `score: <float>` then `reasoning: <2-3 sentences>`; adds rules of its own (only the
+                     search calls rated, the answer's correctness not deciding)
+  query_quality_v4   the paper's protocol as PAPER.md describes it (Fig. 11): v3's inputs, criteria and scale, without
+                     its added rules (the paper configs')
   process_v1         four dimensions of a trajectory's process (grounding, necessity, coherence, faithfulness;
                      Sec. 3), `Score:` = their mean
   agent_system_v1    the agent's system prompt: verify, don't guess; crop / sharpen / perspective_correct;
                      abstain with 'cannot determine'
+  agent_system_v2    the paper's agent protocol in this project's wording, <response>\\boxed{...}</response>; adds an
+                     abstention rule ('cannot determine') and leaves out some of the paper's (tool chaining, the
+                     <tools> signatures, a text_search after every image_search)
+  agent_system_v3    the paper's agent prompt as PAPER.md describes it (Fig. 7), no abstention rule (the paper
+                     configs')
   agent_direct_v1    no-tool answering (eval mode `direct`)
   agent_rag_v1       one pass over search results given in the user turn (eval mode `rag`)
   canonical_question_v1  the pipeline's `qa` stage: one fluent question naming every path node, asking for the
