@@ -2,6 +2,7 @@
 and function real, the README's layout block equal to the tree, every bench naming the BENCHMARKS.md table it feeds."""
 
 import ast
+import importlib.util
 import pathlib
 import re
 
@@ -167,3 +168,23 @@ def test_every_bench_names_the_benchmarks_table_it_feeds():
     if not fed or any(table not in headings for table in fed):
       wrong.append(f'{_rel(script)}: ' + (str(fed) if fed else 'no line Feeds BENCHMARKS.md, "<table heading>"'))
   assert wrong == [], f'known tables: {sorted(headings)}'
+
+
+def _config(name: str, *arg: str):
+  spec = importlib.util.spec_from_file_location(f'docs_{name}', REPO / 'configs' / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*arg)
+
+
+def test_the_paper_pages_name_the_paper_files_prompts_and_judge_fallback():
+  """docs/tpu.md (the paper's runs) and docs/evaluation.md (configs/eval_paper.py) name exactly the judge prompts the
+  paper files use and their `judge.on_error`; docs/data.md names their system prompt."""
+  paper, eval_paper = _config('qwen3vl_paper', 'grpo_8b'), _config('eval_paper')
+  prompt = re.compile(r'\b(?:accuracy|query_quality|agent_system)_v\d+\b')
+  docs = REPO / 'docs'
+  for page, config in (('tpu.md', paper), ('evaluation.md', eval_paper)):
+    text = (docs / page).read_text(encoding='utf-8')
+    assert set(prompt.findall(text)) == set(config.judge.prompts.values()), page
+    assert f"judge.on_error='{config.judge.on_error}'" in text, page
+  assert paper.system_prompt in prompt.findall((docs / 'data.md').read_text(encoding='utf-8'))

@@ -39,7 +39,7 @@ BUILDER_DEFAULT = 'builder_default'  # a config's `system_prompt` naming DEFAULT
 def system_prompt_text(spec: str | None) -> str:
   """The agent's instructions named by a config's `system_prompt` (one per run: pipeline synthesis, the SFT data,
   GRPO rollouts and evaluation render the same system turn): a versioned prompt of `osvl_jax/judges/prompts`
-  ('agent_system_v2', the paper's agent protocol; 'agent_system' = the latest), or 'builder_default' / None for
+  ('agent_system_v3', the paper's agent prompt; 'agent_system' = the latest), or 'builder_default' / None for
   `DEFAULT_INSTRUCTIONS` (the demo's: short, for a CPU run).
 
   Raises:
