@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.dir = ''
   # One agent system prompt for the whole run (trajectory.system_prompt_text): the expert trajectories' (tied to
   # data.system_prompt), the GRPO rollouts', the checkpoints' meta (evaluation's default). The demo keeps the
-  # builder's short instructions (CPU-sized contexts); the paper configs use 'agent_system_v2'.
+  # builder's short instructions (CPU-sized contexts); the paper configs use 'agent_system_v3'.
   c.system_prompt = 'builder_default'
   c.data.system_prompt = c.get_ref('system_prompt')
 

@@ -50,8 +50,8 @@ from osvl_jax.trajectory import actions
 from tools import base as tools_base
 
 # The prompts are versioned files (`osvl_jax/judges/prompts`); `config.prompts.<kind>` picks another version. The
-# defaults are the paper's protocols (accuracy_v2, query_quality_v3); accuracy_v1 / query_quality_v1, v2 stay
-# available by name.
+# defaults are this project's wordings of the paper's protocols (accuracy_v2, query_quality_v3; the paper configs name
+# accuracy_v3 / query_quality_v4); every other version stays available by name.
 DEFAULT_PROMPTS = {'accuracy': 'accuracy_v2', 'query_quality': 'query_quality_v3', 'process': 'process_v1'}
 # The paper's trajectory summary for the query judge (query_quality_v3): at most this many tool-call steps, each
 # call's arguments cut to this many characters, its result text to this many.

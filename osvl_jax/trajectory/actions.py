@@ -92,7 +92,7 @@ def parse_action(text: str, profile: str = 'osvl') -> ParsedAction:
   - Two or more actions in one turn: format_ok False; the FIRST one (in text order) is the action executed.
   - Missing think block, missing closing tag, text outside the blocks, empty response: format_ok False, the
     action still counts.
-  - A response written as `\\boxed{answer}` (the official agent prompt's form, `agent_system_v2`) is the answer
+  - A response written as `\\boxed{answer}` (the official agent prompt's form, `agent_system_v3`) is the answer
     inside the box (`unbox`).
   - A tool call's body is found by parsing its JSON value (`json.JSONDecoder.raw_decode` from the `{`/`[` that
     opens it), so `</tool_call>` or `<tool_call>` inside a JSON string (a query about them) is text; only a body
