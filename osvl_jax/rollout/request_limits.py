@@ -14,6 +14,8 @@ import base64
 import binascii
 import concurrent.futures
 import dataclasses
+import os
+import sys
 import threading
 from typing import Any, Sequence
 
@@ -27,6 +29,7 @@ DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
 DEFAULT_MAX_REQUEST_PIXELS = 4 * 4096 * 4096
 DEFAULT_MAX_CONCURRENT_DECODES = 2
 DEFAULT_MAX_BODY_BYTES = 64 << 20
+DECODE_NICENESS = 10             # decode threads run this much nicer than the server's (Linux; `ImageGate`)
 
 
 class BodyTooLarge(RequestError):
@@ -121,10 +124,20 @@ def _image_bytes(item: Any, name: str) -> bytes:
     raise RequestError(f'cannot decode {name}: {e}') from e
 
 
+def _nicer_thread() -> None:
+  """Raises the calling thread's nice value by `DECODE_NICENESS` (at most 19; Linux, where each thread has its
+  own; elsewhere nothing)."""
+  if sys.platform.startswith('linux'):
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + DECODE_NICENESS))
+
+
 class ImageGate:
   """Decodes a request's images within `RequestLimits`: pixel limits from the headers, and all decoding on
   `max_concurrent_decodes` threads of its own (a semaphore over the HTTP threads would bound the live buffers
-  but not the memory each thread's malloc arena keeps after them).
+  but not the memory each thread's malloc arena keeps after them), `DECODE_NICENESS` nicer than the server's
+  other threads: on a busy CPU an image flood's decoding yields to the sampler and the HTTP loop, so it does not
+  slow the requests already admitted or parsed.
 
   Thread-safe. `peak_decodes` is the most requests seen decoding at once (<= max_concurrent_decodes); `waiting`
   the requests queued for a decode thread now.
@@ -132,7 +145,8 @@ class ImageGate:
 
   def __init__(self, limits: RequestLimits):
     self.limits = limits
-    self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent_decodes, 'osvl-decode')
+    self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent_decodes, 'osvl-decode',
+                                                       initializer=_nicer_thread)
     self._lock = threading.Lock()
     self._local = threading.local()
     self._active = 0

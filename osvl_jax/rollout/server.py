@@ -78,6 +78,9 @@ from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the 
 from osvl_jax.trajectory import tokens as tokens_lib
 
 
+SMALL_BODY_BYTES = 64 << 10   # a request body up to this size is parsed on the event loop (well under 1 ms)
+
+
 def _load_model(path: str):
   """The default weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint). An HF
   folder is first copied file by file into a private temporary folder and loaded from there (its safetensors are
@@ -353,17 +356,21 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
     return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',
                                                                'code': status}})
 
-  async def body_of(request) -> Any:   # parsed and checked off the event loop
+  async def body_of(request) -> tuple[Any, bool]:
+    """(the parsed and checked body, whether it is small: at most SMALL_BODY_BYTES, parsed on the event loop)."""
     raw = await request_limits.read_body(request, service.limits.max_body_bytes)
-    return await run_in_threadpool(request_fields.parse_body, raw)
+    if len(raw) <= SMALL_BODY_BYTES:
+      return request_fields.parse_body(raw), True
+    return await run_in_threadpool(request_fields.parse_body, raw), False
 
-  def off_loop(images: bool, fn, *args):
-    """Awaitable `fn(*args)` off the event loop: a request with images waits in the image gate's queue for a
-    decode thread (holding no HTTP thread, so a flood of image requests never delays parsing a text one), the
-    others run on the HTTP thread pool."""
+  async def off_loop(images: bool, small: bool, fn, *args):
+    """`fn(*args)`, the parsing of a request: one with images waits in the image gate's queue for a decode thread
+    (holding no HTTP thread, so a flood of image requests never delays parsing a text one); a small one runs on
+    the event loop (no thread hop: behind a flood, each hop waits for the HTTP threads and the loop); the others
+    run on the HTTP thread pool."""
     if images:
-      return asyncio.wrap_future(service.image_gate.submit(fn, *args))
-    return run_in_threadpool(fn, *args)
+      return await asyncio.wrap_future(service.image_gate.submit(fn, *args))
+    return fn(*args) if small else await run_in_threadpool(fn, *args)
 
   def refusal(e: RequestError):
     return error(413 if isinstance(e, request_limits.BodyTooLarge) else 400, str(e))
@@ -372,8 +379,8 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
   async def generate(request: fastapi.Request):
     started = time.time()
     try:
-      body = await body_of(request)
-      rows, is_batch = await off_loop(isinstance(body, dict) and bool(body.get('image_data')),
+      body, small = await body_of(request)
+      rows, is_batch = await off_loop(isinstance(body, dict) and bool(body.get('image_data')), small,
                                       service.parse_generate, body)
     except RequestError as e:
       return refusal(e)
@@ -392,7 +399,7 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
   @app.post('/update_weights_from_disk')
   async def update_weights_from_disk(request: fastapi.Request):
     try:
-      body = await body_of(request)
+      body, _ = await body_of(request)
     except RequestError as e:
       return refusal(e)
     if not isinstance(body, dict) or not isinstance(body.get('model_path'), str):
@@ -432,12 +439,12 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
   @app.post('/v1/chat/completions')
   async def chat_completions(request: fastapi.Request):
     try:
-      body = await body_of(request)
+      body, small = await body_of(request)
       check_chat_body(body)
       sampling = chat_sampling(body, service.default_max_new_tokens, service.limits)
       images = any(isinstance(m.get('content'), list) and any(p['type'] == 'image_url' for p in m['content'])
                    for m in body['messages'])
-      ids, refs = await off_loop(images, render_messages, service.tokenizer, service.image_processor,
+      ids, refs = await off_loop(images, small, render_messages, service.tokenizer, service.image_processor,
                                  body['messages'], service.image_gate)
       service.limits.check_prompt(len(ids), 'messages')
       row = Row(context=engine_lib.Context(ids, refs), **sampling)

@@ -1,11 +1,13 @@
 """Latency isolation of the server (the mechanisms; bench/serve_latency.py times them): a cache flush runs between
 two decode chunks and the requests behind it are admitted while a long request still runs; requests with images
 wait for a decode thread in the image gate's queue, so a text request is answered while every decode thread is
-busy and more image requests wait than the HTTP thread pool has threads."""
+busy and more image requests wait than the HTTP thread pool has threads, and small requests need no HTTP thread at
+all; the decode threads run nicer than the server's others, so decoding yields the CPU to the sampler."""
 
 import base64
 import concurrent.futures
 import io
+import os
 import threading
 
 import httpx
@@ -83,4 +85,38 @@ def test_text_requests_do_not_wait_behind_image_requests_queued_for_decoding(tin
       release.set()
     assert [f.result().status_code for f in images] == [200] * n_images
     assert svc.server_info()['request_limits']['peak_decodes'] == 1
+  svc.close()
+
+
+def test_decode_threads_run_nicer_than_the_server():
+  gate = request_limits.ImageGate(request_limits.RequestLimits(256, 32, max_concurrent_decodes=2))
+  nice = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+  base = nice()
+  assert [gate.run(nice) for _ in range(4)] == [min(19, base + request_limits.DECODE_NICENESS)] * 4
+  assert nice() == base   # the calling thread keeps its own
+
+
+def test_small_requests_are_parsed_without_an_http_thread(tiny_model, tokenizer, processor, monkeypatch):
+  """Behind a flood the HTTP threads are busy parsing large bodies: a small request never waits for one."""
+  import starlette.concurrency
+  on_threads = []
+  run_in_threadpool = starlette.concurrency.run_in_threadpool
+
+  async def recorded(fn, *args, **kwargs):
+    on_threads.append(getattr(fn, '__name__', repr(fn)))
+    return await run_in_threadpool(fn, *args, **kwargs)
+
+  monkeypatch.setattr(starlette.concurrency, 'run_in_threadpool', recorded)   # read when the app is made
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
+                                   bucket=16)
+  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2)
+  text = {'input_ids': [100, 200, 300], 'sampling_params': {'max_new_tokens': 2, 'temperature': 0}}
+  chat = {'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 2, 'temperature': 0}
+  with serve_in_thread(svc) as url:
+    assert httpx.post(url + '/generate', json=text, timeout=120).status_code == 200
+    assert httpx.post(url + '/v1/chat/completions', json=chat, timeout=120).status_code == 200
+    assert on_threads == []
+    large = {**text, 'rid': 'x' * server.SMALL_BODY_BYTES}
+    assert httpx.post(url + '/generate', json=large, timeout=120).status_code == 200
+    assert on_threads == ['parse_body', 'parse_generate']
   svc.close()
