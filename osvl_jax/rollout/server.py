@@ -46,7 +46,10 @@ Request limits (`request_limits.RequestLimits`, reported by /server_info): the b
 prompt + 1 new token within the context, pixels per image and per request (refused from the image headers before
 any decode) and concurrent image decodes; every malformed field is a 400 naming it. A request with images is
 parsed on a decode thread of the `request_limits.ImageGate` and waits for one in its queue, holding no HTTP
-thread: text requests are parsed at once however many image requests wait. A batched sampler call that
+thread: text requests are parsed at once however many image requests wait. A body of at most `SMALL_BODY_BYTES`
+is parsed on the event loop, a larger one on the HTTP threads, and at most `LARGE_BODY_READS` larger bodies are
+read at once, so a flood of large uploads delays neither; the decode threads run nicer than the sampler's
+(`request_limits.DECODE_NICENESS`). A batched sampler call that
 raises while admitting rows is retried in halves (`server_scheduler`), so only the row that fails alone gets
 the error.
 
@@ -79,6 +82,7 @@ from osvl_jax.trajectory import tokens as tokens_lib
 
 
 SMALL_BODY_BYTES = 64 << 10   # a request body up to this size is parsed on the event loop (well under 1 ms)
+LARGE_BODY_READS = 4          # larger bodies read at once (`create_app`)
 
 
 def _load_model(path: str):
@@ -356,9 +360,18 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
     return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',
                                                                'code': status}})
 
+  large_reads = asyncio.Semaphore(LARGE_BODY_READS)
+
   async def body_of(request) -> tuple[Any, bool]:
-    """(the parsed and checked body, whether it is small: at most SMALL_BODY_BYTES, parsed on the event loop)."""
-    raw = await request_limits.read_body(request, service.limits.max_body_bytes)
+    """(the parsed and checked body, whether it is small: at most SMALL_BODY_BYTES, parsed on the event loop).
+    At most LARGE_BODY_READS bodies announced larger, or not announced, are read at once: a flood of large
+    uploads then leaves the event loop free for the small requests (the others wait unread, TCP holding them)."""
+    announced = request.headers.get('content-length', '')
+    if announced.isdigit() and int(announced) <= SMALL_BODY_BYTES:
+      raw = await request_limits.read_body(request, service.limits.max_body_bytes)
+    else:
+      async with large_reads:
+        raw = await request_limits.read_body(request, service.limits.max_body_bytes)
     if len(raw) <= SMALL_BODY_BYTES:
       return request_fields.parse_body(raw), True
     return await run_in_threadpool(request_fields.parse_body, raw), False

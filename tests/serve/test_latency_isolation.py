@@ -120,3 +120,41 @@ def test_small_requests_are_parsed_without_an_http_thread(tiny_model, tokenizer,
     assert httpx.post(url + '/generate', json=large, timeout=120).status_code == 200
     assert on_threads == ['parse_body', 'parse_generate']
   svc.close()
+
+
+def test_large_bodies_are_read_a_few_at_a_time(tiny_model, tokenizer, processor, monkeypatch):
+  """Uploads stalled mid-body hold at most LARGE_BODY_READS readers; a small request is answered beside them."""
+  import socket
+  reading, peak = [0], [0]
+  read_body = request_limits.read_body
+
+  async def counted(request, limit):   # the large bodies being read
+    large = int(request.headers['content-length']) > server.SMALL_BODY_BYTES
+    reading[0] += large
+    peak[0] = max(peak[0], reading[0])
+    try:
+      return await read_body(request, limit)
+    finally:
+      reading[0] -= large
+
+  monkeypatch.setattr(request_limits, 'read_body', counted)
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
+                                   bucket=16)
+  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2)
+  uploads = []
+  with serve_in_thread(svc) as url:
+    port = int(url.rsplit(':', 1)[1])
+    try:
+      for _ in range(server.LARGE_BODY_READS + 2):   # each sends its headers and half its body, then stalls
+        s = socket.create_connection(('127.0.0.1', port))
+        s.sendall(b'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
+                  b'Content-Length: 200000\r\n\r\n' + b' ' * 100000)
+        uploads.append(s)
+      wait_until(lambda: reading[0] >= server.LARGE_BODY_READS, 30, 'large bodies being read')
+      text = {'input_ids': [100, 200, 300], 'sampling_params': {'max_new_tokens': 2, 'temperature': 0}}
+      assert httpx.post(url + '/generate', json=text, timeout=120).status_code == 200
+      assert peak[0] == server.LARGE_BODY_READS
+    finally:
+      for s in uploads:
+        s.close()
+  svc.close()
