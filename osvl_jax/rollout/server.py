@@ -364,17 +364,17 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
 
   async def body_of(request) -> tuple[Any, bool]:
     """(the parsed and checked body, whether it is small: at most SMALL_BODY_BYTES, parsed on the event loop).
-    At most LARGE_BODY_READS bodies announced larger, or not announced, are read at once: a flood of large
-    uploads then leaves the event loop free for the small requests (the others wait unread, TCP holding them)."""
+    At most LARGE_BODY_READS bodies announced larger, or not announced, are read and parsed at once: a flood of
+    large uploads then leaves the event loop, and the GIL, to the small requests (the others wait unread, TCP
+    holding them)."""
     announced = request.headers.get('content-length', '')
-    if announced.isdigit() and int(announced) <= SMALL_BODY_BYTES:
+    if announced.isdigit() and int(announced) <= SMALL_BODY_BYTES:   # the server reads no more than announced
+      return request_fields.parse_body(await request_limits.read_body(request, service.limits.max_body_bytes)), True
+    async with large_reads:
       raw = await request_limits.read_body(request, service.limits.max_body_bytes)
-    else:
-      async with large_reads:
-        raw = await request_limits.read_body(request, service.limits.max_body_bytes)
-    if len(raw) <= SMALL_BODY_BYTES:
-      return request_fields.parse_body(raw), True
-    return await run_in_threadpool(request_fields.parse_body, raw), False
+      if len(raw) <= SMALL_BODY_BYTES:   # a small body sent without Content-Length
+        return request_fields.parse_body(raw), True
+      return await run_in_threadpool(request_fields.parse_body, raw), False
 
   async def off_loop(images: bool, small: bool, fn, *args):
     """`fn(*args)`, the parsing of a request: one with images waits in the image gate's queue for a decode thread
