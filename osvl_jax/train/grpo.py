@@ -297,11 +297,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
         pending = pool.submit(rollout, step + 1) if max_staleness and step + 1 < cfg.steps else None
         versions = sorted({int(t.policy_version) for t in trajectories})
         trajectories, stale = drop_stale(trajectories, step, max_staleness)
-        trajectories, out_of_vocabulary = policy.drop_out_of_vocabulary(model, trajectories)
-        if out_of_vocabulary:
-          logging.warning('grpo step %d: %d trajectories dropped, ids outside the compact vocabulary; first: %s',
-                          step + 1, len(out_of_vocabulary), out_of_vocabulary[0])
-        stale['out_of_vocabulary_dropped'] = len(out_of_vocabulary)
+        trajectories, masked = policy.mask_trailing_out_of_vocabulary(model, trajectories)
+        stale['out_of_vocabulary_masked'] = masked   # a tool's echo after the last emitted token (compact vocab)
         t_score = time.time()
         scores = grpo_batch.score_batch(trajectories, cfg, judge)
         rollout_batch = {'trajectories': trajectories, 'scores': scores, 'policy_versions': versions, 'stale': stale,

@@ -10,6 +10,7 @@ Parameters and the optimizer state (Adam mu / nu like their parameter) are place
 (`models/qwen3_vl/sharding.py`, overridable with `config.sharding_rules`).
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ from osvl_jax.models.qwen3_vl import vision as vision_lib
 from osvl_jax.models.qwen3_vl import vision_layout as layout_lib
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.rl import losses
+from osvl_jax.trajectory import tokens as tokens_lib
 from osvl_jax.train import batching
 
 
@@ -170,20 +172,36 @@ def check_vocabulary(model: model_lib.Qwen3VLModel, trajectories, stage: str) ->
     config_lib.check_ids(model.config, t.token_ids, f'{stage} trajectory {t.prompt_id!r} (sample {t.sample_index})')
 
 
-def drop_out_of_vocabulary(model: model_lib.Qwen3VLModel, trajectories: list) -> tuple[list, list[str]]:
-  """(the trajectories whose every id has a row in the model's vocabulary, the errors of the others). A compact
-  vocabulary (`model.vocab`) covers what the dataset's tools say, but a tool's error text may echo a malformed call in
-  ids it never listed: the sampler ends such an episode (an engine error) and the update cannot embed it, so GRPO
-  drops it from the batch and counts it (a group then has fewer samples, `grpo_batch.prepare_batch`). With the full
-  vocabulary nothing is dropped."""
-  kept, errors = [], []
+def mask_trailing_out_of_vocabulary(model: model_lib.Qwen3VLModel, trajectories: list) -> tuple[list, int]:
+  """(the trajectories with every id after their last emitted token that the model's compact vocabulary lacks
+  replaced by `<|endoftext|>`, how many were changed).
+
+  A compact vocabulary (`model.vocab`) covers what the dataset's tools say, but a tool's error text may echo a
+  malformed call in ids it never listed. The embedded sampler refuses such a context (the episode ends there, an
+  engine error), so those ids only ever follow the policy's last token: under causal attention they change no
+  log-prob the loss reads, and any in-vocabulary id in their place gives the same update. The trajectory (and its
+  reward, usually low) stays in its group; dropping it would hide exactly the failures the advantage must punish.
+  With the full vocabulary nothing changes.
+
+  Raises:
+    ValueError: an id outside the vocabulary before a token the policy emitted (a context the policy never saw
+      this way), naming the trajectory (`config.check_ids`).
+  """
+  vocab = model.config.text.vocab_ids
+  if vocab is None:
+    return list(trajectories), 0
+  out, changed = [], 0
   for t in trajectories:
-    try:
-      config_lib.check_ids(model.config, t.token_ids, f'trajectory {t.prompt_id!r} (sample {t.sample_index})')
-      kept.append(t)
-    except ValueError as e:
-      errors.append(str(e))
-  return kept, errors
+    ids = np.asarray(t.token_ids)
+    bad = ~np.isin(ids, np.asarray(vocab))
+    emitted = np.flatnonzero(np.asarray(t.gen_mask))
+    after = np.arange(len(ids)) > (emitted[-1] if emitted.size else -1)
+    if bad.any():
+      config_lib.check_ids(model.config, ids[~after], f'trajectory {t.prompt_id!r} (sample {t.sample_index})')
+      t = dataclasses.replace(t, token_ids=np.where(bad, tokens_lib.ENDOFTEXT_ID, ids).astype(ids.dtype))
+      changed += 1
+    out.append(t)
+  return out, changed
 
 
 def pin_placement(*modules: nnx.Module) -> None:

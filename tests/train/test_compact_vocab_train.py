@@ -87,18 +87,32 @@ def test_model_vocab_full_and_a_valid_file_pass_the_checks(tmp_path):
   assert checkpoints.vocab_ids(config) == (3, 5, 151935)   # sorted, unique
 
 
-def test_grpo_drops_a_trajectory_outside_the_vocabulary_and_names_it(trajectories):
+def test_grpo_keeps_a_trajectory_whose_last_observation_leaves_the_vocabulary(trajectories):
+  """A tool's echo after the last emitted token: the trajectory stays (its reward counts in its group), those ids
+  become <|endoftext|>; an unknown id before an emitted token is refused, naming the trajectory."""
   import dataclasses
+  from osvl_jax import trajectory as tj
   from osvl_jax.models.qwen3_vl import config as config_lib
   from osvl_jax.train import policy
   vocab = _vocab(trajectories)
-  outside = max(vocab) + 1        # an id the world never listed, in an observation of q1 (a tool's echo)
-  odd = dataclasses.replace(trajectories[1], token_ids=trajectories[1].token_ids.copy())
-  odd.token_ids[-3] = outside
+  outside = max(vocab) + 1        # an id the world never listed
+  t = trajectories[1]
+  last_emitted = int(np.flatnonzero(t.gen_mask)[-1])
+  tail = np.array([tj.IM_START_ID, outside, tj.IM_END_ID], t.token_ids.dtype)   # an observation past the end
+  echo = dataclasses.replace(
+      t, token_ids=np.concatenate([t.token_ids, tail]), gen_mask=np.concatenate([t.gen_mask, np.zeros(3, bool)]),
+      step_of_token=np.concatenate([t.step_of_token, np.full(3, t.step_of_token[-1], t.step_of_token.dtype)]),
+      rollout_logprobs=None if t.rollout_logprobs is None else np.concatenate([t.rollout_logprobs, np.zeros(3)]))
+  last_emitted = len(t.token_ids) - 1 + 2   # the index of `outside`
   text = dataclasses.replace(config_lib.Qwen3VLConfig.tiny().text, vocab_ids=tuple(vocab))
   model = type('M', (), {'config': dataclasses.replace(config_lib.Qwen3VLConfig.tiny(), text=text)})()
-  kept, errors = policy.drop_out_of_vocabulary(model, [trajectories[0], odd])
-  assert [t.prompt_id for t in kept] == ['q0'] and len(errors) == 1
-  assert f"trajectory 'q1' (sample 0): token id {outside}" in errors[0]
+  kept, changed = policy.mask_trailing_out_of_vocabulary(model, [trajectories[0], echo])
+  assert changed == 1 and [t.prompt_id for t in kept] == ['q0', 'q1']
+  assert kept[0] is trajectories[0] and kept[1].token_ids[last_emitted] == tj.ENDOFTEXT_ID
+  np.testing.assert_array_equal(np.delete(kept[1].token_ids, last_emitted), np.delete(echo.token_ids, last_emitted))
+  seen = dataclasses.replace(t, token_ids=t.token_ids.copy())
+  seen.token_ids[int(np.flatnonzero(t.gen_mask)[-1]) - 1] = outside   # an id the policy would have seen: refused
+  with pytest.raises(ValueError, match=rf"trajectory 'q1' \(sample 0\): token id {outside}"):
+    policy.mask_trailing_out_of_vocabulary(model, [seen])
   full = type('M', (), {'config': config_lib.Qwen3VLConfig.tiny()})()
-  assert policy.drop_out_of_vocabulary(full, trajectories) == (list(trajectories), [])
+  assert policy.mask_trailing_out_of_vocabulary(full, trajectories) == (list(trajectories), 0)
