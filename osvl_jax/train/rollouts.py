@@ -140,7 +140,8 @@ class RolloutRunner:
       len(items) * num_generations trajectories; `policy_version` is the oldest emitted token's version as the
       engine reports it (the last published version for prompt-only trajectories).
     Raises:
-      RuntimeError: every trajectory ended on an error (`check_not_all_failed`): nothing to train on.
+      RuntimeError: every trajectory ended on an error before a policy token (`check_not_all_failed`): nothing to
+        train on.
     """
     self.engine.reseed(seed)
     if zero_pixels(self.config) == 'rollout':
@@ -155,17 +156,18 @@ class RolloutRunner:
 
 
 def check_not_all_failed(trajectories: list[trajectory_lib.Trajectory]) -> None:
-  """Refuses a rollout batch in which every trajectory ended on an error (stop_reason 'error': an engine that
-  answers ids outside the vocabulary or NaN log-probs, a server that refuses every request, prompts that cannot be
-  rendered): a step on it would train on no token, silently. One failed trajectory among others is the agent loop's
-  business (it ends alone, DESIGN.md §6b).
+  """Refuses a rollout batch in which every trajectory ended on an error before the policy emitted a token (an
+  engine that answers ids outside the vocabulary or NaN log-probs on every first turn, a server that refuses every
+  request, prompts that cannot be rendered): a step on it would train on no token, silently. A trajectory that ended
+  on an error after some turns of the policy is trained on (its reward counts in its group), and one failed
+  trajectory among others is the agent loop's business (it ends alone, DESIGN.md §6b).
 
   Raises:
     RuntimeError: naming the count and the first trajectory's error.
   """
-  if trajectories and all(t.stop_reason == 'error' for t in trajectories):
-    raise RuntimeError(f'rollout: all {len(trajectories)} trajectories ended on an error, nothing to train on (the '
-                       f'step is not taken); first: {trajectories[0].error}')
+  if trajectories and all(t.stop_reason == 'error' and not np.asarray(t.gen_mask).any() for t in trajectories):
+    raise RuntimeError(f'rollout: all {len(trajectories)} trajectories ended on an error before a policy token, '
+                       f'nothing to train on (the step is not taken); first: {trajectories[0].error}')
 
 
 def score(traj: trajectory_lib.Trajectory, alpha: float = 0.8,

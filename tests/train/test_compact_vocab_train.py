@@ -116,3 +116,15 @@ def test_grpo_keeps_a_trajectory_whose_last_observation_leaves_the_vocabulary(tr
     policy.mask_trailing_out_of_vocabulary(model, [seen])
   full = type('M', (), {'config': config_lib.Qwen3VLConfig.tiny()})()
   assert policy.mask_trailing_out_of_vocabulary(full, trajectories) == (list(trajectories), 0)
+
+
+def test_a_batch_that_failed_after_policy_turns_is_trained_on_one_with_no_policy_token_is_refused(trajectories):
+  """A malformed call whose echo leaves a compact vocabulary ends its episode on an engine error after a policy turn:
+  a batch of those is still a batch to train on (low rewards); only a batch without any policy token is refused."""
+  import dataclasses
+  from osvl_jax.train import rollouts
+  failed = [dataclasses.replace(t, stop_reason='error', error='engine failed at step 1') for t in trajectories]
+  rollouts.check_not_all_failed(failed)
+  prompt_only = [dataclasses.replace(t, gen_mask=np.zeros_like(t.gen_mask)) for t in failed]
+  with pytest.raises(RuntimeError, match='all 2 trajectories ended on an error before a policy token'):
+    rollouts.check_not_all_failed(prompt_only)

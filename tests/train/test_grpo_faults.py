@@ -67,7 +67,8 @@ class _OutOfVocabulary(engine_lib.Engine):
 
 def test_a_step_whose_every_trajectory_failed_stops_the_trainer_naming_the_cause(workdir, monkeypatch):
   monkeypatch.setattr(factory, 'make_engine', lambda *args, **kwargs: _OutOfVocabulary())
-  with pytest.raises(RuntimeError, match=r'rollout: all 2 trajectories ended on an error, nothing to train on '
+  with pytest.raises(RuntimeError, match=r'rollout: all 2 trajectories ended on an error before a policy token, '
+                                         r'nothing to train on '
                                          r'\(the step is not taken\); first: engine _OutOfVocabulary failed at '
                                          r'step 0: ValueError: id 151941 at position 1 is outside the vocabulary'):
     grpo.train(_config(), workdir)
