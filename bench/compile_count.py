@@ -30,7 +30,7 @@ import numpy as np
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import jax_sampler
-from osvl_jax.train import batching, grpo_batch, grpo_update, policy, sft
+from osvl_jax.train import batching, grpo_batch, grpo_update, placement, policy, sft
 from tools.base import ToolResult
 
 sys.path.insert(0, 'configs')
@@ -141,7 +141,7 @@ def run(n: int, max_side: int, seed: int) -> dict:
   out['sft_packed_micro_batches'] = sorted(set(micro))
 
   cfg = config.grpo
-  update = grpo_update.make_update_fn(cfg, place=lambda b: policy.shard_batch(b, mesh, rules, model.config.vision,
+  update = grpo_update.make_update_fn(cfg, place=lambda b: placement.shard_batch(b, mesh, rules, model.config.vision,
                                                                               int(cfg.patches_per_shard or 0)))
   shapes = set()
   with compiled_names() as names:

@@ -22,7 +22,7 @@ Best of `--repeats` after one warm-up (compile) step; the two frameworks alterna
 
 Sharded vs replicated (`--sharding`, no PyTorch): the trainers' SFT step (`sft.make_train_step`: forward, backward,
 AdamW update) of the same config on 8 simulated devices, once on the fsdp=8 mesh with the model's rules
-(parameters, Adam moments and rows sharded, as `policy.create` / `policy.shard_batch` place them) and once as
+(parameters, Adam moments and rows sharded, as `policy.create` / `placement.shard_batch` place them) and once as
 the replicated data-parallel baseline (every parameter and moment NamedSharding(mesh, P()) on every device, rows
 still split 8 ways: the same code under rules that map every parameter axis to None), alternating:
   XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python bench/step_speed.py --sharding \
@@ -49,7 +49,7 @@ from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig, TextConfig, VisionConfig
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
 from osvl_jax.rl import losses
-from osvl_jax.train import policy, sft
+from osvl_jax.train import placement, policy, sft
 
 
 def bench_config(vocab: int, hidden: int = 512, layers: int = 4, heads: int = 8, kv_heads: int = 4,
@@ -121,7 +121,7 @@ def compare_sharding(args, config: Qwen3VLConfig) -> None:
     optimizer = policy.create_optimizer(model, policy.make_tx(1e-4, 100), mesh, rules)
     step = sft.make_train_step()
 
-    def run(model=model, optimizer=optimizer, step=step, rules=rules, placed=policy.shard_batch(batch, mesh, rules)):
+    def run(model=model, optimizer=optimizer, step=step, rules=rules, placed=placement.shard_batch(batch, mesh, rules)):
       with sharding.use_mesh(mesh, rules):
         return float(step(model, optimizer, placed, ())['loss'])
 

@@ -50,9 +50,9 @@ competitors in the text and the checks' verdicts, also as `<dataset>/review.html
 `<dataset>/build_config.json` records the settings that decide the content (all of `data` but `dir`, `data_dir`,
 `synthesize`); a rerun with other settings (another `num_items`, `seed`, ...) is refused with the differing fields
 named, never resumed from the old items (a folder where no stage has finished takes the new settings). One build at
-a time writes a folder: it holds `<dataset>/build.lock` (`locked`; a second build fails at once naming the holder's
-pid). A stage counts as finished only once its files are on disk (fsynced, `counts.json` last, the folder renamed
-into place). A stage whose LLM endpoint did not answer (`llm.outages`: refused connections, timeouts, 5xx, ...) is not
+a time writes a folder: it holds `<dataset>/build.lock` (`dataset_folder.locked`; a second build fails at once naming
+the holder's pid). A stage counts as finished only once its files are on disk (fsynced, `counts.json` last, the
+folder renamed into place). A stage whose LLM endpoint did not answer (`llm.outages`: refused connections, timeouts, 5xx, ...) is not
 saved and the build fails (`llm.EndpointDown`), so a rerun asks again.
 `<dataset>/stats.json` has every stage's counts and seconds. The format and its readers (`load_sft`,
 `load_prompts`) are in `osvl_jax/data/pipeline.py`. The steps that need an LLM endpoint or a policy model run only
@@ -61,8 +61,6 @@ unique-referent judge (`data.llm_questions`), the descriptor proposal and per-st
 (`data.llm_descriptors`), Filters A/B (`data.filter`, §7.6).
 """
 
-import contextlib
-import fcntl
 import json
 import os
 import pathlib
@@ -74,7 +72,7 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
-from data_pipeline import clip_ground, experts, llm, llm_descriptors, llm_questions, splits
+from data_pipeline import clip_ground, dataset_folder, experts, llm, llm_descriptors, llm_questions, splits
 from data_pipeline import filter as filter_lib
 from data_pipeline import merge as merge_lib
 from osvl_jax import config_checks as checks
@@ -83,9 +81,8 @@ from osvl_jax.data import pipeline as pipeline_data
 ITEM_COLUMNS = pipeline_data.ITEM_COLUMNS
 STAGES = ('wiki', 'paths', 'qa', 'rewrite', 'ground', 'merge', 'filter', 'degrade', 'items', 'sft', 'rl')
 DEGRADED_DIR = pipeline_data.DEGRADED_DIR  # the degraded anchor images, `<dataset>/degraded/<prompt_id>.png`
-BUILD_CONFIG_FILE = 'build_config.json'  # the settings a dataset folder was built with (compared on resume)
+BUILD_CONFIG_FILE = dataset_folder.BUILD_CONFIG_FILE  # the settings a folder was built with (`_check_resume`)
 SHAREGPT_FILE = 'sft_sharegpt.jsonl'  # the `sft` split in the official release's ShareGPT SFT format
-LOCK_FILE = 'build.lock'  # held by the build writing the folder (`locked`)
 # Fields not compared on resume: where it goes / where the shared data sits, and the `sft` stage's settings (a
 # later build with it enabled only adds the `sft` split; the split's counts name its expert, and another expert
 # needs the `sft` folder and sft_sharegpt.jsonl deleted to be redone).
@@ -256,74 +253,10 @@ def build_settings(config: ml_collections.ConfigDict) -> dict:
 
 
 def _check_resume(out: pathlib.Path, settings: dict) -> None:
-  """Records `settings` in a new dataset folder, or one where no stage has finished (a build that failed in its first
-  stage left nothing built with the settings it recorded); refuses a folder built with other settings.
-
-  A field missing from an older build_config.json (added to `default_config()` since) counts as built with its
-  default value, or with the value the build had before the field existed (`_BEFORE_RECORDED`: no anchor size
-  rule, nothing held out for RL).
-
-  Raises:
-    ValueError: the folder's build_config.json differs (naming each field, recorded vs asked), or the folder holds
-      stage outputs but no build_config.json (a build whose settings are unknown).
-  """
-  path = out / BUILD_CONFIG_FILE
-  built = any(pipeline_data.has_split(out / name) for name in STAGES)
-  if path.is_file() and built:
-    defaults = {**build_settings(default_config()), **_BEFORE_RECORDED}
-    recorded = json.loads(path.read_text())
-    recorded = {**{k: v for k, v in defaults.items() if k not in recorded}, **recorded}
-    diff = {k: (recorded.get(k), settings.get(k)) for k in sorted(set(recorded) | set(settings))
-            if recorded.get(k) != settings.get(k)}
-    if diff:
-      named = ', '.join(f'{k}: built with {a!r}, asked {b!r}' for k, (a, b) in diff.items())
-      raise ValueError(f'{out} holds a dataset built with other settings ({named}); use another folder '
-                       '(--config.data.dir or --workdir) or delete this one to rebuild')
-    return
-  if built:
-    raise ValueError(f'{out} holds a dataset without {BUILD_CONFIG_FILE} (its settings are unknown); use another '
-                     'folder or delete this one to rebuild')
-  pipeline_data.write_durably(path, json.dumps(settings, indent=1, sort_keys=True))
-
-
-def _save(records: list[dict], folder: pathlib.Path, counts: dict, features=None) -> None:
-  """Writes `records` as a dataset + counts.json under a temp folder, made the finished split `folder` once on disk
-  (`pipeline_data.publish_split`); no records: one empty data file (which `datasets.load_from_disk` reads)."""
-  import datasets
-  import shutil
-  tmp = folder.with_name(folder.name + '.tmp')
-  shutil.rmtree(tmp, ignore_errors=True)
-  if records:
-    ds = datasets.Dataset.from_list(records, features=features)
-  else:
-    ds = datasets.Dataset.from_dict({'prompt_id': []} if features is None else {k: [] for k in features},
-                                    features=features)
-  ds.save_to_disk(str(tmp), num_shards=None if records else 1)
-  pipeline_data.publish_split(tmp, folder, counts)
-
-
-@contextlib.contextmanager
-def locked(out: pathlib.Path):
-  """Holds `<out>/build.lock` (an exclusive `fcntl.flock`, released when the build ends, also by a kill), the file
-  holding the holder's pid.
-
-  Raises:
-    BlockingIOError: another process holds it (naming its pid and the lock file); nothing was written.
-  """
-  path = out / LOCK_FILE
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as e:
-      holder = os.pread(fd, 32, 0).decode(errors='replace').strip() or '?'
-      raise BlockingIOError(e.errno, f'{out} is being built by another process (pid {holder}, holding {path}); '
-                            'wait for it to end, or stop it, before building this folder') from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f'{os.getpid()}\n'.encode(), 0)
-    yield
-  finally:
-    os.close(fd)
+  """`dataset_folder.check_settings` with this build's stages; a field missing from an older build_config.json
+  (added to `default_config()` since) counts as built with its default value, or with the value the build had
+  before the field existed (`_BEFORE_RECORDED`: no anchor size rule, nothing held out for RL)."""
+  dataset_folder.check_settings(out, settings, {**build_settings(default_config()), **_BEFORE_RECORDED}, STAGES)
 
 
 def _reasons(reasons) -> dict[str, int]:
@@ -347,7 +280,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   Returns:
     {stage: counts (with 'seconds', 'resumed')}, plus 'summary' (accepted items, landmarks, sft kept).
   A stage's output counts as finished once it is on disk (`pipeline_data.publish_split`); one build at a time
-  writes a folder (`locked`).
+  writes a folder (`dataset_folder.locked`).
 
   Raises:
     ValueError: from `check_config` (before anything is written), or a folder built with other settings.
@@ -358,7 +291,7 @@ def build_dataset(config: ml_collections.ConfigDict, out_dir: str | os.PathLike)
   check_config(config)
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  with locked(out):
+  with dataset_folder.locked(out):
     return _build(config, out)
 
 
@@ -388,7 +321,7 @@ def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
         if path.exists():
           pipeline_data.fsync_tree(path)
       counts = dict(counts, seconds=round(time.perf_counter() - t0, 2), resumed=False)
-      _save(records, folder, counts, features)
+      dataset_folder.save_split(records, folder, counts, features)
     stats[name] = counts
     print(f'[data_pipeline] {name}: {json.dumps(counts, default=str)}', file=sys.stderr)
     return records
@@ -469,7 +402,7 @@ def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
   rl_rows, rl_counts = splits.rl_split(items, sft if config.synthesize.enabled else [], rl_fraction, config.seed)
   resumed = pipeline_data.has_split(out / 'rl') and pipeline_data.read_split(out / 'rl')[0] == rl_rows
   if not resumed:   # recomputed from the sft split each build (a later build may have added it)
-    _save(rl_rows, out / 'rl', rl_counts, pipeline_data.rl_features())
+    dataset_folder.save_split(rl_rows, out / 'rl', rl_counts, pipeline_data.rl_features())
   stats['rl'] = dict(rl_counts, resumed=resumed)
   stages.update()
   stages.close()

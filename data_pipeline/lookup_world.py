@@ -24,7 +24,6 @@ issue measured in the demo's expert data (retry 29%); GRPO can learn to retry. E
   "The lookup failed; give up."        -> <response>GIVE_UP_RESPONSE</response>
 """
 
-import hashlib
 import json
 import os
 import pathlib
@@ -38,6 +37,7 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
+from data_pipeline import dataset_folder
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.data import pipeline as pipeline_data
 from osvl_jax.rollout import agent_loop, factory
@@ -54,6 +54,7 @@ QUESTIONS = {1: 'Day {day}. What value does the key of the square\'s colour hold
              2: 'Day {day}. Look up the key of the square\'s colour, then look up the value it gives as a key. '
                 'What is the final value?'}
 VOCAB_FILE = 'vocab_ids.json'
+STATS_FILE = 'stats.json'   # written last: its presence means the world is built
 GENERATED = pipeline_data.GENERATED_DIR
 SPLIT_TAGS = ('sft', 'rl', 'heldout')
 
@@ -233,10 +234,10 @@ def world_vocab(trajectories, prompts_ids, tokenizer, env) -> list[int]:
   errors = [env.call('lookup', {'key': 13, 'day': 5}, []), env.call('lookup', {'key': 3}, []),
             env.call('lookup', {'key': 3, 'day': 5, 'x': 1}, []), env.call('lookup', 'x', []),
             env.call('lookup_', {}, [])]
+  think = '<think>\nKey 3.\n</think>\n'
   call = '<tool_call>\n{"name": "lookup", "arguments": {"key": 3, "day": 5}}\n</tool_call>'
-  for text in ('<think>\nKey 3.\n</think>', f'<think>\nKey 3.\n</think>\n{call[:-12]}', call,
-               f'<think>\nKey 3.\n</think>\n{call}\n{call}', f'<think>\nKey 3.\n</think>\n<response>3</response>\n{call}',
-               '<think>\nKey 3.\n</think>\n<tool_call>\n{"name": "lookup", "arguments": {"key": 3, "day": 5}\n</tool_call>'):
+  for text in (think, think + call[:-12], call, f'{think}{call}\n{call}', f'{think}<response>3</response>\n{call}',
+               think + call.replace('}}', '}')):   # no action, cut, no think, two calls, two actions, bad JSON
     action = traj_lib.parse_action(text)
     if not action.format_ok:   # the observations of malformed turns (the agent loop's)
       errors.append(agent_loop.malformed_result(action))
@@ -245,43 +246,36 @@ def world_vocab(trajectories, prompts_ids, tokenizer, env) -> list[int]:
   return sorted(ids)
 
 
-def _write_json(path: pathlib.Path, value) -> None:
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(json.dumps(value, indent=1, sort_keys=True, default=str))
-  os.replace(tmp, path)
-
-
 def build(c: ml_collections.ConfigDict, out_dir: str | os.PathLike) -> dict:
   """Builds (or finds already built) the world in `out_dir`; returns its stats (also `out_dir/stats.json`).
+
+  One build at a time holds the folder (`dataset_folder.locked`); its settings are recorded and compared as the
+  Wikipedia build's (`dataset_folder.check_settings`); every split is written durably (`dataset_folder.save_split`),
+  stats.json last.
 
   Raises:
     ValueError: a bad `data` section (`check_config`); `out_dir` holds a dataset built with other settings (naming
       them).
+    BlockingIOError: another build holds the folder.
   """
-  from data_pipeline import build as build_lib  # pylint: disable=g-import-not-at-top  # the split writer
   from tools import env as env_lib  # pylint: disable=g-import-not-at-top
   check_config(c)
   out = pathlib.Path(out_dir)
-  settings = json.loads(json.dumps({k: v for k, v in c.to_dict().items() if k != 'dir'}, sort_keys=True))
-  config_file = out / build_lib.BUILD_CONFIG_FILE
-  if config_file.is_file():
-    recorded = json.loads(config_file.read_text())
-    diff = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
-    if diff:
-      raise ValueError(f'{out} holds a dataset built with other settings ('
-                       + ', '.join(f'{k}: built with {recorded.get(k)!r}, asked {settings.get(k)!r}' for k in diff)
-                       + '); use another folder or delete this one')
-    if (out / 'stats.json').is_file():
-      return json.loads((out / 'stats.json').read_text())
-  elif out.exists() and any(out.iterdir()):
-    raise ValueError(f'{out} is not empty and holds no {build_lib.BUILD_CONFIG_FILE}: use another folder')
+  out.mkdir(parents=True, exist_ok=True)
+  with dataset_folder.locked(out):
+    settings = json.loads(json.dumps({k: v for k, v in c.to_dict().items() if k != 'dir'}, sort_keys=True))
+    dataset_folder.check_settings(out, settings, {}, (pipeline_data.ITEMS, pipeline_data.SFT, pipeline_data.RL))
+    if (out / STATS_FILE).is_file():   # written last: the world is built
+      return json.loads((out / STATS_FILE).read_text())
+    return _build(c, out, env_lib.ToolEnv(tool_config(c, seed=c.seed)))
+
+
+def _build(c: ml_collections.ConfigDict, out: pathlib.Path, env) -> dict:
   t0 = time.perf_counter()
   (out / GENERATED).mkdir(parents=True, exist_ok=True)
-  _write_json(config_file, settings)
   items = make_items(c)
   tokenizer = traj_lib.load_tokenizer()
   processor = traj_lib.ImageProcessor(min_pixels=c.min_pixels, max_pixels=c.max_pixels)
-  env = env_lib.ToolEnv(tool_config(c, seed=c.seed))
   make_builder = factory.make_builder(tokenizer, processor, env, traj_lib.system_prompt_text(c.system_prompt))
   from PIL import Image  # pylint: disable=g-import-not-at-top
   for item in items:
@@ -304,19 +298,18 @@ def build(c: ml_collections.ConfigDict, out_dir: str | os.PathLike) -> dict:
            'original_image_path': None, 'relations': [it['split']]} for it in items]
   kept_ids = {t.prompt_id for t in trajectories}
   rl_rows = [{'prompt_id': it['prompt_id'], 'reason': 'held_out'} for it in rl_items]
-  build_lib._save(rows, out / pipeline_data.ITEMS, {'items': len(rows), 'accepted': len(rows)},  # pylint: disable=protected-access
-                  pipeline_data.items_features())
-  build_lib._save([t.to_record() for t in trajectories], out / pipeline_data.SFT, expert_counts,  # pylint: disable=protected-access
-                  traj_lib.record_features())
-  build_lib._save(rl_rows, out / pipeline_data.RL, {'prompts': len(rl_rows)}, pipeline_data.rl_features())  # pylint: disable=protected-access
-  _write_json(out / VOCAB_FILE, vocab)
+  save = dataset_folder.save_split
+  save(rows, out / pipeline_data.ITEMS, {'items': len(rows), 'accepted': len(rows)}, pipeline_data.items_features())
+  save([t.to_record() for t in trajectories], out / pipeline_data.SFT, expert_counts, traj_lib.record_features())
+  save(rl_rows, out / pipeline_data.RL, {'prompts': len(rl_rows)}, pipeline_data.rl_features())
+  pipeline_data.write_durably(out / VOCAB_FILE, json.dumps(vocab))
   combos = split_combos(c.seed, c.rl_combos, c.heldout_combos)
   stats = {'world': 'lookup', 'hops': c.hops, 'items': len(items), 'sft': expert_counts,
            'rl_prompts': len(rl_rows), 'heldout_prompts': sum(it['split'] == 'heldout' for it in items),
            'combos': {k: len(v) for k, v in combos.items()}, 'vocab_ids': len(vocab),
            'sft_items_without_trajectory': len(sft_items) - len(kept_ids),
            'seconds': round(time.perf_counter() - t0, 2)}
-  _write_json(out / 'stats.json', stats)
+  pipeline_data.write_durably(out / STATS_FILE, json.dumps(stats, indent=1, sort_keys=True))
   return stats
 
 

@@ -19,7 +19,7 @@ multi-host TPU also announces itself with `TPU_WORKER_HOSTNAMES` listing more th
 After `initialize`, `jax.devices()` is the global device list (every host's chips), `jax.process_index()` says
 who this host is: process 0 alone writes metrics and logs (`is_main`), every process takes part in the
 checkpoint (orbax writes each host's shards), and each host puts on its devices only its rows of a batch
-(`host_rows`, `global_array`; the trainers' `train.policy.host_batch`). What one host makes and all need (GRPO's
+(`host_rows`, `global_array`; the trainers' `train.placement.host_batch`). What one host makes and all need (GRPO's
 rollout batch, made by process 0 alone) goes to every process with `broadcast_object`; arrays split over several
 hosts come back to the host with `to_host` (`jax.device_get` cannot read another host's shards); `barrier` waits
 for every process.

@@ -176,7 +176,7 @@ def main(argv) -> None:
   import uvicorn  # pylint: disable=g-import-not-at-top
 
   from osvl_jax import compile_cache  # pylint: disable=g-import-not-at-top
-  from osvl_jax.rollout import server, server_auth  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout import server_app, server_auth  # pylint: disable=g-import-not-at-top
   cache = FLAGS.compile_cache_dir
   compile_cache.enable(f'{FLAGS.workdir.rstrip("/")}/jax_cache' if cache is None and FLAGS.workdir else cache)
   service = build_service(FLAGS.checkpoint, FLAGS.workdir, FLAGS.step, FLAGS.hf_config, FLAGS.tiny, FLAGS.seed,
@@ -188,7 +188,7 @@ def main(argv) -> None:
                                                           'max_body_bytes')},
                           tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps, FLAGS.patch_bucket)
   api_key = FLAGS.api_key if FLAGS.api_key is not None else server_auth.api_key_from_env()
-  fastapi_app = server.create_app(service, FLAGS.host, FLAGS.port, api_key=api_key)
+  fastapi_app = server_app.create_app(service, FLAGS.host, FLAGS.port, api_key=api_key)
   logging.info('model %s; api key %s; weights roots %s', service.model_path, 'required' if api_key else 'off',
                FLAGS.weights_root or 'any path')
   print(f'serving url=http://{FLAGS.host}:{FLAGS.port} model={service.model_path} '

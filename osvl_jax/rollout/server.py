@@ -1,4 +1,5 @@
-"""SGLang's native HTTP API over the embedded JAX sampler (DESIGN.md §6b); `python -m osvl_jax.serve` runs it.
+"""SGLang's native HTTP API over the embedded JAX sampler (DESIGN.md §6b): the worker (`SamplerService`) that
+batches every request into the sampler; `server_app.create_app` is its HTTP app, `python -m osvl_jax.serve` runs it.
 
 Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sglang_client` is the client):
 
@@ -16,7 +17,7 @@ Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sgl
                                   (`success: false`, the old weights keep serving) for a path outside
                                   `--weights_root` (`server_auth`), another architecture or non-finite values
                                   or weights that overflow when run (`weight_update.check_update`); an HF folder
-                                  is loaded from a private copy (`_load_model`).
+                                  is loaded from a private copy (`weight_update.load_model`).
   GET|POST /flush_cache           empties the sampler's prefix cache between two decode chunks (it does not wait
                                   for running requests, nor do later requests wait for them); always succeeds.
   GET /health, /health_generate, /ready
@@ -46,9 +47,9 @@ Request limits (`request_limits.RequestLimits`, reported by /server_info): the b
 prompt + 1 new token within the context, pixels per image and per request (refused from the image headers before
 any decode) and concurrent image decodes; every malformed field is a 400 naming it. A request with images is
 parsed on a decode thread of the `request_limits.ImageGate` and waits for one in its queue, holding no HTTP
-thread: text requests are parsed at once however many image requests wait. A body of at most `SMALL_BODY_BYTES`
-is parsed on the event loop, a larger one on the HTTP threads, and at most `LARGE_BODY_READS` larger bodies are
-read at once, so a flood of large uploads delays neither; the decode threads run nicer than the sampler's
+thread: text requests are parsed at once however many image requests wait. Bodies are read and parsed by the
+HTTP app (`server_app.create_app`) so that a flood of large uploads delays no small request; the decode threads
+run nicer than the sampler's
 (`request_limits.DECODE_NICENESS`). A batched sampler call that
 raises while admitting rows is retried in halves (`server_scheduler`), so only the row that fails alone gets
 the error.
@@ -59,57 +60,20 @@ A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream 
 """
 
 
-import asyncio
 import dataclasses
-import os
 import queue
-import shutil
-import tempfile
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import request_fields, request_limits
 from osvl_jax.rollout import server_auth, server_scheduler, weight_update
-from osvl_jax.rollout.request_fields import chat_sampling, check_chat_body
 from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
     GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
     default_like, expand_image_pads, parse_generate, parse_sampling, render_messages)
 from osvl_jax.trajectory import tokens as tokens_lib
-
-
-SMALL_BODY_BYTES = 64 << 10   # a request body up to this size is parsed on the event loop (well under 1 ms)
-LARGE_BODY_READS = 4          # larger bodies read at once (`create_app`)
-
-
-def _load_model(path: str):
-  """The default weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint). An HF
-  folder is first copied file by file into a private temporary folder and loaded from there (its safetensors are
-  memory-mapped, and the served arrays may alias the mapping): a file rewritten in place while, or after, it
-  loads can neither crash the server (SIGBUS) nor change the served weights. Needs the folder's size free in
-  $TMPDIR while it loads.
-
-  Raises:
-    ValueError: a file of the folder changed while it was copied (written in place: publish by renaming).
-    FileNotFoundError / ValueError: from `checkpoints.load_policy`.
-  """
-  from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  if not checkpoints.is_hf_folder(path):
-    return checkpoints.load_policy(path)[0]
-  with tempfile.TemporaryDirectory(prefix='osvl-weights-') as private:
-    for name in sorted(os.listdir(path)):
-      src = os.path.join(path, name)
-      if os.path.isfile(src):   # the loader reads the folder's files only
-        with open(src, 'rb') as f, open(os.path.join(private, name), 'wb') as out:
-          before = os.fstat(f.fileno())
-          shutil.copyfileobj(f, out, 16 << 20)
-          after, copied = os.fstat(f.fileno()), out.tell()
-        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or copied != after.st_size:
-          raise ValueError(f'{src} changed while it was read (written in place?): not loaded')
-    return checkpoints.load_policy(private)[0]   # the mapped copy's pages outlive its deletion
 
 
 @dataclasses.dataclass
@@ -145,7 +109,7 @@ class SamplerService:
       batch_window_s: the worker keeps collecting jobs for a batch while they arrive less than this apart
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
-      loader: `path -> model` for /update_weights_from_disk (default `checkpoints.load_policy(path)[0]`).
+      loader: `path -> model` for /update_weights_from_disk (default `weight_update.load_model`).
       weights_roots: the folders updates may load from (`server_auth.WeightsRoots`; None: any path).
       decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
         and waiting rows enter a running batch between chunks (`server_scheduler`).
@@ -163,7 +127,7 @@ class SamplerService:
     self.limits = limits or request_limits.RequestLimits(int(sampler.max_len), int(sampler.max_len))
     self.limits.check_max_new_tokens(self.default_max_new_tokens, '--max_new_tokens')
     self.image_gate = request_limits.ImageGate(self.limits)
-    self.loader = loader or _load_model
+    self.loader = loader or weight_update.load_model
     self.weights_roots = weights_roots or server_auth.WeightsRoots()
     if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or decode_steps < 1:
       raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')
@@ -340,144 +304,3 @@ class SamplerService:
     if cache is None:
       return {'slots': 0}
     return {'slots': cache.slots, 'used_slots': cache.used_slots, 'slot_tokens': cache.max_len}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The HTTP app.
-# ---------------------------------------------------------------------------------------------------------------
-
-def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: str | None = None):
-  """The FastAPI app of `service` (endpoints in the module docstring); with `api_key`, every request but OPTIONS
-  and `/health*` needs `Authorization: Bearer <api_key>` (`server_auth`, as SGLang's `--api-key`)."""
-  import fastapi  # pylint: disable=g-import-not-at-top
-  from fastapi.responses import JSONResponse, PlainTextResponse  # pylint: disable=g-import-not-at-top
-  from starlette.concurrency import run_in_threadpool  # pylint: disable=g-import-not-at-top
-
-  app = fastapi.FastAPI(title='osvl_jax.serve')
-  server_auth.add_api_key_middleware(app, api_key)
-
-  def error(status: int, message: str):
-    return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',
-                                                               'code': status}})
-
-  large_reads = asyncio.Semaphore(LARGE_BODY_READS)
-
-  async def body_of(request) -> tuple[Any, bool]:
-    """(the parsed and checked body, whether it is small: at most SMALL_BODY_BYTES, parsed on the event loop).
-    At most LARGE_BODY_READS bodies announced larger, or not announced, are read and parsed at once: a flood of
-    large uploads then leaves the event loop, and the GIL, to the small requests (the others wait unread, TCP
-    holding them)."""
-    announced = request.headers.get('content-length', '')
-    if announced.isdigit() and int(announced) <= SMALL_BODY_BYTES:   # the server reads no more than announced
-      return request_fields.parse_body(await request_limits.read_body(request, service.limits.max_body_bytes)), True
-    async with large_reads:
-      raw = await request_limits.read_body(request, service.limits.max_body_bytes)
-      if len(raw) <= SMALL_BODY_BYTES:   # a small body sent without Content-Length
-        return request_fields.parse_body(raw), True
-      return await run_in_threadpool(request_fields.parse_body, raw), False
-
-  async def off_loop(images: bool, small: bool, fn, *args):
-    """`fn(*args)`, the parsing of a request: one with images waits in the image gate's queue for a decode thread
-    (holding no HTTP thread, so a flood of image requests never delays parsing a text one); a small one runs on
-    the event loop (no thread hop: behind a flood, each hop waits for the HTTP threads and the loop); the others
-    run on the HTTP thread pool."""
-    if images:
-      return await asyncio.wrap_future(service.image_gate.submit(fn, *args))
-    return fn(*args) if small else await run_in_threadpool(fn, *args)
-
-  def refusal(e: RequestError):
-    return error(413 if isinstance(e, request_limits.BodyTooLarge) else 400, str(e))
-
-  @app.api_route('/generate', methods=['POST', 'PUT'])
-  async def generate(request: fastapi.Request):
-    started = time.time()
-    try:
-      body, small = await body_of(request)
-      rows, is_batch = await off_loop(isinstance(body, dict) and bool(body.get('image_data')), small,
-                                      service.parse_generate, body)
-    except RequestError as e:
-      return refusal(e)
-    try:
-      outs = await asyncio.wrap_future(service.submit_rows(rows))
-    except ValueError as e:
-      return error(400, str(e))
-    except Exception as e:  # pylint: disable=broad-except
-      return error(500, f'{type(e).__name__}: {e}')
-    rid = body.get('rid') or uuid.uuid4().hex   # a batch: one rid per row, or `{rid}_{k}`
-    answers = [service.generate_response(r, o, rid[k] if isinstance(rid, list) else f'{rid}_{k}' if is_batch
-                                         else rid, started)
-               for k, (r, o) in enumerate(zip(rows, outs))]
-    return JSONResponse(answers if is_batch else answers[0])
-
-  @app.post('/update_weights_from_disk')
-  async def update_weights_from_disk(request: fastapi.Request):
-    try:
-      body, _ = await body_of(request)
-    except RequestError as e:
-      return refusal(e)
-    if not isinstance(body, dict) or not isinstance(body.get('model_path'), str):
-      return JSONResponse(status_code=400, content={'success': False, 'message': 'model_path (str) is required',
-                                                    'num_paused_requests': 0})
-    ok, message = await asyncio.wrap_future(service.submit_update(body))
-    return JSONResponse(status_code=200 if ok else 400,
-                        content={'success': ok, 'message': message, 'num_paused_requests': 0})
-
-  @app.api_route('/flush_cache', methods=['GET', 'POST'])
-  async def flush_cache():
-    await asyncio.wrap_future(service.submit_flush())
-    return PlainTextResponse('Cache flushed.\n')
-
-  @app.get('/health')
-  @app.get('/health_generate')
-  @app.get('/ready')
-  async def health():
-    return fastapi.Response(status_code=200)
-
-  @app.get('/model_info')
-  @app.get('/get_model_info')
-  async def model_info():
-    return service.model_info()
-
-  @app.get('/server_info')
-  @app.get('/get_server_info')
-  async def server_info():
-    return service.server_info(host, port)
-
-  @app.get('/v1/models')
-  async def models():
-    return {'object': 'list', 'data': [{'id': service.served_model_name, 'object': 'model',
-                                        'created': int(service.started), 'owned_by': 'osvl_jax',
-                                        'root': service.model_path}]}
-
-  @app.post('/v1/chat/completions')
-  async def chat_completions(request: fastapi.Request):
-    try:
-      body, small = await body_of(request)
-      check_chat_body(body)
-      sampling = chat_sampling(body, service.default_max_new_tokens, service.limits)
-      images = any(isinstance(m.get('content'), list) and any(p['type'] == 'image_url' for p in m['content'])
-                   for m in body['messages'])
-      ids, refs = await off_loop(images, small, render_messages, service.tokenizer, service.image_processor,
-                                 body['messages'], service.image_gate)
-      service.limits.check_prompt(len(ids), 'messages')
-      row = Row(context=engine_lib.Context(ids, refs), **sampling)
-    except RequestError as e:
-      return refusal(e)
-    try:
-      (out,) = await asyncio.wrap_future(service.submit_rows([row]))
-    except ValueError as e:   # the sampler refusing the row
-      return error(400, str(e))
-    except Exception as e:  # pylint: disable=broad-except
-      return error(500, f'{type(e).__name__}: {e}')
-    text = service.text_of(out['ids'], False, out['matched_str'], no_stop_trim=False)
-    n = len(out['ids'])
-    return {'id': f'chatcmpl-{uuid.uuid4().hex}', 'object': 'chat.completion', 'created': int(time.time()),
-            'model': service.served_model_name,
-            'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': text},
-                         'finish_reason': 'length' if out['finish_reason']['type'] == 'length' else 'stop',
-                         'logprobs': None}],
-            'usage': {'prompt_tokens': out['prompt_tokens'], 'completion_tokens': n,
-                      'total_tokens': out['prompt_tokens'] + n},
-            'metadata': {'weight_version': out['weight_version']}}
-
-  return app

@@ -13,12 +13,15 @@ A server keeps serving its old weights unless the new ones are the same architec
     a few text tokens must give finite log-probs, computed in the served model's compute dtype.
 
 `check_update` runs all three and raises `UpdateRefused`; the caller leaves the old weights (and version, and
-prefix cache) in place.
+prefix cache) in place. `load_model` loads an update from a private copy of an HF folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -136,3 +139,30 @@ def check_update(served, new) -> None:
   smoke = smoke_forward(served, new)
   if smoke:
     raise UpdateRefused(smoke)
+
+
+def load_model(path: str):
+  """The server's weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint). An HF
+  folder is first copied file by file into a private temporary folder and loaded from there (its safetensors are
+  memory-mapped, and the served arrays may alias the mapping): a file rewritten in place while, or after, it
+  loads can neither crash the server (SIGBUS) nor change the served weights. Needs the folder's size free in
+  $TMPDIR while it loads.
+
+  Raises:
+    ValueError: a file of the folder changed while it was copied (written in place: publish by renaming).
+    FileNotFoundError / ValueError: from `checkpoints.load_policy`.
+  """
+  from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  if not checkpoints.is_hf_folder(path):
+    return checkpoints.load_policy(path)[0]
+  with tempfile.TemporaryDirectory(prefix='osvl-weights-') as private:
+    for name in sorted(os.listdir(path)):
+      src = os.path.join(path, name)
+      if os.path.isfile(src):   # the loader reads the folder's files only
+        with open(src, 'rb') as f, open(os.path.join(private, name), 'wb') as out:
+          before = os.fstat(f.fileno())
+          shutil.copyfileobj(f, out, 16 << 20)
+          after, copied = os.fstat(f.fileno()), out.tell()
+        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or copied != after.st_size:
+          raise ValueError(f'{src} changed while it was read (written in place?): not loaded')
+    return checkpoints.load_policy(private)[0]   # the mapped copy's pages outlive its deletion

@@ -12,7 +12,7 @@ step per mini-batch of `grpo.mini_batch_prompts` prompts' groups, `grpo.ppo_epoc
 gradient accumulated over `grpo.micro_batch_size`-row micro-batches (normalised by the mini-batch, so
 micro-batching and the mesh size do not change it). Everything runs on the mesh of `config.mesh`, built once in
 main and passed down (rows over ('data', 'fsdp'), parameters and optimizer state sharded by the model's rules, as
-in SFT: `policy.create` / `policy.shard_batch`). What it shares with SFT lives in `train/` modules
+in SFT: `policy.create` / `placement.shard_batch`). What it shares with SFT lives in `train/` modules
 (`policy_config`, `policy`, `data`), never in `sft.py`.
 
   .venv/bin/python -m osvl_jax.train.grpo --config=configs/demo.py --workdir=workdir/demo
@@ -45,7 +45,7 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import data, grpo_batch, grpo_update, metrics, policy, policy_config, preflight, rollouts
+from osvl_jax.train import data, grpo_batch, grpo_update, metrics, placement, policy, policy_config, preflight, rollouts
 
 
 
@@ -273,7 +273,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   writer = metrics.MetricWriter(workdir, 'grpo')
   patches = int(cfg.get('patches_per_shard', 0) or 0)  # the images' budget per batch shard (0: per micro-batch)
   update = grpo_update.make_update_fn(
-      cfg, place=lambda b: policy.shard_batch(b, mesh, rules, model.config.vision, patches),
+      cfg, place=lambda b: placement.shard_batch(b, mesh, rules, model.config.vision, patches),
       batch_shards=sharding.batch_shards(mesh, rules))
   group, max_staleness = cfg.num_generations, int(cfg.get('max_staleness') or 0)
 

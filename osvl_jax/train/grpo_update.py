@@ -14,7 +14,7 @@ mean |log π_rollout − log π_old| and the spread of π_old / π_rollout, and 
 token's loss by min(π_old / π_rollout, C) (truncated importance sampling, verl's TIS).
 
 Placement is injected (`place(batch) -> batch`, applied to every host micro-batch, which carries its images' grids as
-image_grid_thw [I, 3]; the placed batch has them laid out per shard as arrays, `policy.vision_layout`, so the jitted
+image_grid_thw [I, 3]; the placed batch has them laid out per shard as arrays, `placement.vision_layout`, so the jitted
 pieces take nothing grid-shaped as static and compile once per budget); this module builds no mesh.
 Multi-host: every process runs the update on the same host batch; results split over several hosts' devices come
 back through `distributed.to_host` (a collective, called at the same points on every process).
@@ -33,7 +33,7 @@ from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
-from osvl_jax.train import metrics, policy, update_rows
+from osvl_jax.train import metrics, placement, policy, update_rows
 
 # How the per-optimizer-step metrics reduce to one record per rollout step: the losses and grad norms of the steps
 # are averaged (each is normalised by its own mini-batch), token fractions weighted by tokens, counts summed.
@@ -191,13 +191,13 @@ def tis_weights(old_logprobs: np.ndarray, rollout_logprobs: np.ndarray, known_ro
 
 def with_grid(batch: dict, grid: tuple) -> dict:
   """A host (micro-)batch with its images' grids as image_grid_thw int32 [I, 3] (None without images), the form
-  `place` and `policy.vision_layout` read."""
+  `place` and `placement.vision_layout` read."""
   return dict(batch, image_grid_thw=np.array(grid, np.int32).reshape(-1, 3) if grid else None)
 
 
 def default_place(vision_config, patches_per_shard: int = 0) -> Callable[[dict], dict]:
-  """`place` without a mesh: the batch's images laid out as one shard (`policy.vision_layout`), host arrays."""
-  return functools.partial(policy.vision_layout, vision_config=vision_config, shards=1,
+  """`place` without a mesh: the batch's images laid out as one shard (`placement.vision_layout`), host arrays."""
+  return functools.partial(placement.vision_layout, vision_config=vision_config, shards=1,
                            patches_per_shard=patches_per_shard)
 
 
@@ -326,7 +326,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
     cfg: config.grpo: mini_batch_prompts (0 = whole batch), ppo_epochs (default 1), micro_batch_size (0 = the
       mini-batch), tis_cap (None / 0 = off), beta, patches_per_shard (the default place's patch budget; 0 / absent
       = each micro-batch's fullest shard), and `make_grad_fn`'s loss settings.
-    place: host batch (with image_grid_thw, `with_grid`) -> placed batch (e.g. `policy.shard_batch` over a mesh:
+    place: host batch (with image_grid_thw, `with_grid`) -> placed batch (e.g. `placement.shard_batch` over a mesh:
       images laid out per shard), applied to every micro-batch; default `default_place(model.config.vision,
       cfg.patches_per_shard)`, host arrays.
     batch_shards: the data x fsdp devices `place` splits rows over (the packed rows' patch budget, `Packing`).

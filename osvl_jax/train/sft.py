@@ -29,7 +29,7 @@ from osvl_jax import distributed
 from osvl_jax.checkpoints import storage
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
-from osvl_jax.train import batching, data, metrics, policy, policy_config
+from osvl_jax.train import batching, data, metrics, placement, policy, policy_config
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -107,7 +107,7 @@ def make_train_step(cfg: ml_collections.ConfigDict | None = None):
   """A jitted SFT step (model, optimizer, batch) -> metrics; `cfg` (config.sft, optional) gives the MoE router
   losses' coefficients (`router_aux_loss_coef`, `router_z_loss_coef`; absent = 0, `loss_fn`).
 
-  `batch` is laid out by `policy.shard_batch` / `policy.host_batch` (images per batch shard with their geometry
+  `batch` is laid out by `placement.shard_batch` / `placement.host_batch` (images per batch shard with their geometry
   as arrays, no image_grid_thw): nothing of it is static, so every batch of the same budgets (T, K, rows, patches
   per shard) runs one compiled program whatever its images. The model's and optimizer's arrays are donated: the step
   updates them in place (one copy of the parameters and Adam moments per device, not two), so arrays read from them
@@ -160,7 +160,7 @@ def make_packed_step(cfg: ml_collections.ConfigDict, place: Callable[[list, list
 
   Args:
     cfg: config.sft (pack_rows, router coefficients).
-    place: (trajectories, rows) -> placed batch at the budget (`policy.host_batch(..., rows=rows)`).
+    place: (trajectories, rows) -> placed batch at the budget (`placement.host_batch(..., rows=rows)`).
     budget: the packed shape (`batching.pack_budget`).
     patches_per_row: the image patches one row may hold (the shard budget / its rows), or 0.
   Returns:
@@ -196,7 +196,7 @@ def make_step(cfg: ml_collections.ConfigDict, place: Callable[[list], dict]):
   Args:
     cfg: config.sft: batch_size, micro_batch_size (0 / absent = the batch: one fused, donated `make_train_step`),
       and the router coefficients.
-    place: trajectories -> placed batch at the run's fixed budgets (`policy.host_batch`).
+    place: trajectories -> placed batch at the run's fixed budgets (`placement.host_batch`).
   Returns:
     step: with micro-batches, their gradients (`make_grad_step`) summed, then one optimizer step
     (`policy.apply_grads`); metrics loss, nll_sum, num_tokens (summed over the micro-batches: the step's), the
@@ -238,13 +238,13 @@ def buckets(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vis
 
 
 def placer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config) -> Callable[[list], dict]:
-  """rows -> placed batch (`policy.host_batch`) at the smallest of the run's `buckets` that holds them: one
+  """rows -> placed batch (`placement.host_batch`) at the smallest of the run's `buckets` that holds them: one
   compiled step per bucket. What `sft.train` and bench/compile_count.py step with."""
   shapes = buckets(cfg, trajectories, mesh, rules, vision_config)
 
   def place(rows):
     b = batching.pick_bucket(shapes, rows)
-    return policy.host_batch(rows, mesh, b.length, b.num_loss, rules, vision_config, b.patches)
+    return placement.host_batch(rows, mesh, b.length, b.num_loss, rules, vision_config, b.patches)
 
   return place
 
@@ -252,13 +252,13 @@ def placer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, visi
 def packer(cfg: ml_collections.ConfigDict, trajectories: list, mesh, rules, vision_config):
   """The packed run's step (`sft.pack_rows` > 0): `make_packed_step` at the one budget
   (`batching.pack_budget`: T the largest of `sft.length_buckets`, K `sft.max_loss_tokens` or its bound, P
-  `sft.patches_per_shard` or its bound for pack_rows / shards rows), placing with `policy.host_batch`. Returns
+  `sft.patches_per_shard` or its bound for pack_rows / shards rows), placing with `placement.host_batch`. Returns
   (step, budget)."""
   rows_per_shard = int(cfg.pack_rows) // sharding.batch_shards(mesh, rules)
   budget = batching.pack_budget(trajectories, tuple(cfg.get('length_buckets') or ()), rows_per_shard,
                                 vision_config.spatial_merge_size, int(cfg.get('max_loss_tokens') or 0),
                                 int(cfg.get('patches_per_shard') or 0))
-  place = lambda part, rows: policy.host_batch(part, mesh, budget.length, budget.num_loss, rules, vision_config,
+  place = lambda part, rows: placement.host_batch(part, mesh, budget.length, budget.num_loss, rules, vision_config,
                                                budget.patches, rows=rows)
   return make_packed_step(cfg, place, budget, budget.patches // rows_per_shard), budget
 

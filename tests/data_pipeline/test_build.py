@@ -13,7 +13,7 @@ import datasets
 import ml_collections
 import pytest
 
-from data_pipeline import build, graph, llm, wiki
+from data_pipeline import build, dataset_folder, graph, llm, wiki
 from osvl_jax.data import pipeline as pipeline_data
 
 
@@ -277,8 +277,8 @@ def _xml_sample_config() -> ml_collections.ConfigDict:
 
 
 _HOLD = """import pathlib, sys
-from data_pipeline import build
-with build.locked(pathlib.Path(sys.argv[1])):
+from data_pipeline import dataset_folder
+with dataset_folder.locked(pathlib.Path(sys.argv[1])):
   print('held', flush=True)
   sys.stdin.read()
 """
@@ -294,13 +294,13 @@ def test_a_second_build_of_a_held_folder_fails_at_once_naming_the_holder(tmp_pat
     t0 = time.perf_counter()
     with pytest.raises(BlockingIOError, match=rf'{out} is being built by another process \(pid {holder.pid}, '):
       build.build_dataset(_xml_sample_config(), out)
-    assert time.perf_counter() - t0 < 5 and sorted(p.name for p in out.iterdir()) == [build.LOCK_FILE]
+    assert time.perf_counter() - t0 < 5 and sorted(p.name for p in out.iterdir()) == [dataset_folder.LOCK_FILE]
   finally:
     holder.send_signal(signal.SIGKILL)   # a killed holder leaves its lock file, not its lock
     holder.wait()
   stats = build.build_dataset(_xml_sample_config(), out)
   assert not any(stats[s]['resumed'] for s in build.STAGES)
-  assert (out / build.LOCK_FILE).read_text() == f'{os.getpid()}\n'
+  assert (out / dataset_folder.LOCK_FILE).read_text() == f'{os.getpid()}\n'
 
 
 def test_a_stage_is_marked_finished_only_once_its_files_are_on_disk(tmp_path, monkeypatch):
@@ -310,7 +310,7 @@ def test_a_stage_is_marked_finished_only_once_its_files_are_on_disk(tmp_path, mo
   monkeypatch.setattr(os, 'fsync', lambda fd: (events.append(('fsync', os.readlink(f'/proc/self/fd/{fd}'))),
                                                 real_fsync(fd)))
   monkeypatch.setattr(os, 'replace', lambda a, b: (events.append(('replace', str(a), str(b))), real_replace(a, b)))
-  build._save([{'prompt_id': 'p0', 'x': 1}, {'prompt_id': 'p1', 'x': 2}], tmp_path / 'qa', {'n': 2})
+  dataset_folder.save_split([{'prompt_id': 'p0', 'x': 1}, {'prompt_id': 'p1', 'x': 2}], tmp_path / 'qa', {'n': 2})
   tmp, final = str(tmp_path / 'qa.tmp'), str(tmp_path / 'qa')
   assert datasets.load_from_disk(final)['x'] == [1, 2]
   renamed = events.index(('replace', tmp, final))

@@ -16,7 +16,7 @@ from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import jax_sampler
 from osvl_jax.train import batching
 from osvl_jax.train import grpo_update
-from osvl_jax.train import policy
+from osvl_jax.train import placement
 from tools import env as tools_env
 
 SCRIPT = [
@@ -55,7 +55,7 @@ def test_loss_logprobs_of_the_collated_batch_equal_the_samplers(temperature):
   assert len(traj.images) == 3 and len(traj.steps) == 3 and traj.stop_reason == 'max_turns'
   batch = batching.collate([traj], length_multiple=64, loss_multiple=16)
   # as the trainer calls it: images laid out per shard with their geometry as arrays (grpo_update.default_place)
-  device = policy.device_batch(grpo_update.default_place(model.config.vision)(batch))
+  device = placement.device_batch(grpo_update.default_place(model.config.vision)(batch))
   logprobs = np.asarray(grpo_update.logprob_fn(model, device, np.float32(temperature)))[0]
   sampled = batch['completion_mask'][0] & (batch['loss_step'][0] == 2)
   assert sampled.sum() == 1
@@ -98,7 +98,7 @@ def test_the_mismatch_alarm_stops_an_image_blind_rollout_and_passes_a_healthy_on
     (traj,) = agent_loop.run_episodes(engine, env, lambda: tj.TrajectoryBuilder(tokenizer, processor, env.schemas()),
                                       [item], max_turns=3)
     batch = batching.collate([traj], length_multiple=64, loss_multiple=16)
-    device = policy.device_batch(grpo_update.default_place(model.config.vision)(batch))
+    device = placement.device_batch(grpo_update.default_place(model.config.vision)(batch))
     old = np.asarray(grpo_update.logprob_fn(model, device, np.float32(1.0)))
     sampled = (batch['completion_mask'] & (batch['loss_step'] == 2)).astype(np.float32)  # the sampled turn
     figures[name] = grpo_update.mismatch_metrics(old, batch['rollout_logprobs'], np.array([True]), sampled)

@@ -126,10 +126,10 @@ def serve_in_thread(service, api_key=None):
   """The FastAPI app of `service` (with `api_key`, if any) under uvicorn in a thread of this process (shares the jit
   caches)."""
   import uvicorn
-  from osvl_jax.rollout import server
+  from osvl_jax.rollout import server_app
   port = free_port()
-  config = uvicorn.Config(server.create_app(service, '127.0.0.1', port, api_key=api_key), host='127.0.0.1', port=port,
-                          log_level='warning', access_log=False)
+  config = uvicorn.Config(server_app.create_app(service, '127.0.0.1', port, api_key=api_key), host='127.0.0.1',
+                          port=port, log_level='warning', access_log=False)
   srv = uvicorn.Server(config)
   thread = threading.Thread(target=srv.run, daemon=True)
   thread.start()

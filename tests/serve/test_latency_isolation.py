@@ -17,7 +17,7 @@ from PIL import Image
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import jax_sampler, request_limits, server
+from osvl_jax.rollout import jax_sampler, request_limits, server, server_app
 from tests.serve.conftest import serve_in_thread, wait_until
 
 LONG = 120       # new ids of the long request (decode_steps 2: 60 chunks)
@@ -116,7 +116,7 @@ def test_small_requests_are_parsed_without_an_http_thread(tiny_model, tokenizer,
     assert httpx.post(url + '/generate', json=text, timeout=120).status_code == 200
     assert httpx.post(url + '/v1/chat/completions', json=chat, timeout=120).status_code == 200
     assert on_threads == []
-    large = {**text, 'rid': 'x' * server.SMALL_BODY_BYTES}
+    large = {**text, 'rid': 'x' * server_app.SMALL_BODY_BYTES}
     assert httpx.post(url + '/generate', json=large, timeout=120).status_code == 200
     assert on_threads == ['parse_body', 'parse_generate']
   svc.close()
@@ -129,7 +129,7 @@ def test_large_bodies_are_read_a_few_at_a_time(tiny_model, tokenizer, processor,
   read_body = request_limits.read_body
 
   async def counted(request, limit):   # the large bodies being read
-    large = int(request.headers['content-length']) > server.SMALL_BODY_BYTES
+    large = int(request.headers['content-length']) > server_app.SMALL_BODY_BYTES
     reading[0] += large
     peak[0] = max(peak[0], reading[0])
     try:
@@ -145,15 +145,15 @@ def test_large_bodies_are_read_a_few_at_a_time(tiny_model, tokenizer, processor,
   with serve_in_thread(svc) as url:
     port = int(url.rsplit(':', 1)[1])
     try:
-      for _ in range(server.LARGE_BODY_READS + 2):   # each sends its headers and half its body, then stalls
+      for _ in range(server_app.LARGE_BODY_READS + 2):   # each sends its headers and half its body, then stalls
         s = socket.create_connection(('127.0.0.1', port))
         s.sendall(b'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
                   b'Content-Length: 200000\r\n\r\n' + b' ' * 100000)
         uploads.append(s)
-      wait_until(lambda: reading[0] >= server.LARGE_BODY_READS, 30, 'large bodies being read')
+      wait_until(lambda: reading[0] >= server_app.LARGE_BODY_READS, 30, 'large bodies being read')
       text = {'input_ids': [100, 200, 300], 'sampling_params': {'max_new_tokens': 2, 'temperature': 0}}
       assert httpx.post(url + '/generate', json=text, timeout=120).status_code == 200
-      assert peak[0] == server.LARGE_BODY_READS
+      assert peak[0] == server_app.LARGE_BODY_READS
     finally:
       for s in uploads:
         s.close()

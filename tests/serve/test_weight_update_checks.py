@@ -126,7 +126,7 @@ RACE = textwrap.dedent("""
     import sys
     import numpy as np
     from osvl_jax.models.qwen3_vl import weights
-    from osvl_jax.rollout import server
+    from osvl_jax.rollout import weight_update
     folder = sys.argv[1]
     mapped = weights.read_safetensors
 
@@ -136,7 +136,7 @@ RACE = textwrap.dedent("""
         f.truncate(4096)
       return out
     weights.read_safetensors = racing
-    model = server._load_model(folder)
+    model = weight_update.load_model(folder)
     print(float(np.abs(np.asarray(model.language_model.layers[1].mlp.down_proj.kernel[...])).sum()))
 """)
 
@@ -152,12 +152,12 @@ def test_a_folder_rewritten_in_place_while_it_loads_cannot_crash_the_loader(tiny
 
 def test_a_file_that_changes_while_it_is_copied_is_refused(tiny_model, tmp_path, monkeypatch):
   folder = weight_sync.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
-  copy = server.shutil.copyfileobj
+  copy = weight_update.shutil.copyfileobj
 
   def appending(src, dst, length):   # a writer appends to the file while it is copied
     copy(src, dst, length)
     with open(src.name, 'ab') as f:
       f.write(b'x')
-  monkeypatch.setattr(server.shutil, 'copyfileobj', appending)
+  monkeypatch.setattr(weight_update.shutil, 'copyfileobj', appending)
   with pytest.raises(ValueError, match='changed while it was read'):
-    server._load_model(str(folder))
+    weight_update.load_model(str(folder))

@@ -4,8 +4,8 @@ Three batches whose images have different grids (one image; two of other sizes i
 and a batch without images, all with the same budgets (rows B, tokens T, loss positions K, patches per batch shard
 P = `sft.patches_per_shard`), go through the SFT step and the GRPO gradient on the tiny Qwen3-VL: the steps after the
 first compile nothing (`compile_cache.counts()['compiles_total']`), because the images reach the step as arrays
-(`policy.shard_batch` -> `vision_layout.shard_vision_inputs`: patches and their geometry per shard), never as a static
-grid. A batch whose images need more patches than the budget fails on the host, naming the need and the budget.
+(`placement.shard_batch` -> `vision_layout.shard_vision_inputs`: patches and their geometry per shard), never as a
+static grid. A batch whose images need more patches than the budget fails on the host, naming the need and the budget.
 """
 
 import ml_collections
@@ -16,7 +16,7 @@ from osvl_jax import compile_cache
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo_update, policy, sft
+from osvl_jax.train import grpo_update, placement, policy, sft
 
 B, T, K, BUDGET = 2, 32, 8, 48
 IMAGE = config_lib.Qwen3VLConfig.tiny().image_token_id
@@ -76,7 +76,7 @@ def test_sft_step_and_grpo_gradient_compile_once_for_batches_of_different_grids(
   step, grad_fn = sft.make_train_step(), grpo_update.make_grad_fn(config.grpo)
   compiles, losses = [], []
   for i, row_grids in enumerate(BATCH_GRIDS):
-    placed = policy.shard_batch(_batch(row_grids, i), mesh, vision_config=model.config.vision,
+    placed = placement.shard_batch(_batch(row_grids, i), mesh, vision_config=model.config.vision,
                                 patches_per_shard=config.sft.patches_per_shard)
     assert placed['pixel_values'].shape == (1, BUDGET, 1536) and 'image_grid_thw' not in placed
     before = _compiles()
@@ -89,7 +89,7 @@ def test_sft_step_and_grpo_gradient_compile_once_for_batches_of_different_grids(
   assert all(np.isfinite(losses).ravel())
   # The count can fail: without the budget (P = each batch's fullest shard: 16, then 20 patches) the step recompiles.
   for i in (0, 1):
-    placed = policy.shard_batch(_batch(BATCH_GRIDS[i], i), mesh, vision_config=model.config.vision)
+    placed = placement.shard_batch(_batch(BATCH_GRIDS[i], i), mesh, vision_config=model.config.vision)
     before = _compiles()
     with sharding.use_mesh(mesh):
       step(model, optimizer, placed)
@@ -101,9 +101,9 @@ def test_a_batch_over_the_patch_budget_fails_naming_the_budget():
   vision = config_lib.Qwen3VLConfig.tiny().vision
   batch = _batch(BATCH_GRIDS[2], 0)   # 12 + 24 + 8 = 44 patches in one shard (the trivial mesh)
   with pytest.raises(ValueError, match='needs 44 image patches, over the budget patches_per_shard=40'):
-    policy.shard_batch(batch, mesh, vision_config=vision, patches_per_shard=40)
+    placement.shard_batch(batch, mesh, vision_config=vision, patches_per_shard=40)
   with pytest.raises(ValueError, match='needs the vision config'):
-    policy.shard_batch(batch, mesh)
+    placement.shard_batch(batch, mesh)
 
 
 def test_program_bound_counts_the_k_rungs_of_each_length_bucket():

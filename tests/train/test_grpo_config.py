@@ -20,7 +20,7 @@ from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import losses
-from osvl_jax.train import grpo, grpo_batch, grpo_update, policy
+from osvl_jax.train import grpo, grpo_batch, grpo_update, placement, policy
 from tools import base
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -175,12 +175,12 @@ def test_grad_fn_uses_clip_range_beta_and_aggregation_from_config():
       'loss_positions': np.tile(np.arange(5, 5 + k, dtype=np.int32), (b, 1)),
       'loss_targets': ids[:, 6:6 + k], 'loss_mask': np.array([[1] * 6, [1] * 3 + [0] * 3], np.float32),
       'advantages': np.array([1.0, -0.5], np.float32)}
-  logprobs = np.asarray(policy.loss_logprobs(model, policy.device_batch(dict(batch, image_grid_thw=None))))
+  logprobs = np.asarray(policy.loss_logprobs(model, placement.device_batch(dict(batch, image_grid_thw=None))))
   batch['old_logprobs'] = logprobs + rng.normal(0, 0.4, (b, k)).astype(np.float32)
   batch['ref_logprobs'] = logprobs + rng.normal(0, 0.2, (b, k)).astype(np.float32)
   settings = dict(eps_low=0.1, eps_high=0.5, beta=0.3, aggregation='seq_mean_token_sum')
   cfg = _cfg(**settings)
-  _, metrics = grpo_update.make_grad_fn(cfg)(model, policy.device_batch(batch), jnp.float32(4.0), jnp.float32(9.0))
+  _, metrics = grpo_update.make_grad_fn(cfg)(model, placement.device_batch(batch), jnp.float32(4.0), jnp.float32(9.0))
   want, want_metrics = losses.grpo_loss(jnp.asarray(logprobs), batch['old_logprobs'], batch['advantages'],
                                         batch['loss_mask'], ref_logprobs=batch['ref_logprobs'],
                                         num_sequences=4.0, num_tokens=9.0, **settings)

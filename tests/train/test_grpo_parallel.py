@@ -17,7 +17,7 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo_batch, grpo_update, policy, update_rows
+from osvl_jax.train import grpo_batch, grpo_update, placement, update_rows
 from tools import base
 
 LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # grpo.length_buckets (batching.bucket_sizes)
@@ -71,7 +71,7 @@ def setup():
 
 def _grads(model, batch, grid, cfg, micro_batch_size, mesh):
   vision = model.config.vision
-  parts = [policy.shard_batch(grpo_update.with_grid(b, g), mesh, vision_config=vision)
+  parts = [placement.shard_batch(grpo_update.with_grid(b, g), mesh, vision_config=vision)
            for b, g in update_rows.split_micro_batches(batch, grid, micro_batch_size)]
   with sharding.use_mesh(mesh):
     grads, metrics = grpo_update.accumulate_grads(model, parts, grpo_update.make_grad_fn(cfg), len(batch['advantages']),
@@ -127,7 +127,7 @@ def test_shard_batch_splits_rows_over_the_data_and_fsdp_axes(setup):
     pytest.skip('needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
   model, batch, grid, _ = setup
   mesh = sharding.mesh_from_config({'data': 2, 'fsdp': 4})
-  sharded = policy.shard_batch(grpo_update.with_grid(batch, grid), mesh, vision_config=model.config.vision)
+  sharded = placement.shard_batch(grpo_update.with_grid(batch, grid), mesh, vision_config=model.config.vision)
   assert tuple(sharded['input_ids'].sharding.spec) == (('data', 'fsdp'), None)
   assert tuple(sharded['loss_mask'].sharding.spec) == (('data', 'fsdp'), None)
   assert tuple(sharded['position_ids'].sharding.spec) == (None, ('data', 'fsdp'), None)
@@ -142,5 +142,5 @@ def test_shard_batch_splits_rows_over_the_data_and_fsdp_axes(setup):
   assert len(sharded['input_ids'].addressable_shards) == 8
   assert sharded['input_ids'].addressable_shards[0].data.shape[0] == GROUPS * G // 8
   with pytest.raises(ValueError, match='not a multiple'):
-    policy.shard_batch({k: v[:3] if k != 'position_ids' else v[:, :3] for k, v in batch.items()
+    placement.shard_batch({k: v[:3] if k != 'position_ids' else v[:, :3] for k, v in batch.items()
                        if k not in ('pixel_values',)}, mesh)

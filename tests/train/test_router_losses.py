@@ -17,7 +17,7 @@ from flax import nnx
 from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import moe, rope
 from osvl_jax.rl import losses
-from osvl_jax.train import grpo_update, policy, sft
+from osvl_jax.train import grpo_update, placement, policy, sft
 
 MOE = {'num_experts': 4, 'num_experts_per_tok': 2, 'moe_intermediate_size': 32}   # = Qwen3VLConfig.tiny_moe()
 COEFS = policy.RouterLoss(0.01, 1e-3)                     # the default form: 'per_layer'
@@ -90,7 +90,7 @@ def setup():
   and the SFT / GRPO losses with the coefficients (GRPO's micro-batch as half of its mini-batch: num_sequences =
   2B), all from one jitted call (one compile); the references are of the default 'per_layer' form, the 'pooled'
   ones in out['pooled_ref']."""
-  model, batch = _model(), policy.device_batch(_batch())
+  model, batch = _model(), placement.device_batch(_batch())
   n_seq, n_tok = jnp.float32(2 * B), jnp.float32(batch['loss_mask'].sum())
   captured = []
   original = moe.router_stats

@@ -2,9 +2,9 @@
 
 The tiny Qwen3-VL, dense and MoE, is created directly sharded by `policy.create` on a mesh of 8 simulated CPU
 devices (dense: fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4; MoE: fsdp=2 x expert=4), the batch placed by
-`policy.shard_batch` (rows over ('data', 'fsdp'), the image's patches on its row's shard); the same model is created on the
-trivial one-device mesh as the reference. Then one GRPO update (`grpo_update.make_grad_fn` + `policy.apply_grads`) and
-3 SFT steps (`sft.make_train_step`) run in both (MoE: with the router losses): the losses and gradients agree to
+`placement.shard_batch` (rows over ('data', 'fsdp'), the image's patches on its row's shard); the same model is
+created on the trivial one-device mesh as the reference. Then one GRPO update (`grpo_update.make_grad_fn` +
+`policy.apply_grads`) and 3 SFT steps (`sft.make_train_step`) run in both (MoE: with the router losses): the losses and gradients agree to
 a relative difference <= 1e-5,
 the parameters after the 4 updates too, and every device holds exactly 1/shards of each sharded parameter
 and Adam moment (read from `addressable_shards` against the PartitionSpec) -- after the updates as well.
@@ -30,7 +30,7 @@ from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import moe
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import grpo_update, policy, sft
+from osvl_jax.train import grpo_update, placement, policy, sft
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8,
                                 reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
@@ -74,7 +74,7 @@ def _batch() -> tuple[dict, tuple]:
 
 def _place(batch: dict, grid: tuple, mesh, model) -> dict:
   """The batch on `mesh`, its image laid out per batch shard with its geometry as arrays (no static grid)."""
-  return policy.shard_batch(dict(batch, image_grid_thw=np.array(grid)), mesh, vision_config=model.config.vision)
+  return placement.shard_batch(dict(batch, image_grid_thw=np.array(grid)), mesh, vision_config=model.config.vision)
 
 
 def _leaves(tree) -> list[np.ndarray]:

@@ -2,7 +2,7 @@
 step.
 
 A batch of 8 rows with images in several rows -- different grids, rows without images, one row with two -- is
-placed by `policy.shard_batch` on meshes of 8 simulated CPU devices (fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4):
+placed by `placement.shard_batch` on meshes of 8 simulated CPU devices (fsdp=8, data=2 x fsdp=4, fsdp=2 x tensor=4):
 the patches are laid out per batch shard with their geometry as arrays ([S, P, 1536], `vision_layout.shard_vision_inputs`).
 The GRPO gradient and the SFT loss / gradient / step equal the one-device ones (one shard; its SFT loss and gradient
 equal the flat patches' of the HF-parity path) to a relative 1e-5, the vision tower's own gradients included. The compiled vision tower does 1/S of the global work per device (within the
@@ -25,7 +25,7 @@ from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import vision_layout
-from osvl_jax.train import grpo_update, policy, sft
+from osvl_jax.train import grpo_update, placement, policy, sft
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8,
                                 reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
@@ -102,7 +102,7 @@ def _run(mesh_items: tuple) -> dict:
   config = _config()
   model, optimizer = policy.create(config, mesh, 'sft')
   batch = _batch()
-  placed = policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision)
+  placed = placement.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision)
   out = {'pixel_values': placed['pixel_values']}
   with sharding.use_mesh(mesh):
     grads, metrics = grpo_update.make_grad_fn(config.grpo)(model, placed, np.float32(B),
@@ -110,7 +110,7 @@ def _run(mesh_items: tuple) -> dict:
     out['grpo_loss'], out['grpo_grads'] = float(metrics['loss']), grads
     out['sft_loss'], out['sft_grads'] = _sft_grads(model, placed, ())
     if not mesh_items:   # the flat patches (static grid, HF parity)
-      out['flat_sft_loss'], out['flat_sft_grads'] = _sft_grads(model, policy.device_batch(batch), GRID)
+      out['flat_sft_loss'], out['flat_sft_grads'] = _sft_grads(model, placement.device_batch(batch), GRID)
     step = sft.make_train_step()(model, optimizer, placed)
   out['step_loss'], out['step_grad_norm'] = float(step['loss']), float(step['grad_norm'])
   out['params'] = _leaves(nnx.state(model, nnx.Param))
@@ -192,12 +192,12 @@ def test_each_device_encodes_only_its_own_rows_images(mesh_kw):
   # The budget is exactly the fullest shard's patches: widths no other array of the step has (the collective
   # check below recognises the patch arrays by their shape).
   fullest = {8: 28, 2: 52}[shards]
-  placed = policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision,
+  placed = placement.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision,
                               patches_per_shard=fullest)
   width = placed['pixel_values'].shape[1]
   assert width == fullest
   with pytest.raises(ValueError, match=f'needs {fullest} image patches, over the budget'):
-    policy.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision,
+    placement.shard_batch(dict(batch, image_grid_thw=np.array(GRID)), mesh, vision_config=model.config.vision,
                        patches_per_shard=fullest - 4)
   assert placed['pixel_values'].addressable_shards[0].data.shape == (1, width, 1536)
 

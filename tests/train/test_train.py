@@ -18,7 +18,7 @@ from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.train import batching, data as train_data, grpo_batch, metrics, policy, policy_config, sft
+from osvl_jax.train import batching, data as train_data, grpo_batch, metrics, placement, policy, policy_config, sft
 from tools import env as tools_env
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
@@ -146,7 +146,7 @@ def test_sft_gradient_accumulation_is_the_step_taken_at_once(trajectories):
   mesh = sharding.make_mesh()
   length, num_loss = batching.padded_sizes(rows)
   model, optimizer = policy.create(config, mesh, 'sft')
-  place = lambda part: policy.host_batch(part, mesh, length, num_loss, vision_config=model.config.vision)
+  place = lambda part: placement.host_batch(part, mesh, length, num_loss, vision_config=model.config.vision)
   with sharding.use_mesh(mesh):
     at_once = nnx.jit(lambda m, b: nnx.value_and_grad(sft.loss_fn, has_aux=True)(m, b))
     (loss, whole), grads = jax.device_get(at_once(model, place(rows)))
@@ -204,8 +204,8 @@ def test_packed_rows_give_every_trajectory_its_unpacked_logprobs(trajectories):
   mesh = sharding.make_mesh()
   model, _ = policy.create(config, mesh, 'sft')
   vision = model.config.vision
-  packed = policy.host_batch(data, mesh, sum(lengths) + 7, sum(counts) + 5, vision_config=vision, rows=[[0, 1, 2]])
-  plain = policy.host_batch(data, mesh, max(lengths), max(counts), vision_config=vision)
+  packed = placement.host_batch(data, mesh, sum(lengths) + 7, sum(counts) + 5, vision_config=vision, rows=[[0, 1, 2]])
+  plain = placement.host_batch(data, mesh, max(lengths), max(counts), vision_config=vision)
   seg = np.asarray(packed['attention_mask'])[0]
   np.testing.assert_array_equal(seg, np.repeat([1, 2, 3, 0], lengths + [7]))
   with sharding.use_mesh(mesh):
@@ -237,11 +237,11 @@ def test_sft_packed_step_is_the_unpacked_step(trajectories):
   vision = model.config.vision
   budget = batching.Bucket(lengths[0] + lengths[1], counts[0] + counts[1], 32)
   assert batching.pack(data, budget.length, budget.num_loss, 32) == [[0, 1], [2]]
-  place = lambda part, rows: policy.host_batch(part, mesh, budget.length, budget.num_loss, vision_config=vision,
+  place = lambda part, rows: placement.host_batch(part, mesh, budget.length, budget.num_loss, vision_config=vision,
                                                patches_per_shard=budget.patches, rows=rows)
   with sharding.use_mesh(mesh):
     at_once = nnx.jit(lambda m, b: nnx.value_and_grad(sft.loss_fn, has_aux=True)(m, b))
-    (loss, whole), grads = jax.device_get(at_once(model, policy.host_batch(data, mesh, max(lengths), max(counts),
+    (loss, whole), grads = jax.device_get(at_once(model, placement.host_batch(data, mesh, max(lengths), max(counts),
                                                                            vision_config=vision)))
     grad_step = sft.make_grad_step(config.sft)   # the packed step's micro-batches, summed on the host
     parts = [jax.device_get(grad_step(model, place(part, rows), np.float32(sum(counts)), np.float32(len(part) / 3))[0])

@@ -3,14 +3,14 @@
 Turns (DESIGN.md §4: token-exact; osvl_jax/trajectory/check.py): each step's generated ids decode to its stored
 text; each assistant turn ends in <|im_end|> (emitted, or added with gen_mask 0 after a cut / <|endoftext|>
 turn); gen_mask is one contiguous run per turn. Formats: JSON lines, and HF datasets folders / .arrow files as the
-data pipeline writes them (`data_pipeline.build._save`, the writer of `<dataset>/sft`).
+data pipeline writes them (`data_pipeline.dataset_folder.save_split`, the writer of `<dataset>/sft`).
 """
 
 import dataclasses
 
 import numpy as np
 
-from data_pipeline import build
+from data_pipeline import dataset_folder
 from osvl_jax import trajectory as tj
 from tools.base import ToolResult
 
@@ -125,7 +125,7 @@ def test_check_command_reports_each_broken_turn(tokenizer, small_processor, rng,
 # -- formats -------------------------------------------------------------------------------------------------
 
 def _save(trajectories, folder):
-  build._save([t.to_record() for t in trajectories], folder, {'kept': len(trajectories)},  # pylint: disable=protected-access
+  dataset_folder.save_split([t.to_record() for t in trajectories], folder, {'kept': len(trajectories)},
               tj.record_features())
 
 
@@ -147,7 +147,7 @@ def test_check_reads_the_pipelines_datasets_folder_and_arrow_file(tokenizer, sma
 
 
 def test_check_names_the_formats_it_reads(tmp_path, capsys):
-  build._save([{'prompt_id': 'a', 'question': 'q'}], tmp_path / 'items', {})  # pylint: disable=protected-access
+  dataset_folder.save_split([{'prompt_id': 'a', 'question': 'q'}], tmp_path / 'items', {})
   (tmp_path / 'blob.bin').write_bytes(bytes(range(256)) * 4)  # not UTF-8
   (tmp_path / 'log.txt').write_text('INFO starting\n{"x": 1}\n')
   (tmp_path / 'plain').mkdir()

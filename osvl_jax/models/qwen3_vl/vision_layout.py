@@ -67,7 +67,7 @@ def shard_images(input_ids, pixel_values, shards: int, merge_size: int = 2,
                  image_token_id: int = tokens_lib.IMAGE_PAD_ID) -> tuple[np.ndarray, np.ndarray]:
   """Lays a batch's image patches out per batch shard, so each device's vision tower sees its own rows' images.
 
-  Shard s holds rows [s*B/S, (s+1)*B/S) (the row blocks of `policy.shard_batch`); its rows' images are one
+  Shard s holds rows [s*B/S, (s+1)*B/S) (the row blocks of `placement.shard_batch`); its rows' images are one
   contiguous run of the flat patches (images follow the rows), which becomes its block of the output, zero-padded
   to the patch count P of the fullest shard.
 
