@@ -310,7 +310,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       out = {}
       t_update = time.time()
       if trajectories:
-        policy.check_vocabulary(model, trajectories, 'GRPO')
         batch, grid, scores, adv_stats = grpo_batch.prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
         batch['on_policy_rows'] = np.array([int(t.policy_version) == step for t in trajectories])  # the alarm's rows
         batch.pop('rewards')
