@@ -39,7 +39,6 @@ from osvl_jax.eval import degrade as degrade_lib
 from osvl_jax.eval import plots, policy as policy_lib, report as report_lib, results as results_lib
 from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
-from osvl_jax.judges import prompts as prompt_files
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rollout import agent_loop, factory, sglang_client
 from tools import base as tools_base
@@ -122,7 +121,6 @@ class Evaluator:
     self.config = config
     self.runs, self.benchmarks = runs_lib.check_config(config, check_judge=judge is None)  # before anything is built
     self.workdir = pathlib.Path(workdir)
-    prompt_files.load.cache_clear()  # the prompt files as they are now (one edited under its name is another prompt)
     self.judge = judge or judges_registry.get_judge(config.get('judge'))
     self.tokenizer = tokenizer or traj_lib.load_tokenizer()
     self.image = {'min_pixels': int(config.image.min_pixels), 'max_pixels': int(config.image.max_pixels)}

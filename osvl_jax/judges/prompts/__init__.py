@@ -90,15 +90,23 @@ def resolve(spec: str) -> tuple[str, int]:
   return name, version
 
 
-@functools.lru_cache(maxsize=None)
 def load(spec: str) -> str:
-  """The text of prompt `spec` ('name_vK', or 'name' for the latest), without its trailing newline.
+  """The text of prompt `spec` ('name_vK', or 'name' for the latest), without its trailing newline, as the file is
+  now (a file edited under its name reads anew: the cache is keyed by its modification time and size).
 
   Raises:
     ValueError: from `resolve`.
   """
   name, version = resolve(spec)
-  return (PROMPT_DIR / f'{name}_v{version}.txt').read_text(encoding='utf-8').rstrip('\n')
+  path = PROMPT_DIR / f'{name}_v{version}.txt'
+  stat = path.stat()
+  return _read(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _read(path, mtime_ns: int, size: int) -> str:
+  del mtime_ns, size   # the cache key: the file as it is now
+  return path.read_text(encoding='utf-8').rstrip('\n')
 
 
 def versioned_name(spec: str) -> str:
