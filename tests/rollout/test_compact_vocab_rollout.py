@@ -5,27 +5,14 @@ import httpx
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from osvl_jax import trajectory as tj
-from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
-from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import agent_loop, jax_sampler, request_limits, server
-from tests.models.test_compact_vocab import VOCAB, compact_copy
+from tests.models.test_compact_vocab import VOCAB, compact, compact_copy, full  # noqa: F401  (fixtures: the model pair)
 from tests.serve.conftest import serve_in_thread
 
 NEW = 6
-
-
-@pytest.fixture(scope='module')
-def full():
-  return model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-
-
-@pytest.fixture(scope='module')
-def compact(full):
-  return compact_copy(full)
 
 
 def _sampler(model, tokenizer, banned=None, max_len=64):

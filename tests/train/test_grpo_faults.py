@@ -20,7 +20,8 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import factory, server_auth
-from osvl_jax.train import data, grpo, metrics, policy, preflight
+from osvl_jax.train import grpo, metrics, policy, preflight
+from tests.train import test_grpo_serve
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402
@@ -42,15 +43,8 @@ def _config() -> ml_collections.ConfigDict:
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
-  """An SFT checkpoint of the tiny model and two prompts with 64x64 images."""
-  c = _config()
-  checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 1,
-                   policy.create_model(c, sharding.mesh_from_config(c.mesh), seed=5), None, {'stage': 'sft'})
-  rng = np.random.default_rng(0)
-  items = [{'prompt_id': f'q{i}', 'question': 'Which city is this?', 'answers': ['Agra'],
-            'image': rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)} for i in range(2)]
-  monkeypatch.setattr(data, 'load_prompts', lambda config, workdir: items)
-  return tmp_path
+  """An SFT checkpoint of the tiny model and two prompts with 64x64 images (`test_grpo_serve.make_workdir`)."""
+  return test_grpo_serve.make_workdir(tmp_path, monkeypatch)
 
 
 class _OutOfVocabulary(engine_lib.Engine):
