@@ -28,19 +28,12 @@ Prints the wall time of each mode (best of `--repeats`), the server's batch stat
 import argparse
 import os
 import pathlib
-import socket
-import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def main() -> None:
@@ -54,9 +47,9 @@ def main() -> None:
   parser.add_argument('--url', default=None, help='an already running server (default: start a tiny one)')
   args = parser.parse_args()
 
-  import httpx  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
+  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   from osvl_jax.rollout import agent_loop, engine as engine_lib, sglang_client  # pylint: disable=g-import-not-at-top
   from tools import env as tools_env  # pylint: disable=g-import-not-at-top
@@ -87,24 +80,9 @@ def main() -> None:
       time.sleep(args.tool_latency_ms / 1000)
       return self.env.call(name, arguments, images)
 
-  proc, url = None, args.url
-  if url is None:
-    port = _free_port()
-    url = f'http://127.0.0.1:{port}'
-    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--bucket=128',
-                             '--max_len=2048', '--batch_window_ms=20', f'--max_batch={max(64, args.concurrency)}'],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 180
-    while True:
-      try:
-        if httpx.get(url + '/health', timeout=2).status_code == 200:
-          break
-      except httpx.HTTPError:
-        pass
-      if time.time() > deadline or (proc is not None and proc.poll() is not None):
-        raise SystemExit(f'server at {url} did not come up')
-      time.sleep(0.5)
+  flags = ['--tiny', '--bucket=128', '--max_len=2048', '--batch_window_ms=20',
+           f'--max_batch={max(64, args.concurrency)}']
+  with serve.local_server(flags, args.url) as url:
     tokenizer = tj.load_tokenizer()
     processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)  # the tiny server's defaults
     env = LatencyEnv(tools_env.ToolEnv({'enabled': ('text_search',)}))
@@ -146,13 +124,6 @@ def main() -> None:
           f'server_rows={stats["rows"]} max_rows_per_batch={stats["max_rows_per_batch"]}')
     print(f'machine cpus={os.cpu_count()} loadavg={" ".join(f"{x:.2f}" for x in os.getloadavg())}')
     print(f'speedup_vs_sequential={seq / con:.2f}')
-  finally:
-    if proc is not None:
-      proc.terminate()
-      try:
-        proc.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 if __name__ == '__main__':

@@ -21,20 +21,10 @@ import concurrent.futures
 import io
 import multiprocessing
 import os
-import pathlib
-import socket
 import statistics
-import subprocess
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> float:
@@ -68,26 +58,11 @@ def main() -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
+  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
 
-  proc, url = None, args.url
-  if url is None:
-    port = _free_port()
-    url = f'http://127.0.0.1:{port}'
-    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--bucket=64',
-                             f'--max_len={args.long_tokens + 256}', '--max_batch=256'],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 180
-    while True:
-      try:
-        if httpx.get(url + '/health', timeout=2).status_code == 200:
-          break
-      except httpx.HTTPError:
-        pass
-      if time.time() > deadline or (proc is not None and proc.poll() is not None):
-        raise SystemExit('the server did not start')
-      time.sleep(0.5)
+  flags = ['--tiny', '--bucket=64', f'--max_len={args.long_tokens + 256}', '--max_batch=256']
+  with serve.local_server(flags, args.url) as url:
 
     def generate(ids, new, image=None):
       body = {'input_ids': ids, 'sampling_params': {'max_new_tokens': new, 'temperature': 0}}
@@ -141,10 +116,6 @@ def main() -> None:
           f'behind {args.images} image requests ({args.image_side}px, all answered in {flood_s:.1f} s) '
           f'{with_flood:.3f} s; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores')
     print(f'flush_ratio={with_flush / alone:.2f} image_flood_ratio={with_flood / alone:.2f}')
-  finally:
-    if proc is not None:
-      proc.terminate()
-      proc.wait(timeout=30)
 
 
 if __name__ == '__main__':

@@ -15,19 +15,9 @@ last `batching_speedup=<sequential seconds / concurrent seconds>`. Feeds BENCHMA
 
 import argparse
 import os
-import pathlib
-import socket
-import subprocess
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def main() -> None:
@@ -40,32 +30,15 @@ def main() -> None:
   parser.add_argument('--url', default=None, help='an already running server (default: start a tiny one)')
   args = parser.parse_args()
 
-  import httpx  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
+  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   from osvl_jax.rollout import sglang_client  # pylint: disable=g-import-not-at-top
 
-  proc = None
-  url = args.url
-  if url is None:
-    port = _free_port()
-    url = f'http://127.0.0.1:{port}'
-    proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', '--tiny', f'--port={port}', '--bucket=64',
-                             '--max_len=512', f'--batch_window_ms={args.batch_window_ms}', '--prefix_cache_slots=0',
-                             f'--max_batch={max(64, args.requests)}'],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 180
-    while True:
-      try:
-        if httpx.get(url + '/health', timeout=2).status_code == 200:
-          break
-      except httpx.HTTPError:
-        pass
-      if time.time() > deadline or (proc is not None and proc.poll() is not None):
-        raise SystemExit(f'server at {url} did not come up')
-      time.sleep(0.5)
+  flags = ['--tiny', '--bucket=64', '--max_len=512', f'--batch_window_ms={args.batch_window_ms}',
+           '--prefix_cache_slots=0', f'--max_batch={max(64, args.requests)}']
+  with serve.local_server(flags, args.url) as url:
     tokenizer = tj.load_tokenizer()
     engine = sglang_client.SGLangEngine(url, tokenizer, max_new_tokens=args.new_tokens, temperature=0.0,
                                         stop_token_ids=(), concurrency=args.requests)
@@ -98,13 +71,6 @@ def main() -> None:
           f'server_rows={stats["rows"]} max_rows_per_batch={stats["max_rows_per_batch"]}')
     print(f'machine cpus={os.cpu_count()} loadavg={" ".join(f"{x:.2f}" for x in os.getloadavg())}')
     print(f'batching_speedup={seq / con:.2f}')
-  finally:
-    if proc is not None:
-      proc.terminate()
-      try:
-        proc.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 if __name__ == '__main__':

@@ -26,6 +26,14 @@ headers, before any decode), --max_concurrent_decodes (image decoding adds at mo
 server's memory: 2 x (16.8 MP x 32 B + 67.1 MP x 3 B) = 1.4 GiB at the defaults), --max_body_bytes (413).
 """
 
+import contextlib
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
 from absl import app, flags, logging
 
 from osvl_jax.rollout import request_limits
@@ -169,6 +177,46 @@ def prefix_cache_size(model, slots: int, max_len: int, bucket: int) -> int:
                      f'{limit / 2**30:.1f} GiB of device memory: lower it (0 = no prefix cache, -1 = auto)')
   logging.info('prefix cache: %d slots of %d tokens, %.2f GiB', slots, tokens, slots * per_slot / 2**30)
   return slots
+
+
+@contextlib.contextmanager
+def local_server(serve_flags: Sequence[str], url: str | None = None, timeout_s: float = 180.0):
+  """`python -m osvl_jax.serve <serve_flags> --port=<a free port>` on 127.0.0.1 (its output discarded), yielding its
+  URL once `/health` answers 200, terminated on exit (killed after 20 s); with `url`, that running server as it is
+  (the benches' `--url`).
+
+  Raises:
+    RuntimeError: the server exited, or did not answer /health within `timeout_s` seconds (naming the URL).
+  """
+  if url is not None:
+    yield url
+    return
+  import httpx  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  url = f'http://127.0.0.1:{port}'
+  proc = subprocess.Popen([sys.executable, '-m', 'osvl_jax.serve', f'--port={port}', *serve_flags],
+                          cwd=pathlib.Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + timeout_s
+    while True:
+      try:
+        if httpx.get(url + '/health', timeout=2).status_code == 200:
+          break
+      except httpx.HTTPError:
+        pass
+      if time.time() > deadline or proc.poll() is not None:
+        raise RuntimeError(f'the server at {url} ({" ".join(serve_flags)}) did not come up')
+      time.sleep(0.5)
+    yield url
+  finally:
+    proc.terminate()
+    try:
+      proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+      proc.kill()
 
 
 def main(argv) -> None:
