@@ -32,7 +32,7 @@ setuptools.setup(
         'opencv-contrib-python-headless==5.0.0.93',
         'bm25s==0.3.16',
         'httpx==0.28.1',
-        # Rollout serving (osvl_jax.serve, osvl_jax.rollout.server / sglang_client): the HTTP app and the real
+        # Rollout serving (osvl_jax.serve, osvl_jax.rollout.remote.sglang_client): the HTTP app and the real
         # SGLang router (a Rust binary, runs on CPU) that the serving tests put in front of two workers.
         'fastapi==0.163.2',
         'uvicorn==0.54.0',

@@ -29,7 +29,7 @@ import numpy as np
 
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.rollout import jax_sampler
+from osvl_jax.rollout.embedded import jax_sampler
 from osvl_jax.train import batching, grpo_batch, grpo_update, placement, policy, sft
 from tools.base import ToolResult
 

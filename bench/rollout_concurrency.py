@@ -49,9 +49,10 @@ def main() -> None:
 
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
-  from osvl_jax.rollout import agent_loop, engine as engine_lib, sglang_client  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout import agent_loop, engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout.remote import sglang_client  # pylint: disable=g-import-not-at-top
+  from osvl_jax.serve import launch  # pylint: disable=g-import-not-at-top
   from tools import env as tools_env  # pylint: disable=g-import-not-at-top
 
   call = tj.render_assistant_text('Search the city.', tool_call={'name': 'text_search', 'arguments': {
@@ -82,7 +83,7 @@ def main() -> None:
 
   flags = ['--tiny', '--bucket=128', '--max_len=2048', '--batch_window_ms=20',
            f'--max_batch={max(64, args.concurrency)}']
-  with serve.local_server(flags, args.url) as url:
+  with launch.local_server(flags, args.url) as url:
     tokenizer = tj.load_tokenizer()
     processor = tj.ImageProcessor(min_pixels=32 * 32, max_pixels=64 * 64)  # the tiny server's defaults
     env = LatencyEnv(tools_env.ToolEnv({'enabled': ('text_search',)}))

@@ -79,7 +79,7 @@ def main() -> None:
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   from osvl_jax.models.qwen3_vl import weights  # pylint: disable=g-import-not-at-top
   from osvl_jax.paths import data_dir  # pylint: disable=g-import-not-at-top
-  from osvl_jax.rollout import jax_sampler  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout.embedded import jax_sampler  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(args.threads)
   config = _config(data_dir())

@@ -58,11 +58,11 @@ def main() -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
-  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
+  from osvl_jax.serve import launch  # pylint: disable=g-import-not-at-top
 
   flags = ['--tiny', '--bucket=64', f'--max_len={args.long_tokens + 256}', '--max_batch=256']
-  with serve.local_server(flags, args.url) as url:
+  with launch.local_server(flags, args.url) as url:
 
     def generate(ids, new, image=None):
       body = {'input_ids': ids, 'sampling_params': {'max_new_tokens': new, 'temperature': 0}}

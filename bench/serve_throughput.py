@@ -32,13 +32,13 @@ def main() -> None:
 
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
-  from osvl_jax.rollout import sglang_client  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout.remote import sglang_client  # pylint: disable=g-import-not-at-top
+  from osvl_jax.serve import launch  # pylint: disable=g-import-not-at-top
 
   flags = ['--tiny', '--bucket=64', '--max_len=512', f'--batch_window_ms={args.batch_window_ms}',
            '--prefix_cache_slots=0', f'--max_batch={max(64, args.requests)}']
-  with serve.local_server(flags, args.url) as url:
+  with launch.local_server(flags, args.url) as url:
     tokenizer = tj.load_tokenizer()
     engine = sglang_client.SGLangEngine(url, tokenizer, max_new_tokens=args.new_tokens, temperature=0.0,
                                         stop_token_ids=(), concurrency=args.requests)

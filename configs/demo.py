@@ -90,8 +90,8 @@ def get_config() -> ml_collections.ConfigDict:
   # sglang-router), updated at `admin_urls` (default: the urls; behind a router: its workers) from HF folders
   # exported under `weights_dir` ('' = <workdir>/weights; must be a local folder the servers can read).
   c.rollout.engine = 'embedded'
-  # The embedded sampler's prefix cache (osvl_jax/rollout/prefix_cache.py): each turn of an episode re-sends its
-  # whole context; with slots the sampler prefills only what follows the longest prefix an earlier turn computed
+  # The embedded sampler's prefix cache (osvl_jax/rollout/embedded/prefix_cache.py): each turn of an episode re-sends
+  # its whole context; with slots the sampler prefills only what follows the longest prefix an earlier turn computed
   # (images included). A slot holds max_total_tokens + max_new_tokens of KV (4.3 MB for the demo model); 32 > the
   # demo's 16 concurrent eval episodes. 0 = off (SGLang servers keep their own, RadixAttention).
   c.rollout.prefix_cache_slots = 32

@@ -4,9 +4,9 @@ Experts (`data.synthesize.expert`):
   oracle  the offline default: `synthesize.OracleEngine`, one deterministic episode per item (`num_samples` does
           not apply), kept only when its own process check passes (every hop found in the search results).
   model   any model behind SGLang's native `/generate` API (an SGLang server, the `sglang-router`, or
-          `python -m osvl_jax.serve`), through the token-exact `rollout.sglang_client.SGLangEngine`.
+          `python -m osvl_jax.serve`), through the token-exact `rollout.remote.sglang_client.SGLangEngine`.
   openai  any OpenAI-compatible chat endpoint with image inputs (the paper's frontier-model expert, vLLM, SGLang's
-          OpenAI API, `osvl_jax.serve`'s `/v1`), through `rollout.openai_engine.OpenAIEngine`: its text replies
+          OpenAI API, `osvl_jax.serve`'s `/v1`), through `rollout.remote.openai_engine.OpenAIEngine`: its text replies
           are rendered by the builder into the token-exact record (no log-probs, which SFT does not need).
 The two model experts are built by `rollout.factory.make_engine` (`engine_section`) and run K = `num_samples`
 episodes per item through the one agent loop (`rollout.agent_loop.run_episodes`), sampled at `temperature`.

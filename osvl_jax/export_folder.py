@@ -1,5 +1,5 @@
 """Writing an export folder safely: the one rule set for every folder the project exports into (an HF folder from
-`python -m osvl_jax.export_hf`, a weight version of `rollout.weight_sync`).
+`python -m osvl_jax.export_hf`, a weight version of `rollout.weight_publish`).
 
 An export never deletes what it did not write:
   - it writes into a new or empty folder, or over a previous export of the same kind only when asked

@@ -1,5 +1,6 @@
 """The one client of OpenAI-compatible `/v1/chat/completions` endpoints: the LLM judge (`judges.llm`), the pipeline's
-LLM stages (`data_pipeline.llm`) and the API-model engine (`rollout.openai_engine`) all call through `ChatClient`.
+LLM stages (`data_pipeline.llm`) and the API-model engine (`rollout.remote.openai_engine`) all call through
+`ChatClient`.
 
 A `ChatClient` holds one endpoint and its limits, on the pinned `openai` library (`OpenAI` for the sync form, from
 any number of threads; `AsyncOpenAI` for the async form, one per event loop, since an async connection pool belongs

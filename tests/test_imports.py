@@ -14,7 +14,8 @@ import pytest
 
 CHECK = '''
 import sys, tempfile, numpy as np
-import osvl_jax.train.grpo, osvl_jax.train.sft, osvl_jax.serve, osvl_jax.evaluate, data_pipeline.build
+import osvl_jax.train.grpo, osvl_jax.train.sft, osvl_jax.evaluate, data_pipeline.build
+import osvl_jax.serve.__main__, osvl_jax.serve.app
 from osvl_jax import trajectory as tj
 from osvl_jax.train import metrics
 ref = tj.ImageProcessor(min_pixels=1024, max_pixels=65536).process(np.zeros((64, 96, 3), np.uint8))
@@ -82,7 +83,7 @@ def test_one_load_policy():
 
 def test_engine_capabilities_are_declared_not_probed():
   """`Engine.weight_updates` and `Engine.reseed` say what an engine can do; no caller probes it with hasattr."""
-  folders = ('osvl_jax/rollout', 'osvl_jax/train', 'osvl_jax/eval')
+  folders = ('osvl_jax/rollout', 'osvl_jax/serve', 'osvl_jax/train', 'osvl_jax/eval')
   probes = [f'{path.relative_to(REPO).as_posix()}:{n}' for folder in folders
             for path in sorted((REPO / folder).rglob('*.py'))
             for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1)
@@ -128,4 +129,48 @@ def test_readers_and_the_viewer_import_no_job_above_them():
   offenders = [f'{path.relative_to(REPO).as_posix()}: {m}' for room, above in BELOW.items()
                for path in sorted((REPO / room).rglob('*.py'))
                for m in sorted(_imported_modules(path)) if any(m == a or m.startswith(a + '.') for a in above)]
+  assert offenders == []
+
+
+def _imports_of(path, above) -> list[str]:
+  return [f'{path.relative_to(REPO).as_posix()}: {m}' for m in sorted(_imported_modules(path))
+          if any(m == a or m.startswith(a + '.') for a in above)]
+
+
+# The rollout room: a core (engine interface, agent loop, turn queue, weight publishing, the API key) and one wing per
+# kind of engine; the HTTP server (`osvl_jax.serve`) stands above them. {folder: the modules it never imports}.
+ROLLOUT_WINGS = {
+    'osvl_jax/rollout/embedded': ('osvl_jax.rollout.remote', 'osvl_jax.serve'),
+    'osvl_jax/rollout/remote': ('osvl_jax.rollout.embedded', 'osvl_jax.serve'),
+    'osvl_jax/serve': ('osvl_jax.rollout.remote',),
+}
+# The one module of the rollout core that builds engines, so reaches into the wings (lazily, by config).
+ENGINE_BUILDER = 'osvl_jax/rollout/factory.py'
+
+
+def test_the_rollout_wings_import_the_core_not_each_other_nor_the_server():
+  """The embedded sampler and the HTTP clients share only the rollout core (`engine`, `api_key`, ...): neither
+  imports the other or the server; the server runs the embedded sampler and is no client."""
+  offenders = [hit for folder, above in ROLLOUT_WINGS.items() for path in sorted((REPO / folder).rglob('*.py'))
+               for hit in _imports_of(path, above)]
+  assert offenders == []
+
+
+def test_the_rollout_core_reaches_the_wings_only_through_the_factory():
+  """No upward arrow out of the core: only `factory.make_engine` names an engine's wing, and nothing in the core
+  imports the server."""
+  offenders = []
+  for path in sorted((REPO / 'osvl_jax' / 'rollout').glob('*.py')):
+    wings = () if path.relative_to(REPO).as_posix() == ENGINE_BUILDER else ('osvl_jax.rollout.embedded',
+                                                                             'osvl_jax.rollout.remote')
+    offenders += _imports_of(path, ('osvl_jax.serve', *wings))
+  assert offenders == []
+
+
+def test_nothing_in_the_packages_imports_the_server():
+  """`osvl_jax.serve` is a top: the trainers, evaluation, the pipeline and the tools reach a server over HTTP
+  (`rollout.remote`), never through its modules (the benches and the tests start one with `serve.launch`)."""
+  offenders = [hit for root in ('osvl_jax', 'data_pipeline', 'tools') for path in sorted((REPO / root).rglob('*.py'))
+               if not path.relative_to(REPO).as_posix().startswith('osvl_jax/serve/')
+               for hit in _imports_of(path, ('osvl_jax.serve',))]
   assert offenders == []

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Serves an HF folder with SGLang on a GPU host: the production rollout engine of DESIGN.md §6b, which the agent
-# loop reaches through osvl_jax.rollout.sglang_client.SGLangEngine (export the policy with osvl_jax.export_hf).
+# loop reaches through osvl_jax.rollout.remote.sglang_client.SGLangEngine (export the policy with osvl_jax.export_hf).
 #
 #   tpu_scripts/sglang_server.sh --model_path=/ckpt/hf [--tp_size=1] [--mem_fraction_static=0.85]
 #       [--host=0.0.0.0] [--port=30000] [--context_length=N] [--weight_version=V]

@@ -40,7 +40,8 @@ from osvl_jax.eval import plots, policy as policy_lib, report as report_lib, res
 from osvl_jax.eval import runs as runs_lib
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
-from osvl_jax.rollout import agent_loop, factory, sglang_client
+from osvl_jax.rollout import agent_loop, factory
+from osvl_jax.rollout.remote import sglang_protocol
 from tools import base as tools_base
 
 _ABSTAIN_RE = re.compile(
@@ -79,7 +80,7 @@ def _server_pixels(engine, image: dict) -> dict:
   the server does, or the server's prompt differs from ours and every turn with an image fails (prompt_mismatch)."""
   try:
     reported = engine.server_info().get('image_processor') or {}
-  except sglang_client.EngineError as e:
+  except sglang_protocol.EngineError as e:
     logging.warning('eval: %s does not report its pixel budget (%s); using config.image %s', engine.urls[0], e, image)
     return image
   if not {'min_pixels', 'max_pixels'} <= set(reported):
@@ -127,7 +128,7 @@ class Evaluator:
     served = factory.engine_name(config.rollout) != 'embedded'
     if engine is None and not served:
       policy = policy_lib.policy_identity(config)
-      engine_id = {'class': 'osvl_jax.rollout.jax_sampler.JaxSampler'}
+      engine_id = {'class': 'osvl_jax.rollout.embedded.jax_sampler.JaxSampler'}
     elif engine is None:   # the policy is whatever the endpoint serves: named by where it is and what it reports
       engine = factory.make_engine(config.rollout, self.tokenizer, seed=config.seed)
       policy = {'served': factory.engine_name(config.rollout),

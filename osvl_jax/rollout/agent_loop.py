@@ -32,7 +32,7 @@ failure stays with its own trajectory, and the other items and samples of the ba
   - an observation the builder cannot append (an image the processor refuses, e.g. a 300x1 crop whose aspect
     ratio is over 200; text the tokenizer refuses) -> that step gets a `bad_arguments` error result instead,
     naming the reason, and the episode goes on;
-  - an engine failure (`sglang_client.EngineError` after the client's retries: refused connection, 5xx,
+  - an engine failure (`sglang_protocol.EngineError` after the client's retries: refused connection, 5xx,
     timeout; any exception of `Engine.agenerate`) -> that trajectory ends at its last whole step with
     stop_reason 'error' and `Trajectory.error` = 'engine <class> failed at step <l>: <type>: <cause>' (never a
     tool error); a failed batch of an in-process engine is retried row by row, so only the failing rows end;
@@ -218,7 +218,7 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
     rollout_logprobs from the engine, `policy_version` and `stop_reason`.
     A prompt that cannot be rendered (refused input image, over `max_prompt_tokens`, no room under
     `max_total_tokens`) gives G prompt-only trajectories with no steps, stop_reason 'error' and
-    `Trajectory.error` saying why. An engine failure (e.g. `sglang_client.EngineError` after the client's
+    `Trajectory.error` saying why. An engine failure (e.g. `sglang_protocol.EngineError` after the client's
     retries) ends that trajectory at its last whole step, stop_reason 'error', `Trajectory.error` naming the
     engine and the cause; the other episodes go on. Nothing a tool, the engine, the image processor or the
     builder raises leaves this function.

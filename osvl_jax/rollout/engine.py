@@ -100,7 +100,7 @@ class Generation:
     """int64 [N]: the weight version of each emitted id (DESIGN.md §6b), or None when a version is unknown.
 
     Tokens a span of `weight_versions` covers take its version, the others `weight_version`. Versions are the
-    integers the trainer publishes (`rollout.weight_sync`); a server version that is not an integer (SGLang's
+    integers the trainer publishes (`rollout.weight_publish`); a server version that is not an integer (SGLang's
     'default' before any update) counts as unknown.
     """
     def as_int(version) -> int | None:
@@ -131,10 +131,10 @@ class Engine(abc.ABC):
       batch, so the asyncio agent loop gathers the episodes waiting for a turn into one call. True (a server
       that batches concurrent requests itself, `SGLangEngine`, `OpenAIEngine`): the loop sends each episode's turn
       on its own, as soon as that episode is ready.
-    weight_updates: how published weights reach the engine (`weight_sync.WeightSync`): 'disk' (HTTP servers:
+    weight_updates: how published weights reach the engine (`weight_publish.WeightPublisher`): 'disk' (HTTP servers:
       `update_weights_from_disk(path, weight_version=...)` loads an exported folder, `SGLangEngine`), 'in_process'
       (`set_model(model, weight_version)` snapshots the trainer's model, `JaxSampler`), or None (an engine whose
-      policy is fixed: scripted engines, an OpenAI endpoint; `WeightSync` refuses it).
+      policy is fixed: scripted engines, an OpenAI endpoint; `WeightPublisher` refuses it).
   """
   continuous_batching: bool = False
   weight_updates: str | None = None

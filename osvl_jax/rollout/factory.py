@@ -117,16 +117,16 @@ def make_engine(section: ml_collections.ConfigDict, tokenizer, *, model=None, pr
   if name == 'embedded':
     if model is None:
       raise ValueError("rollout.engine='embedded' samples a model in this process: none was given")
-    from osvl_jax.rollout import jax_sampler  # pylint: disable=g-import-not-at-top  # (jax, the model)
+    from osvl_jax.rollout.embedded import jax_sampler  # pylint: disable=g-import-not-at-top  # (jax, the model)
     return jax_sampler.JaxSampler(model, tokenizer, processor, max_new_tokens=max_new, temperature=temperature,
                                   top_p=top_p, seed=seed, max_len=int(section.max_total_tokens) + max_new,
                                   prefix_cache_slots=int(section.get('prefix_cache_slots') or 0))
   if name == 'sglang':
-    from osvl_jax.rollout import sglang_client  # pylint: disable=g-import-not-at-top
+    from osvl_jax.rollout.remote import sglang_client  # pylint: disable=g-import-not-at-top
     return sglang_client.SGLangEngine(url_list(section, 'urls'), tokenizer, max_new_tokens=max_new,
                                       temperature=temperature, top_p=top_p,
                                       admin_urls=url_list(section, 'admin_urls') or None, **remote)
-  from osvl_jax.rollout import openai_engine  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout.remote import openai_engine  # pylint: disable=g-import-not-at-top
   key_env = section.get('api_key_env') or ''
   return openai_engine.OpenAIEngine(str(section.base_url), str(section.model), tokenizer, max_new_tokens=max_new,
                                     temperature=temperature, top_p=top_p,

@@ -256,7 +256,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   rolls out (its background thread with max_staleness 1), drops stale groups and scores; the rollout batch goes to
   every process (`distributed.broadcast_object`, in the main loop at the same point everywhere), which all build
   the same host batch and run the update on the global mesh; publishing gathers the parameters on every process
-  and exports on process 0 (`weight_sync`). `grpo.dump_rollouts` (optional, default False) keeps each step's
+  and exports on process 0 (`weight_publish`). `grpo.dump_rollouts` (optional, default False) keeps each step's
   rollout batch (`dump_rollout_batch`).
   """
   workdir = storage.path(workdir)  # gs://... stays a URL

@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 
 from osvl_jax import checkpoints
 from osvl_jax.checkpoints import storage
-from osvl_jax.rollout import factory, server_auth
+from osvl_jax.rollout import api_key, factory
 
 HEALTH_TIMEOUT = 5.0   # seconds for one GET /health (a server that is up answers at once)
 
@@ -90,7 +90,7 @@ def check_servers(config: ml_collections.ConfigDict, timeout: float = HEALTH_TIM
 
 def check_api_key(fields: dict[str, str], timeout: float = HEALTH_TIMEOUT) -> None:
   """`GET /model_info` (an authenticated endpoint: /health stays open on a server run with a key) on every URL,
-  with the key the engine sends (`server_auth.api_key_from_env`), so a missing or wrong key stops the run before a
+  with the key the engine sends (`api_key.api_key_from_env`), so a missing or wrong key stops the run before a
   weight export rather than at the first `/update_weights_from_disk`.
 
   Args:
@@ -98,10 +98,10 @@ def check_api_key(fields: dict[str, str], timeout: float = HEALTH_TIMEOUT) -> No
   Raises:
     PermissionError: naming the field, each URL that answered 401 / 403, and the variables read (never the key).
   """
-  key = server_auth.api_key_from_env()
-  source = next((name for name in server_auth.API_KEY_ENV if os.environ.get(name)), None)
+  key = api_key.api_key_from_env()
+  source = next((name for name in api_key.API_KEY_ENV if os.environ.get(name)), None)
   how = f'with the API key in ${source}' if key else 'without an API key'
-  variables = f'${server_auth.API_KEY_ENV[0]} (or ${server_auth.API_KEY_ENV[1]})'
+  variables = f'${api_key.API_KEY_ENV[0]} (or ${api_key.API_KEY_ENV[1]})'
   refused = []
   for url, field in fields.items():
     headers = {'Authorization': f'Bearer {key}'} if key else None

@@ -5,7 +5,7 @@ is the in-process `JaxSampler`; 'sglang' is any server of SGLang's native API at
 `python -m osvl_jax.serve`, an `sglang-router`), whose weights are updated at `rollout.admin_urls` (default: the
 urls) from HF folders exported under `rollout.weights_dir` (default `<workdir>/weights`; a local folder the servers
 can read). The agent loop is the same for both; `RolloutRunner.publish` hands each policy version to the engine
-(`weight_sync.WeightSync`); each rollout states its sampling per call (`engine.Sampling`) and its budgets once
+(`weight_publish.WeightPublisher`); each rollout states its sampling per call (`engine.Sampling`) and its budgets once
 (`agent_loop.Limits.from_config(config.rollout)`).
 """
 
@@ -21,7 +21,7 @@ from osvl_jax.checkpoints import storage
 from osvl_jax.judges import base as judges_base
 from osvl_jax.judges import registry as judges_registry
 from osvl_jax.rl import rewards
-from osvl_jax.rollout import agent_loop, factory, weight_sync
+from osvl_jax.rollout import agent_loop, factory, weight_publish
 from osvl_jax.rollout import engine as engine_lib
 from tools import env as tools_env
 
@@ -60,7 +60,7 @@ def check_engine_config(config: ml_collections.ConfigDict, workdir: str | pathli
   if factory.check_engine_config(config.rollout, training=True) != 'sglang':
     return
   if config.rollout.get('weights_dtype'):
-    checks.choice(config, 'rollout.weights_dtype', weight_sync.DTYPES)
+    checks.choice(config, 'rollout.weights_dtype', weight_publish.DTYPES)
   checks.number(config, 'rollout.weights_keep', integer=True, low=1, optional=True)
   weights_dir(config, workdir)
 
@@ -93,7 +93,7 @@ class RolloutRunner:
   Attributes:
     engine: the `JaxSampler` ('embedded') or `SGLangEngine` ('sglang'), `rollout.factory.make_engine`.
     limits: the budgets of every rollout (`agent_loop.Limits.from_config(config.rollout)`).
-    sync: the `weight_sync.WeightSync` that `publish` goes through.
+    sync: the `weight_publish.WeightPublisher` that `publish` goes through.
 
   In a multi-host job ('sglang' only) every process builds one; process 0 alone calls `run` (`grpo.train` sends
   its batch to the others), and every process calls `publish` (it gathers the parameters; process 0 exports).
@@ -110,9 +110,10 @@ class RolloutRunner:
     self.engine = factory.make_engine(r, self.tokenizer, model=model, processor=self.image_processor,
                                       training=True)
     self.limits = agent_loop.Limits.from_config(r)   # the budgets of every rollout of the run
-    self.sync = weight_sync.WeightSync(self.engine, root=weights_dir(config, workdir) if remote else None,
-                                       min_pixels=config.image.min_pixels, max_pixels=config.image.max_pixels,
-                                       dtype=r.get('weights_dtype') or 'bfloat16', keep=r.get('weights_keep') or 2)
+    self.sync = weight_publish.WeightPublisher(
+        self.engine, root=weights_dir(config, workdir) if remote else None, min_pixels=config.image.min_pixels,
+        max_pixels=config.image.max_pixels, dtype=r.get('weights_dtype') or 'bfloat16',
+        keep=r.get('weights_keep') or 2)
 
   @property
   def version(self) -> int | None:
@@ -120,7 +121,7 @@ class RolloutRunner:
     return self.sync.version
 
   def publish(self, model, version: int) -> dict:
-    """`WeightSync.publish`: `model`'s weights as `version` on the engine (every server for 'sglang')."""
+    """`WeightPublisher.publish`: `model`'s weights as `version` on the engine (every server for 'sglang')."""
     return self.sync.publish(model, version)
 
   def make_builder(self) -> trajectory_lib.TrajectoryBuilder:

@@ -23,7 +23,7 @@ from PIL import Image
 
 from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import sharding, weights
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_client as sc
 from osvl_jax.train import grpo, grpo_batch, grpo_update, metrics, policy
 from tests.distributed import conftest
 from tests.serve.conftest import healthy_server

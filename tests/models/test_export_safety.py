@@ -1,6 +1,6 @@
 """Export folders never delete what the export did not write (`osvl_jax.export_folder`): `export_hf` refuses the
 workdir, a checkpoint folder, their ancestors and foreign folders, replaces only a previous export and only with
-`overwrite`; weight versions (`rollout.weight_sync`) appear complete under their final name and foreign version
+`overwrite`; weight versions (`rollout.weight_publish`) appear complete under their final name and foreign version
 folders survive the pruning; exported files honour the umask."""
 
 import json
@@ -17,7 +17,7 @@ from osvl_jax import checkpoints
 from osvl_jax import export_folder, export_hf
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.models.qwen3_vl.model import Qwen3VLModel
-from osvl_jax.rollout import weight_sync
+from osvl_jax.rollout import weight_publish
 
 PIXELS = {'image_processor': {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}}
 HF_FILES = {'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja',
@@ -156,7 +156,7 @@ def test_an_export_into_an_empty_folder_honours_the_umask(workdir):
 def test_a_weight_version_honours_the_umask(tmp_path, model):
   old = os.umask(0o027)
   try:
-    out = weight_sync.export_version(model, tmp_path, 1, 1024, 4096, dtype='float32')
+    out = weight_publish.export_version(model, tmp_path, 1, 1024, 4096, dtype='float32')
   finally:
     os.umask(old)
   assert stat.S_IMODE(out.stat().st_mode) == 0o750
@@ -166,7 +166,7 @@ def test_a_weight_version_honours_the_umask(tmp_path, model):
 def test_a_version_folder_appears_only_complete_the_rename_being_the_last_write(tmp_path, model, monkeypatch):
   """At every rename onto `v<version>` the source holds every file and the final name does not exist yet; the
   writer finishes before the final name exists; nothing is written into the folder after the rename."""
-  final = tmp_path / weight_sync.folder_name(3)
+  final = tmp_path / weight_publish.folder_name(3)
   renames, written = [], []
   for name in ('replace', 'rename'):
     real = getattr(os, name)
@@ -182,7 +182,7 @@ def test_a_version_folder_appears_only_complete_the_rename_being_the_last_write(
     real_write(model, out, *args)
     written.append(final.exists())
   monkeypatch.setattr(export_hf, 'write_folder', write)
-  weight_sync.export_version(model, tmp_path, 3, 1024, 4096, dtype='float32')
+  weight_publish.export_version(model, tmp_path, 3, 1024, 4096, dtype='float32')
   assert written == [False]                                     # complete before `final` exists
   assert renames == [(HF_FILES | {export_folder.MARKER}, False)]  # one rename, of the complete folder
   assert {p.name: p.stat().st_size for p in final.iterdir()} == {
@@ -191,7 +191,7 @@ def test_a_version_folder_appears_only_complete_the_rename_being_the_last_write(
 
 
 def test_weight_versions_never_delete_foreign_folders(tmp_path, model):
-  export = lambda v: weight_sync.export_version(model, tmp_path, v, 1024, 4096, dtype='float32', keep=1)
+  export = lambda v: weight_publish.export_version(model, tmp_path, v, 1024, 4096, dtype='float32', keep=1)
   (tmp_path / 'v00000001').mkdir()
   (tmp_path / 'v00000001' / 'mine.bin').write_bytes(b'x')     # a foreign folder under a version's name
   (tmp_path / 'notes.txt').write_text('keep me')

@@ -11,7 +11,7 @@ import pytest
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_protocol as protocol
 
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
     'image': 'img_1', 'x': 0, 'y': 0, 'width': 32, 'height': 16}})
@@ -42,7 +42,7 @@ class FailingEngine(engine_lib.ScriptedEngine):
     for c in map(engine_lib.as_context, contexts):
       if (engine_lib.count_assistant_turns(c.prompt_ids, self.tokenizer) == self.fail_step
           and 'Question bad' in self.tokenizer.decode(c.prompt_ids.tolist())):
-        raise sc.EngineError(sc.ERROR_CONNECTION, "ConnectError('refused')", 'http://w1:30000', None, 1)
+        raise protocol.EngineError(protocol.ERROR_CONNECTION, "ConnectError('refused')", 'http://w1:30000', None, 1)
     return super().generate(contexts, max_new_tokens, stop)
 
 

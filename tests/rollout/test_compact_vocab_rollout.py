@@ -8,7 +8,10 @@ import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import rope
-from osvl_jax.rollout import agent_loop, jax_sampler, request_limits, server
+from osvl_jax.rollout import agent_loop
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.serve import request_limits
+from osvl_jax.serve import service as service_lib
 from tests.models.test_compact_vocab import VOCAB, compact, compact_copy, full  # noqa: F401  (fixtures: the model pair)
 from tests.serve.conftest import serve_in_thread
 
@@ -72,9 +75,9 @@ def test_a_context_outside_the_vocabulary_ends_its_trajectory_alone(full, compac
 
 def test_the_server_refuses_ids_outside_the_vocabulary_naming_the_field(compact, tokenizer):
   sampler = _sampler(compact, tokenizer)
-  service = server.SamplerService(sampler, tokenizer, None, model_path='tiny', weight_version='0',
-                                  batch_window_s=0.01, default_max_new_tokens=NEW,
-                                  limits=request_limits.RequestLimits(64, 16))
+  service = service_lib.SamplerService(sampler, tokenizer, None, model_path='tiny', weight_version='0',
+                                       batch_window_s=0.01, default_max_new_tokens=NEW,
+                                       limits=request_limits.RequestLimits(64, 16))
   prompt = [int(i) for i in _prompts()[0]]
   try:
     with serve_in_thread(service) as url:

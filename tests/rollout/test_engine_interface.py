@@ -8,7 +8,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from osvl_jax.rollout import agent_loop, engine as engine_lib, jax_sampler, sglang_client
+from osvl_jax.rollout import agent_loop, engine as engine_lib
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.rollout.remote import sglang_client
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -66,10 +68,11 @@ def _engine_like(node) -> bool:
 
 def test_no_caller_probes_or_mutates_an_engine():
   """No `hasattr` / `getattr` probe of an engine in the rollout and training rooms, and no assignment to an
-  engine's attribute from outside the engine's own class (sampling travels with each call). The server modules
-  are left out: `osvl_jax.serve`'s service owns its `JaxSampler` (it is the engine's implementation, not a caller)."""
+  engine's attribute from outside the engine's own class (sampling travels with each call). The server
+  (`osvl_jax/serve/`) is left out: its service owns its `JaxSampler` (it is the engine's implementation, not a
+  caller)."""
   probes, mutations = [], []
-  paths = [p for p in (REPO / 'osvl_jax/rollout').glob('*.py') if not p.name.startswith('server')]
+  paths = sorted((REPO / 'osvl_jax/rollout').rglob('*.py'))   # the core and both wings
   for path in [*paths, *(REPO / 'osvl_jax/train').glob('*.py'), REPO / 'osvl_jax/eval/runner.py',
                REPO / 'data_pipeline/experts.py']:
     for node in ast.walk(ast.parse(path.read_text())):

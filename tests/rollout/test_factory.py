@@ -4,7 +4,9 @@ of a text-only engine for RL."""
 import ml_collections
 import pytest
 
-from osvl_jax.rollout import factory, jax_sampler, openai_engine, sglang_client
+from osvl_jax.rollout import factory
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.rollout.remote import openai_engine, sglang_client
 
 
 def section(**fields):

@@ -12,7 +12,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import jax_sampler, prefill_inputs
+from osvl_jax.rollout.embedded import jax_sampler, prefill_inputs
 
 IM_END = 151645
 NEW = 6  # decode length in these tests: small, the CPUs are shared.

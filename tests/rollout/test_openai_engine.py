@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from osvl_jax import trajectory as tj
-from osvl_jax.rollout import agent_loop, engine as engine_lib, openai_engine, sglang_protocol
+from osvl_jax.rollout import agent_loop, engine as engine_lib
+from osvl_jax.rollout.remote import openai_engine, sglang_protocol
 from tests.rollout.openai_double import ChatDouble, Reply, decode_image
 from tools import base as tools_base
 

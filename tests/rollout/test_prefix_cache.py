@@ -9,8 +9,8 @@ from flax import nnx
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.rollout import jax_sampler
-from osvl_jax.rollout import prefix_cache as pc
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.rollout.embedded import prefix_cache as pc
 
 NEW = 4             # ids per turn: small, the CPUs are shared.
 KW = {'max_new_tokens': NEW, 'temperature': 0.0, 'max_len': 256, 'bucket': 64}   # one length bucket for all

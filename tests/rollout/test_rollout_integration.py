@@ -11,7 +11,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import agent_loop
-from osvl_jax.rollout import jax_sampler
+from osvl_jax.rollout.embedded import jax_sampler
 from tools import env as tools_env
 
 

@@ -13,7 +13,7 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import agent_loop
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import jax_sampler
+from osvl_jax.rollout.embedded import jax_sampler
 from osvl_jax.train import batching
 from osvl_jax.train import grpo_update
 from osvl_jax.train import placement

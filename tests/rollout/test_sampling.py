@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from osvl_jax.rollout import sampling
+from osvl_jax.rollout.embedded import sampling
 
 DRAWS = 20000
 
@@ -91,7 +91,7 @@ def test_zero_weight_ids_are_never_drawn_even_where_the_cumsum_rounds_up(monkeyp
   step must still draw the next allowed id, never the banned one."""
   import jax
   import jax.numpy as jnp
-  from osvl_jax.rollout import sampling
+  from osvl_jax.rollout.embedded import sampling
   logits = jnp.zeros((1, 9), jnp.float32).at[0, 4].set(-jnp.inf)  # 9 ids (block 3), id 4 banned
   real = jnp.cumsum
 

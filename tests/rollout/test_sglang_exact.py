@@ -15,8 +15,8 @@ import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import agent_loop
-from osvl_jax.rollout import sglang_client as sc
-from osvl_jax.rollout import sglang_protocol
+from osvl_jax.rollout.remote import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_protocol
 from tests.rollout.sglang_double import SGLangDouble
 
 CROP = tj.render_assistant_text('Zoom in.', tool_call={'name': 'crop', 'arguments': {
@@ -57,7 +57,7 @@ def _sent_prefix(traj, step):
   """The input_ids of the request for `step` of `traj`: its prefix, one pad per image."""
   start = int(np.flatnonzero(np.asarray(traj.step_of_token) == step)[0])
   ids = traj.token_ids[:start]
-  return sc.collapse_image_pads(ids, traj.images[:int((ids == tj.VISION_START_ID).sum())])
+  return sglang_protocol.collapse_image_pads(ids, traj.images[:int((ids == tj.VISION_START_ID).sum())])
 
 
 @pytest.mark.parametrize('fault', ['drift +1', 'drift -3', 'another image size'])
@@ -83,9 +83,9 @@ def test_a_missing_prompt_tokens_is_a_bad_response(tokenizer):
   engine = _engine('http://a:1', tokenizer)
   answer = {'output_ids': [5], 'meta_info': {'finish_reason': {'type': 'length', 'length': 1},
                                              'output_token_logprobs': [[-1.0, 5, None]]}}
-  with pytest.raises(sc.EngineError) as e:
+  with pytest.raises(sglang_protocol.EngineError) as e:
     engine.parse_response(answer, prompt_len=7)
-  assert e.value.kind == sc.ERROR_RESPONSE and 'meta_info.prompt_tokens=None' in str(e.value)
+  assert e.value.kind == sglang_protocol.ERROR_RESPONSE and 'meta_info.prompt_tokens=None' in str(e.value)
   answer['meta_info']['prompt_tokens'] = 7
   assert engine.parse_response(answer, prompt_len=7).ids.tolist() == [5]
 
@@ -100,7 +100,8 @@ def test_vision_ids_are_banned_in_the_request_and_the_double_honours_it(tokenize
     (traj,) = _rollout(engine, env, make_builder, n=1, max_turns=1)
     (body,) = double.bodies  # parsed as strict JSON, as SGLang's orjson does: a finite bias, no -Infinity
     bias = body['sampling_params']['logit_bias']
-    assert bias == {str(i): sc.BANNED_LOGIT_BIAS for i in tj.VISION_IDS} and sc.BANNED_LOGIT_BIAS <= -100
+    banned = sglang_protocol.BANNED_LOGIT_BIAS
+    assert bias == {str(i): banned for i in tj.VISION_IDS} and banned <= -100
     assert set(tj.VISION_IDS) == {tj.VISION_START_ID, tj.VISION_END_ID, tj.IMAGE_PAD_ID, tj.VIDEO_PAD_ID}
     # The turn never holds a vision id, so it is a clean response (the 'x' the double falls back to instead).
     gen = np.asarray(traj.token_ids)[np.asarray(traj.gen_mask)]
@@ -154,10 +155,10 @@ def test_the_cache_re_encodes_replaced_pixels_and_never_caches_raw_arrays():
   rng = np.random.default_rng(3)
   ref = PROCESSOR.process(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
   first = cache.url(ref)
-  assert cache.url(ref) is first and first == sc.image_data_url(ref)
+  assert cache.url(ref) is first and first == sglang_protocol.image_data_url(ref)
   ref.pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
-  assert cache.url(ref) == sc.image_data_url(ref) != first
+  assert cache.url(ref) == sglang_protocol.image_data_url(ref) != first
   raw = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
-  assert cache.url(raw) == sc.image_data_url(raw) and len(cache) == 1
+  assert cache.url(raw) == sglang_protocol.image_data_url(raw) and len(cache) == 1
   with pytest.raises(ValueError, match='uint8'):
     cache.url(np.zeros((4, 4), np.uint8))

@@ -17,7 +17,7 @@ from flax import nnx
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.rollout import jax_sampler
+from osvl_jax.rollout.embedded import jax_sampler
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NEW = 6            # decode length: small, the CPUs are shared.
@@ -126,9 +126,9 @@ def serve_in_thread(service, api_key=None):
   """The FastAPI app of `service` (with `api_key`, if any) under uvicorn in a thread of this process (shares the jit
   caches)."""
   import uvicorn
-  from osvl_jax.rollout import server_app
+  from osvl_jax.serve import app as app_lib
   port = free_port()
-  config = uvicorn.Config(server_app.create_app(service, '127.0.0.1', port, api_key=api_key), host='127.0.0.1',
+  config = uvicorn.Config(app_lib.create_app(service, '127.0.0.1', port, api_key=api_key), host='127.0.0.1',
                           port=port, log_level='warning', access_log=False)
   srv = uvicorn.Server(config)
   thread = threading.Thread(target=srv.run, daemon=True)

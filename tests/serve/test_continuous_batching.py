@@ -11,7 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from osvl_jax.rollout import decode_batch, engine as engine_lib, jax_sampler, server
+from osvl_jax.rollout import engine as engine_lib
+from osvl_jax.rollout.embedded import decode_batch, jax_sampler
+from osvl_jax.serve import service as service_lib
 from tests.serve.conftest import serve_in_thread
 
 LONG, SHORT = 1500, 8
@@ -30,8 +32,8 @@ def _prompt(seed, n):
 def url(tiny_model, tokenizer, processor):
   sampler = NoEosSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=2048,
                          bucket=16)
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
-                              default_max_new_tokens=SHORT, decode_steps=8)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                                   default_max_new_tokens=SHORT, decode_steps=8)
   with serve_in_thread(svc) as u:
     yield u
   svc.close()
@@ -118,8 +120,8 @@ def test_the_kv_slots_of_every_sampling_setting_together_stay_within_max_batch(t
   more), and every request is still answered, rows joining running batches."""
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
                                    bucket=16)
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0', max_batch=4,
-                              default_max_new_tokens=SHORT, decode_steps=4, batch_window_s=0.05)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0', max_batch=4,
+                                   default_max_new_tokens=SHORT, decode_steps=4, batch_window_s=0.05)
   settings = [{'temperature': 0}, {'temperature': 0.7, 'top_p': 0.9}, {'temperature': 1.0}]
 
   def one(i):

@@ -17,7 +17,11 @@ from PIL import Image
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import jax_sampler, request_limits, server, server_app
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.serve import app as app_lib
+from osvl_jax.serve import request_limits
+from osvl_jax.serve import service as service_lib
+from osvl_jax.serve.requests import Row
 from tests.serve.conftest import serve_in_thread, wait_until
 
 LONG = 120       # new ids of the long request (decode_steps 2: 60 chunks)
@@ -30,15 +34,15 @@ class NoEosSampler(jax_sampler.JaxSampler):
 
 
 def _row(ids, max_new):
-  return server.Row(context=engine_lib.Context(np.asarray(ids, np.int32), []), max_new_tokens=max_new,
-                    temperature=0.0, top_p=1.0, stop=(), stop_token_ids=frozenset())
+  return Row(context=engine_lib.Context(np.asarray(ids, np.int32), []), max_new_tokens=max_new,
+             temperature=0.0, top_p=1.0, stop=(), stop_token_ids=frozenset())
 
 
 def test_a_flush_runs_between_chunks_and_requests_behind_it_are_admitted(tiny_model, tokenizer, processor):
   sampler = NoEosSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
                          bucket=16, prefix_cache_slots=4)
-  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=8, decode_steps=2,
-                              batch_window_s=0.0)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=8, decode_steps=2,
+                                   batch_window_s=0.0)
   try:
     svc.submit_rows([_row([100, 101, 102], 2)]).result(timeout=120)   # compiles; fills a prefix-cache slot
     assert svc.prefix_cache_info()['used_slots'] == 1
@@ -66,7 +70,7 @@ def test_text_requests_do_not_wait_behind_image_requests_queued_for_decoding(tin
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
                                    bucket=16)
   limits = request_limits.RequestLimits(256, 32, max_concurrent_decodes=1)
-  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2, limits=limits)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2, limits=limits)
   image_ids = [100, tj.VISION_START_ID, tj.IMAGE_PAD_ID, tj.VISION_END_ID, 101]
   n_images = HTTP_THREADS + 2
   release = threading.Event()
@@ -109,16 +113,16 @@ def test_small_requests_are_parsed_without_an_http_thread(tiny_model, tokenizer,
   monkeypatch.setattr(starlette.concurrency, 'run_in_threadpool', recorded)   # read when the app is made
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
                                    bucket=16)
-  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2)
   text = {'input_ids': [100, 200, 300], 'sampling_params': {'max_new_tokens': 2, 'temperature': 0}}
   chat = {'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 2, 'temperature': 0}
   with serve_in_thread(svc) as url:
     assert httpx.post(url + '/generate', json=text, timeout=120).status_code == 200
     assert httpx.post(url + '/v1/chat/completions', json=chat, timeout=120).status_code == 200
     assert on_threads == []
-    large = {**text, 'rid': 'x' * server_app.SMALL_BODY_BYTES}
+    large = {**text, 'rid': 'x' * app_lib.SMALL_BODY_BYTES}
     assert httpx.post(url + '/generate', json=large, timeout=120).status_code == 200
-    assert on_threads == ['parse_body', 'parse_generate']
+    assert on_threads == ['parse_body', 'parse_generate_request']
   svc.close()
 
 
@@ -129,7 +133,7 @@ def test_large_bodies_are_read_a_few_at_a_time(tiny_model, tokenizer, processor,
   read_body = request_limits.read_body
 
   async def counted(request, limit):   # the large bodies being read
-    large = int(request.headers['content-length']) > server_app.SMALL_BODY_BYTES
+    large = int(request.headers['content-length']) > app_lib.SMALL_BODY_BYTES
     reading[0] += large
     peak[0] = max(peak[0], reading[0])
     try:
@@ -140,20 +144,20 @@ def test_large_bodies_are_read_a_few_at_a_time(tiny_model, tokenizer, processor,
   monkeypatch.setattr(request_limits, 'read_body', counted)
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
                                    bucket=16)
-  svc = server.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, default_max_new_tokens=2)
   uploads = []
   with serve_in_thread(svc) as url:
     port = int(url.rsplit(':', 1)[1])
     try:
-      for _ in range(server_app.LARGE_BODY_READS + 2):   # each sends its headers and half its body, then stalls
+      for _ in range(app_lib.LARGE_BODY_READS + 2):   # each sends its headers and half its body, then stalls
         s = socket.create_connection(('127.0.0.1', port))
         s.sendall(b'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
                   b'Content-Length: 200000\r\n\r\n' + b' ' * 100000)
         uploads.append(s)
-      wait_until(lambda: reading[0] >= server_app.LARGE_BODY_READS, 30, 'large bodies being read')
+      wait_until(lambda: reading[0] >= app_lib.LARGE_BODY_READS, 30, 'large bodies being read')
       text = {'input_ids': [100, 200, 300], 'sampling_params': {'max_new_tokens': 2, 'temperature': 0}}
       assert httpx.post(url + '/generate', json=text, timeout=120).status_code == 200
-      assert peak[0] == server_app.LARGE_BODY_READS
+      assert peak[0] == app_lib.LARGE_BODY_READS
     finally:
       for s in uploads:
         s.close()

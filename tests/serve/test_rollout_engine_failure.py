@@ -8,7 +8,7 @@ import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import agent_loop
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_client as sc
 from tests.serve.conftest import healthy, serve_process, wait_until
 from tools import env as tools_env
 

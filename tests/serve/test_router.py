@@ -9,7 +9,8 @@ from flax import nnx
 from osvl_jax import checkpoints as ckpt_lib
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_protocol as protocol
 from tests.serve.conftest import MAX_LEN, NEW, reference_sampler, router_cluster
 
 
@@ -60,7 +61,7 @@ def test_update_weights_from_disk(cluster, tokenizer, contexts, tmp_path):
   one.update_weights_from_disk(str(tmp_path / 'ckpt'), weight_version='41')
   one.update_weights_from_disk(str(tmp_path / 'ckpt'))
   assert one.model_info()['weight_version'] == '42'
-  with pytest.raises(sc.EngineError):
+  with pytest.raises(protocol.EngineError):
     one.update_weights_from_disk(str(tmp_path / 'missing'))
   assert one.model_info()['weight_version'] == '42'
 
@@ -68,7 +69,7 @@ def test_update_weights_from_disk(cluster, tokenizer, contexts, tmp_path):
 def test_grpo_through_the_router_publishes_to_every_worker(cluster, tokenizer, tmp_path, monkeypatch):
   """GRPO rolls out through the router (`rollout.urls`) and publishes each version to both workers
   (`rollout.admin_urls`): after 2 steps both serve version 2, with the trainer's log-probs."""
-  from tests.serve.test_weight_sync import trainer_logprobs
+  from tests.serve.test_weight_publish import trainer_logprobs
   from tests.train import test_grpo_serve as grpo_test
   from osvl_jax.train import grpo, metrics
   router, workers = cluster

@@ -10,9 +10,12 @@ import pytest
 from osvl_jax import checkpoints
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import jax_sampler
-from osvl_jax.rollout import server
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.rollout.remote import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_protocol as protocol
+from osvl_jax.serve import service as service_lib
+from osvl_jax.serve.request_fields import RequestError
+from osvl_jax.serve.requests import Row, render_messages
 from tests.serve.conftest import BUCKET, MAX_LEN, NEW, serve_in_thread
 
 
@@ -23,8 +26,8 @@ def service(tiny_model, tokenizer, processor):
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET, prefix_cache_slots=16)
   loader = lambda path: tiny_model if path == 'tiny' else checkpoints.load_policy(path)[0]
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
-                              batch_window_s=0.02, default_max_new_tokens=NEW, loader=loader)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                                   batch_window_s=0.02, default_max_new_tokens=NEW, loader=loader)
   yield svc
   svc.close()
 
@@ -50,8 +53,8 @@ def test_greedy_through_http_equals_in_process(url, reference, tokenizer, contex
 
 def test_concurrent_rows_are_batched_and_cut_per_row(service, contexts):
   caps = [2, 6, 4]
-  rows = [server.Row(context=engine_lib.as_context(c), max_new_tokens=n, temperature=0.0, top_p=1.0, stop=(),
-                     stop_token_ids=frozenset(), return_logprob=True) for c, n in zip(contexts, caps)]
+  rows = [Row(context=engine_lib.as_context(c), max_new_tokens=n, temperature=0.0, top_p=1.0, stop=(),
+              stop_token_ids=frozenset(), return_logprob=True) for c, n in zip(contexts, caps)]
   before = dict(service.stats)
   futures = [service.submit_rows([r]) for r in rows]   # three requests waiting together
   outs = [f.result(timeout=60)[0] for f in futures]
@@ -61,8 +64,8 @@ def test_concurrent_rows_are_batched_and_cut_per_row(service, contexts):
   assert all(o['finish_reason'] == {'type': 'length', 'length': n} for o, n in zip(outs, caps))
   # An extra stop id of one row cuts that row only.
   stop_id = outs[1]['ids'][2]
-  row = server.Row(context=rows[1].context, max_new_tokens=6, temperature=0.0, top_p=1.0, stop=(),
-                   stop_token_ids=frozenset({stop_id}), return_logprob=True)
+  row = Row(context=rows[1].context, max_new_tokens=6, temperature=0.0, top_p=1.0, stop=(),
+            stop_token_ids=frozenset({stop_id}), return_logprob=True)
   (cut,) = service.submit_rows([row]).result(timeout=60)
   assert cut['ids'] == outs[1]['ids'][:outs[1]['ids'].index(stop_id) + 1]
   assert cut['finish_reason'] == {'type': 'stop', 'matched': stop_id}
@@ -113,21 +116,21 @@ def test_chat_messages_render_as_the_trajectory_builder(tokenizer, processor, co
   pixels = contexts[2][1][0].pixels
   builder = tj.TrajectoryBuilder(tokenizer, processor, [], system_prompt='Judge.')
   builder.start('Is it a tower?', pixels)
+  image = {'type': 'image_url', 'image_url': {'url': protocol.image_data_url(pixels)}}
   messages = [{'role': 'system', 'content': 'Judge.'},
-              {'role': 'user', 'content': [{'type': 'text', 'text': 'Is it a tower?'},
-                                           {'type': 'image_url', 'image_url': {'url': sc.image_data_url(pixels)}}]}]
-  ids, refs = server.render_messages(tokenizer, processor, messages)
+              {'role': 'user', 'content': [{'type': 'text', 'text': 'Is it a tower?'}, image]}]
+  ids, refs = render_messages(tokenizer, processor, messages)
   np.testing.assert_array_equal(ids, builder.prompt_ids())
   assert len(refs) == 1 and refs[0].num_tokens == builder.images[0].num_tokens
   more = messages + [{'role': 'assistant', 'content': '<think>x</think><response>yes</response>'},
                      {'role': 'user', 'content': 'Sure?'}]
-  ids2, _ = server.render_messages(tokenizer, processor, more)
+  ids2, _ = render_messages(tokenizer, processor, more)
   assert ids2[:len(ids)].tolist() == ids.tolist()   # append-only
   text = tokenizer.decode(ids2[len(ids):])
   assert text == ('<think>x</think><response>yes</response><|im_end|>\n<|im_start|>user\nSure?<|im_end|>\n'
                   '<|im_start|>assistant\n')
-  with pytest.raises(server.RequestError):
-    server.render_messages(tokenizer, processor, [{'role': 'assistant', 'content': 'hi'}])
+  with pytest.raises(RequestError):
+    render_messages(tokenizer, processor, [{'role': 'assistant', 'content': 'hi'}])
 
 
 def test_chat_completions_endpoint(url):
@@ -169,18 +172,18 @@ def test_prefix_cache_is_reported_flushed_and_emptied_by_updates(url, service, c
 
 
 def test_prefix_cache_size_auto_explicit_and_refused(tiny_model, monkeypatch):
-  from osvl_jax import serve  # pylint: disable=g-import-not-at-top
+  from osvl_jax.serve import launch  # pylint: disable=g-import-not-at-top
   t = tiny_model.config.text
   per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 256 * 4   # max_len 200 -> 256 tokens
-  assert serve.prefix_cache_size(tiny_model, 0, 200, 128) == 0
-  assert serve.prefix_cache_size(tiny_model, 7, 200, 128) == 7
-  assert serve.prefix_cache_size(tiny_model, -1, 200, 128) == serve.AUTO_PREFIX_CACHE_SLOTS  # the tiny slot is small
+  assert launch.prefix_cache_size(tiny_model, 0, 200, 128) == 0
+  assert launch.prefix_cache_size(tiny_model, 7, 200, 128) == 7
+  assert launch.prefix_cache_size(tiny_model, -1, 200, 128) == launch.AUTO_PREFIX_CACHE_SLOTS  # the tiny slot is small
   with pytest.raises(ValueError, match='prefix_cache_slots must be -1'):
-    serve.prefix_cache_size(tiny_model, -2, 200, 128)
+    launch.prefix_cache_size(tiny_model, -2, 200, 128)
   # A device reporting 100 slots' worth of memory: auto takes a quarter, an explicit count over half is refused.
   device = type('Device', (), {'memory_stats': lambda self: {'bytes_limit': 100 * per_slot}})()
   monkeypatch.setattr(jax, 'devices', lambda: [device])
-  assert serve.prefix_cache_size(tiny_model, -1, 200, 128) == 25
-  assert serve.prefix_cache_size(tiny_model, 50, 200, 128) == 50
+  assert launch.prefix_cache_size(tiny_model, -1, 200, 128) == 25
+  assert launch.prefix_cache_size(tiny_model, 50, 200, 128) == 50
   with pytest.raises(ValueError, match='prefix_cache_slots=51 needs'):
-    serve.prefix_cache_size(tiny_model, 51, 200, 128)
+    launch.prefix_cache_size(tiny_model, 51, 200, 128)

@@ -1,4 +1,4 @@
-"""Access control of the server (`server_auth`): the API key (401 without it, /health open, as SGLang), the client
+"""Access control of the server (`serve.auth`): the API key (401 without it, /health open, as SGLang), the client
 and the real `sglang-router` sending it, and `--weights_root` (paths outside it, missing paths and escaping
 symlinks refused with one message; non-local schemes never contacted outside an allowed root)."""
 
@@ -8,8 +8,12 @@ import httpx
 import pytest
 
 from osvl_jax import checkpoints
-from osvl_jax.rollout import jax_sampler, server, server_auth, weight_sync
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout import weight_publish
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.rollout.remote import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_protocol as protocol
+from osvl_jax.serve import auth
+from osvl_jax.serve import service as service_lib
 from tests.serve.conftest import (BUCKET, MAX_LEN, NEW, healthy, router_process, serve_in_thread, serve_process,
                                   wait_until)
 
@@ -22,8 +26,8 @@ def folders(tmp_path_factory, tiny_model):
   """root/ok: an exported tiny folder; outside/w: one outside the root; symlinks and `..` paths escaping it."""
   base = tmp_path_factory.mktemp('weights')
   root, outside = base / 'root', base / 'outside'
-  ok = weight_sync.export_version(tiny_model, root, 1, 32 * 32, 64 * 64, dtype='float32')
-  out = weight_sync.export_version(tiny_model, outside, 1, 32 * 32, 64 * 64, dtype='float32')
+  ok = weight_publish.export_version(tiny_model, root, 1, 32 * 32, 64 * 64, dtype='float32')
+  out = weight_publish.export_version(tiny_model, outside, 1, 32 * 32, 64 * 64, dtype='float32')
   os.symlink(out, root / 'escape')                       # a folder link leaving the root
   shard = root / 'shard_link'
   shard.mkdir()
@@ -45,9 +49,9 @@ def secured(tiny_model, tokenizer, processor, folders):
     return checkpoints.load_policy(path)[0]
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET)
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
-                              default_max_new_tokens=NEW, loader=loader,
-                              weights_roots=server_auth.WeightsRoots([str(folders['root']), 'gs://allowed/policies']))
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                                   default_max_new_tokens=NEW, loader=loader,
+                                   weights_roots=auth.WeightsRoots([str(folders['root']), 'gs://allowed/policies']))
   with serve_in_thread(svc, api_key=KEY) as url:
     yield url, svc, loaded
   svc.close()
@@ -62,10 +66,10 @@ def test_requests_need_the_key_but_health(secured):
       assert httpx.get(url + path, headers=headers, timeout=10).status_code == 401
     r = httpx.post(url + '/update_weights_from_disk', json={'model_path': 'x'}, headers=headers, timeout=10)
     assert r.status_code == 401
-  auth = {'Authorization': f'Bearer {KEY}'}
-  r = httpx.post(url + '/generate', json=GEN, headers=auth, timeout=60)
+  bearer = {'Authorization': f'Bearer {KEY}'}
+  r = httpx.post(url + '/generate', json=GEN, headers=bearer, timeout=60)
   assert r.status_code == 200 and len(r.json()['output_ids']) == 2
-  assert httpx.get(url + '/model_info', headers=auth, timeout=10).status_code == 200
+  assert httpx.get(url + '/model_info', headers=bearer, timeout=10).status_code == 200
   assert httpx.get(url + '/health', timeout=10).status_code == 200          # open, as SGLang
   assert httpx.get(url + '/health_generate', timeout=10).status_code == 200
 
@@ -75,7 +79,7 @@ def test_the_client_sends_the_key_from_its_argument_or_the_environment(secured, 
   context = ([100, 200, 300], [])
   monkeypatch.delenv('OSVL_API_KEY', raising=False)
   monkeypatch.delenv('SGLANG_API_KEY', raising=False)
-  with pytest.raises(sc.EngineError) as e:
+  with pytest.raises(protocol.EngineError) as e:
     sc.SGLangEngine(url, tokenizer, max_new_tokens=2, temperature=0.0, retries=0).generate([context])
   assert e.value.status == 401 and KEY not in str(e.value)
   (gen,) = sc.SGLangEngine(url, tokenizer, max_new_tokens=2, temperature=0.0, api_key=KEY).generate([context])
@@ -86,7 +90,7 @@ def test_the_client_sends_the_key_from_its_argument_or_the_environment(secured, 
     assert engine.model_info()['weight_version'] == '0' and len(engine.generate([context])[0].ids) == 2
     monkeypatch.setenv(name, 'wrong')
   monkeypatch.setenv('SGLANG_API_KEY', KEY)
-  with pytest.raises(sc.EngineError, match='401'):
+  with pytest.raises(protocol.EngineError, match='401'):
     sc.SGLangEngine(url, tokenizer, retries=0).model_info()
 
 
@@ -117,8 +121,8 @@ def test_weights_outside_the_root_are_refused_like_missing_ones(secured, folders
 
 def test_roots_must_exist(tmp_path):
   with pytest.raises(ValueError, match='is not an existing folder'):
-    server_auth.WeightsRoots([str(tmp_path / 'nope')])
-  assert server_auth.WeightsRoots().resolve('/anything') == '/anything'   # no root: any path (SGLang)
+    auth.WeightsRoots([str(tmp_path / 'nope')])
+  assert auth.WeightsRoots().resolve('/anything') == '/anything'   # no root: any path (SGLang)
 
 
 def test_served_process_and_router_forward_the_key(tmp_path, tokenizer, folders):
@@ -127,13 +131,13 @@ def test_served_process_and_router_forward_the_key(tmp_path, tokenizer, folders)
     wait_until(lambda: healthy(w), 120, 'worker', proc, tmp_path / 'w.log')
     with router_process(tmp_path / 'router.log', '--policy', 'round_robin', '--worker-urls', w,
                         '--api-key', KEY) as (url, router):
-      auth = {'Authorization': f'Bearer {KEY}'}
-      wait_until(lambda: any(x.get('is_healthy') for x in httpx.get(url + '/workers', headers=auth, timeout=2)
+      bearer = {'Authorization': f'Bearer {KEY}'}
+      wait_until(lambda: any(x.get('is_healthy') for x in httpx.get(url + '/workers', headers=bearer, timeout=2)
                              .json().get('workers', [])), 60, 'router', router, tmp_path / 'router.log')
       assert httpx.post(url + '/generate', json=GEN, timeout=60).status_code == 401
       engine = sc.SGLangEngine(url, tokenizer, max_new_tokens=2, temperature=0.0, api_key=KEY, admin_urls=[w])
       assert len(engine.generate([([100, 200, 300], [])])[0].ids) == 2
-      with pytest.raises(sc.EngineError, match='not a weights folder under the allowed --weights_root'):
+      with pytest.raises(protocol.EngineError, match='not a weights folder under the allowed --weights_root'):
         engine.update_weights_from_disk(str(folders['outside']), weight_version='7')
       assert engine.update_weights_from_disk(str(folders['ok']), weight_version='7')[0]['success']
       assert engine.generate([([100, 200, 300], [])])[0].weight_version == '7'

@@ -11,7 +11,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from osvl_jax.rollout import jax_sampler, request_fields, server, server_auth
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.serve import auth, request_fields
+from osvl_jax.serve import service as service_lib
 from tests.serve.conftest import BUCKET, MAX_LEN, NEW, serve_in_thread
 
 KEY = 'test-key-3f9a'
@@ -19,7 +21,7 @@ KEY = 'test-key-3f9a'
 
 def _client(api_key):
   app = fastapi.FastAPI()
-  server_auth.add_api_key_middleware(app, api_key)
+  auth.add_api_key_middleware(app, api_key)
 
   @app.get('/model_info')
   def model_info():
@@ -33,29 +35,29 @@ def test_a_prefix_or_extension_of_the_key_is_refused(header):
   client = _client(KEY)
   r = client.get('/model_info', headers={'Authorization': header} if header else {})
   assert (r.status_code, r.json()) == (401, {'error': 'Unauthorized'})
-  assert not server_auth.authorized('GET', '/model_info', header, KEY)
+  assert not auth.authorized('GET', '/model_info', header, KEY)
   assert client.get('/model_info', headers={'Authorization': f'Bearer {KEY}'}).status_code == 200
 
 
 @pytest.mark.parametrize('key', ['', ' ', '\t'])
 def test_an_empty_api_key_is_refused_not_served_without_a_key(key):
   with pytest.raises(ValueError, match='--api_key is empty'):
-    server_auth.add_api_key_middleware(fastapi.FastAPI(), key)
-  server_auth.add_api_key_middleware(fastapi.FastAPI(), None)   # no key given: open, as SGLang
+    auth.add_api_key_middleware(fastapi.FastAPI(), key)
+  auth.add_api_key_middleware(fastapi.FastAPI(), None)   # no key given: open, as SGLang
 
 
 def test_a_root_is_not_a_prefix_of_another_folders_name(tmp_path):
   for name in ('weights', 'weights-old/v1', 'weights2/v1', 'weights/v1'):
     (tmp_path / name).mkdir(parents=True)
   for root in (tmp_path / 'weights', f'{tmp_path}/weights/'):
-    roots = server_auth.WeightsRoots([str(root)])
+    roots = auth.WeightsRoots([str(root)])
     for sibling in ('weights-old/v1', 'weights2/v1', 'weights-old'):
-      with pytest.raises(server_auth.WeightsPathRefused):
+      with pytest.raises(auth.WeightsPathRefused):
         roots.resolve(str(tmp_path / sibling))
     assert roots.resolve(str(tmp_path / 'weights/v1')) == str(tmp_path / 'weights/v1')
-  roots = server_auth.WeightsRoots(['gs://bucket/weights'])
+  roots = auth.WeightsRoots(['gs://bucket/weights'])
   for sibling in ('gs://bucket/weights-old/v1', 'gs://bucket/weights2', 'gs://bucket-old/weights/v1'):
-    with pytest.raises(server_auth.WeightsPathRefused):
+    with pytest.raises(auth.WeightsPathRefused):
       roots.resolve(sibling)
   assert roots.resolve('gs://bucket/weights/v1') == 'gs://bucket/weights/v1'
 
@@ -71,8 +73,8 @@ def test_symlinks_two_levels_deep_cannot_leave_the_root(tmp_path):
   (root / 'ckpt' / 'config.json').write_text('{}')
   os.symlink(root / 'inner', root / 'ckpt' / 'step')
   os.symlink(outside / 'secret', root / 'inner' / 'shard')
-  roots = server_auth.WeightsRoots([str(root)])
-  with pytest.raises(server_auth.WeightsPathRefused):
+  roots = auth.WeightsRoots([str(root)])
+  with pytest.raises(auth.WeightsPathRefused):
     roots.resolve(str(root / 'ckpt'))
   os.remove(root / 'inner' / 'shard')
   os.symlink(root / 'ckpt', root / 'inner' / 'loop')   # a cycle, all inside the root: allowed, and it terminates
@@ -85,8 +87,8 @@ def served(tiny_model, tokenizer, processor):
   loaded = []
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET)
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
-                              default_max_new_tokens=NEW, loader=lambda path: loaded.append(path) or tiny_model)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                                   default_max_new_tokens=NEW, loader=lambda path: loaded.append(path) or tiny_model)
   with serve_in_thread(svc) as url:
     yield url, svc, loaded
   svc.close()
@@ -159,7 +161,7 @@ def test_an_integer_weight_version_is_its_text(served):
 def test_the_initial_weight_version_is_checked(tiny_model, tokenizer, processor):
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, max_len=MAX_LEN, bucket=BUCKET)
   with pytest.raises(ValueError, match='--weight_version must be an integer or a non-empty printable string'):
-    server.SamplerService(sampler, tokenizer, processor, weight_version='v\udc80')
+    service_lib.SamplerService(sampler, tokenizer, processor, weight_version='v\udc80')
 
 
 def test_deep_field_names_the_field_past_the_limit():

@@ -10,11 +10,12 @@ import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import jax_sampler
-from osvl_jax.rollout import request_limits
-from osvl_jax.rollout import server
-from osvl_jax.rollout import server_auth
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.rollout.remote import sglang_protocol as protocol
+from osvl_jax.serve import auth
+from osvl_jax.serve import request_limits
+from osvl_jax.serve import service as service_lib
+from osvl_jax.serve.requests import Row
 from tests.serve.conftest import BUCKET, MAX_LEN, NEW, serve_in_thread
 
 LIMIT_NEW = 32        # --max_new_tokens_limit of this server
@@ -27,8 +28,8 @@ def service(tiny_model, tokenizer, processor):
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET)
   limits = request_limits.RequestLimits(MAX_LEN, LIMIT_NEW, max_body_bytes=BODY)
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
-                              batch_window_s=0.05, default_max_new_tokens=NEW, limits=limits)
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                                   batch_window_s=0.05, default_max_new_tokens=NEW, limits=limits)
   yield svc
   svc.close()
 
@@ -41,7 +42,7 @@ def url(service):
 
 @pytest.fixture(scope='module')
 def image_item(contexts):
-  return sc.image_data_url(contexts[2][1][0].pixels)   # 64x64: 4 pads
+  return protocol.image_data_url(contexts[2][1][0].pixels)   # 64x64: 4 pads
 
 
 def generate_body(ids, images=None, max_new=4):
@@ -78,8 +79,8 @@ def test_a_row_failing_inside_the_batched_call_fails_alone(service, contexts, pr
   """A row that passes the door but raises in the sampler (a split pad run given straight to the service): the
   batch is bisected, only that row's request fails, its five batch-mates match their answers alone."""
   def row(context, cap=4):
-    return server.Row(context=engine_lib.as_context(context), max_new_tokens=cap, temperature=0.0, top_p=1.0,
-                      stop=(), stop_token_ids=frozenset(), return_logprob=True)
+    return Row(context=engine_lib.as_context(context), max_new_tokens=cap, temperature=0.0, top_p=1.0,
+               stop=(), stop_token_ids=frozenset(), return_logprob=True)
   ids, refs = contexts[2]
   start = int(np.flatnonzero(ids == VS)[0])
   split = np.concatenate([ids[:start + 3], [500], ids[start + 3:]]).astype(np.int32)   # VS P P 500 P P VE
@@ -102,14 +103,14 @@ def test_a_failing_row_of_a_job_larger_than_the_free_room_is_answered_once(tiny_
   in the path) is a (False, why); the worker keeps serving after both."""
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET)
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0', max_batch=2,
-                              default_max_new_tokens=NEW, weights_roots=server_auth.WeightsRoots([str(tmp_path)]))
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0', max_batch=2,
+                                   default_max_new_tokens=NEW, weights_roots=auth.WeightsRoots([str(tmp_path)]))
   try:
     ids, refs = contexts[2]
     start = int(np.flatnonzero(ids == VS)[0])
     split = np.concatenate([ids[:start + 3], [500], ids[start + 3:]]).astype(np.int32)
-    row = lambda c: server.Row(context=engine_lib.as_context(c), max_new_tokens=3, temperature=0.0, top_p=1.0,
-                               stop=(), stop_token_ids=frozenset(), return_logprob=True)
+    row = lambda c: Row(context=engine_lib.as_context(c), max_new_tokens=3, temperature=0.0, top_p=1.0,
+                        stop=(), stop_token_ids=frozenset(), return_logprob=True)
     with pytest.raises(ValueError, match='needs 4 image tokens'):
       svc.submit_rows([row(contexts[0]), row((split, refs)), row(contexts[1])]).result(timeout=120)
     ok, message = svc.submit_update({'model_path': str(tmp_path) + '/x\x00'}).result(timeout=60)
@@ -287,7 +288,8 @@ def test_body_limits_and_serving_after_refusals(url, contexts):
   assert ok.status_code == 200 and len(ok.json()['output_ids']) == 3
   ok = httpx.post(url + '/v1/chat/completions', json=chat(max_tokens=2, temperature=0), timeout=120)
   assert ok.status_code == 200 and ok.json()['usage']['completion_tokens'] == 2
-  bans = {'max_new_tokens': 3, 'temperature': 0, 'logit_bias': dict(sc.VISION_LOGIT_BIAS)}  # as SGLangEngine sends
+  # As SGLangEngine sends them.
+  bans = {'max_new_tokens': 3, 'temperature': 0, 'logit_bias': dict(protocol.VISION_LOGIT_BIAS)}
   ok = httpx.post(url + '/generate', json={**generate_body(contexts[0][0]), 'sampling_params': bans}, timeout=120)
   assert ok.status_code == 200 and len(ok.json()['output_ids']) == 3
   batch = {'input_ids': [[1, 2], [3, 4]], 'rid': ['a', 'b'], 'sampling_params': {'max_new_tokens': 1}}

@@ -9,8 +9,9 @@ import pytest
 
 from osvl_jax import trajectory as tj
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import server
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_protocol as protocol
+from osvl_jax.serve import request_fields, requests
 
 SCHEMA = json.loads((pathlib.Path(__file__).with_name('sglang_schema.json')).read_text())
 
@@ -59,23 +60,23 @@ def test_every_request_field_is_in_sglangs_dataclasses(tokenizer, contexts):
   (update,) = [b for p, b in sent if p == '/update_weights_from_disk']
   assert set(update) <= set(SCHEMA['UpdateWeightFromDiskReqInput'])
   # The server's accepted fields are SGLang's too.
-  assert set(server.GENERATE_FIELDS) <= gen_fields
-  assert set(server.SAMPLING_FIELDS) | set(server.SAMPLING_DEFAULT_ONLY) <= sp_fields
+  assert set(requests.GENERATE_FIELDS) <= gen_fields
+  assert set(request_fields.SAMPLING_FIELDS) | set(request_fields.SAMPLING_DEFAULT_ONLY) <= sp_fields
 
 
 def test_image_pads_collapse_to_one_per_image_and_expand_back(contexts, processor):
   ids, (ref,) = contexts[2]
-  sent = sc.collapse_image_pads(ids, [ref])
+  sent = protocol.collapse_image_pads(ids, [ref])
   assert sent.count(tj.IMAGE_PAD_ID) == 1 and len(sent) == len(ids) - ref.num_tokens + 1
-  np.testing.assert_array_equal(server.expand_image_pads(sent, [ref]), ids)
-  np.testing.assert_array_equal(server.expand_image_pads(ids, [ref]), ids)  # already expanded: unchanged
+  np.testing.assert_array_equal(requests.expand_image_pads(sent, [ref]), ids)
+  np.testing.assert_array_equal(requests.expand_image_pads(ids, [ref]), ids)  # already expanded: unchanged
   with pytest.raises(ValueError, match='needs'):
-    sc.collapse_image_pads(ids[:-6], [ref])  # a short run
+    protocol.collapse_image_pads(ids[:-6], [ref])  # a short run
   with pytest.raises(ValueError, match='image'):
-    sc.collapse_image_pads(ids, [])
-  url = sc.image_data_url(ref)
+    protocol.collapse_image_pads(ids, [])
+  url = protocol.image_data_url(ref)
   assert url.startswith('data:image/png;base64,')
-  np.testing.assert_array_equal(server.decode_image(url), ref.pixels)  # lossless
+  np.testing.assert_array_equal(requests.decode_image(url), ref.pixels)  # lossless
 
 
 def test_response_parsing(tokenizer):
@@ -86,14 +87,14 @@ def test_response_parsing(tokenizer):
   assert gen.weight_version == '7' and isinstance(gen, engine_lib.Generation)
   assert engine.parse_response(_answer([1, 2], {'type': 'length', 'length': 2})).finish_reason == 'length'
   assert engine.parse_response(_answer([1, 2], {'type': 'stop', 'matched': '</x>'})).finish_reason == 'stop_string'
-  with pytest.raises(sc.EngineError) as e:
+  with pytest.raises(protocol.EngineError) as e:
     engine.parse_response(_answer([1], {'type': 'abort', 'message': 'bye'}))
-  assert e.value.kind == sc.ERROR_ABORT
+  assert e.value.kind == protocol.ERROR_ABORT
   bad = _answer([1, 2])
   bad['output_ids'] = [1, 3]
-  with pytest.raises(sc.EngineError, match='disagree'):
+  with pytest.raises(protocol.EngineError, match='disagree'):
     engine.parse_response(bad)
-  with pytest.raises(sc.EngineError, match='output_token_logprobs'):
+  with pytest.raises(protocol.EngineError, match='output_token_logprobs'):
     engine.parse_response({'meta_info': {'finish_reason': {'type': 'length'}}})
 
 
@@ -114,9 +115,9 @@ def test_retries_5xx_then_succeeds_round_robin(tokenizer):
 
 
 @pytest.mark.parametrize('failure, kind', [
-    (httpx.ConnectError('refused'), sc.ERROR_CONNECTION),
-    (httpx.ReadTimeout('slow'), sc.ERROR_TIMEOUT),
-    (httpx.Response(500, text='boom'), sc.ERROR_HTTP)])
+    (httpx.ConnectError('refused'), protocol.ERROR_CONNECTION),
+    (httpx.ReadTimeout('slow'), protocol.ERROR_TIMEOUT),
+    (httpx.Response(500, text='boom'), protocol.ERROR_HTTP)])
 def test_gives_up_with_typed_engine_error(tokenizer, failure, kind):
   def handler(request):
     if isinstance(failure, Exception):
@@ -124,14 +125,14 @@ def test_gives_up_with_typed_engine_error(tokenizer, failure, kind):
     return failure
 
   engine = _engine(tokenizer, handler, retries=2)
-  with pytest.raises(sc.EngineError) as e:
+  with pytest.raises(protocol.EngineError) as e:
     engine.generate([(np.asarray([1, 2], np.int32), [])])
   assert e.value.kind == kind and e.value.attempts == 3
 
 
 def test_4xx_is_not_retried(tokenizer):
   engine = _engine(tokenizer, lambda r: httpx.Response(400, json={'error': {'message': 'bad'}}))
-  with pytest.raises(sc.EngineError) as e:
+  with pytest.raises(protocol.EngineError) as e:
     engine.generate([(np.asarray([1], np.int32), [])])
   assert e.value.status == 400 and e.value.attempts == 1
 
@@ -139,9 +140,9 @@ def test_4xx_is_not_retried(tokenizer):
 def test_refused_connection_on_a_real_socket(tokenizer):
   from tests.serve.conftest import free_port
   engine = sc.SGLangEngine(f'http://127.0.0.1:{free_port()}', tokenizer, retries=1, backoff=0.01, timeout=2)
-  with pytest.raises(sc.EngineError) as e:
+  with pytest.raises(protocol.EngineError) as e:
     engine.generate([(np.asarray([1], np.int32), [])])
-  assert e.value.kind == sc.ERROR_CONNECTION and e.value.attempts == 2
+  assert e.value.kind == protocol.ERROR_CONNECTION and e.value.attempts == 2
   assert not engine.health()
 
 

@@ -10,8 +10,8 @@ from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
 from osvl_jax.rollout import agent_loop
-from osvl_jax.rollout import sglang_client as sc
-from osvl_jax.rollout import weight_sync
+from osvl_jax.rollout import weight_publish
+from osvl_jax.rollout.remote import sglang_client as sc
 from tests.serve.conftest import healthy, serve_process, wait_until
 from tools import env as tools_env
 
@@ -26,7 +26,7 @@ def test_update_mid_rollout_versions_every_token(tmp_path, tokenizer, processor)
     def update_after_first_turn(record):  # on the event loop, after each answered request
       calls.append(record)
       if len(calls) == 1:  # the other episodes' first requests are in flight at the server now
-        path = weight_sync.export_version(trained, tmp_path / 'weights', 1, 32 * 32, 64 * 64, dtype='float32')
+        path = weight_publish.export_version(trained, tmp_path / 'weights', 1, 32 * 32, 64 * 64, dtype='float32')
         reply = httpx.post(url + '/update_weights_from_disk', json={'model_path': str(path), 'weight_version': '1'},
                            timeout=120).json()
         assert reply['success'], reply

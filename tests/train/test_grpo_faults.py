@@ -18,8 +18,9 @@ from flax import nnx
 from osvl_jax import checkpoints
 from osvl_jax import trajectory as tj
 from osvl_jax.models.qwen3_vl import sharding
+from osvl_jax.rollout import api_key, factory
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import factory, server_auth
+from osvl_jax.serve import auth
 from osvl_jax.train import grpo, metrics, policy, preflight
 from tests.train import test_grpo_serve
 
@@ -71,11 +72,11 @@ def test_a_step_whose_every_trajectory_failed_stops_the_trainer_naming_the_cause
 
 
 class _KeyedServer(http.server.BaseHTTPRequestHandler):
-  """A server run with an API key (`server_auth.authorized`, as `osvl_jax.serve --api_key`): /health open, every
+  """A server run with an API key (`auth.authorized`, as `osvl_jax.serve --api_key`): /health open, every
   other path 401 without `Authorization: Bearer <KEY>`."""
 
   def do_GET(self):  # noqa: N802
-    if not server_auth.authorized('GET', self.path, self.headers.get('Authorization'), KEY):
+    if not auth.authorized('GET', self.path, self.headers.get('Authorization'), KEY):
       self.send_response(401)
     else:
       self.send_response(200 if self.path in ('/health', '/model_info') else 404)
@@ -104,7 +105,7 @@ def test_a_trainer_without_the_servers_key_stops_before_anything_is_written(keye
   key), before a weight export."""
   c = _config()
   c.rollout.engine, c.rollout.urls = 'sglang', [keyed_server]
-  for name in server_auth.API_KEY_ENV:
+  for name in api_key.API_KEY_ENV:
     monkeypatch.delenv(name, raising=False)
   with pytest.raises(PermissionError, match=rf'rollout.urls: {keyed_server} answered /model_info with HTTP 401 '
                                             r'without an API key: set \$OSVL_API_KEY \(or \$SGLANG_API_KEY\)'):
@@ -117,7 +118,7 @@ def test_a_trainer_without_the_servers_key_stops_before_anything_is_written(keye
   with pytest.raises(PermissionError, match=r'HTTP 401 with the API key in \$SGLANG_API_KEY') as refused:
     preflight.check_servers(c)
   assert 'sk-wrong-key' not in str(refused.value)
-  monkeypatch.setenv('OSVL_API_KEY', KEY)   # read first (server_auth.api_key_from_env)
+  monkeypatch.setenv('OSVL_API_KEY', KEY)   # read first (api_key.api_key_from_env)
   assert preflight.check_servers(c) == [keyed_server]
 
 

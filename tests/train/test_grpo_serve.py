@@ -14,10 +14,10 @@ from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.rollout import sglang_client as sc
+from osvl_jax.rollout.remote import sglang_client as sc
 from osvl_jax.train import data, grpo, metrics, policy
 from tests.serve.conftest import healthy_server
-from tests.serve.test_weight_sync import trainer_logprobs
+from tests.serve.test_weight_publish import trainer_logprobs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / 'configs'))
 import demo as demo_config  # noqa: E402

@@ -3,9 +3,10 @@
 API key (`--api_key`, as SGLang's `--api-key`): every request must carry `Authorization: Bearer <key>`, else
 401 `{"error": "Unauthorized"}`; as SGLang (`add_api_key_middleware`), OPTIONS requests and paths starting with
 `/health` stay open (load balancers and the router probe them). Keys are compared in constant time and never
-logged; an empty `--api_key` is refused at startup (leave the flag out to serve without a key). Clients:
-`sglang_client.SGLangEngine(api_key=...)` (default: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`), the
-`sglang-router`'s `--api-key` (the key it sends to its workers).
+logged; an empty `--api_key` is refused at startup (leave the flag out to serve without a key); its default is
+`osvl_jax.rollout.api_key.api_key_from_env` (`$OSVL_API_KEY`, else `$SGLANG_API_KEY`), the key the clients send
+too: `sglang_client.SGLangEngine(api_key=...)`, the `sglang-router`'s `--api-key` (the key it sends to its
+workers).
 
 Weights roots (`--weights_root`, one or more): `/update_weights_from_disk` loads only folders inside them.
 A local `model_path` is resolved (symlinks, `..`) and must lie inside a resolved root, and so must every file
@@ -23,17 +24,8 @@ import posixpath
 import re
 from typing import Sequence
 
-API_KEY_ENV = ('OSVL_API_KEY', 'SGLANG_API_KEY')   # read in this order by `api_key_from_env`
 OPEN_PREFIX = '/health'                            # SGLang leaves /health, /health_generate open
 _URL = re.compile(r'^([a-zA-Z][a-zA-Z0-9+.-]*)://([^/]*)(/.*)?$')
-
-
-def api_key_from_env() -> str | None:
-  """The API key in `$OSVL_API_KEY`, else `$SGLANG_API_KEY`, else None (an empty value counts as unset)."""
-  for name in API_KEY_ENV:
-    if os.environ.get(name):
-      return os.environ[name]
-  return None
 
 
 def authorized(method: str, path: str, authorization: str | None, api_key: str | None) -> bool:

@@ -51,11 +51,11 @@ import numpy as np
 from flax import nnx
 
 from osvl_jax.models.qwen3_vl import config as config_lib
-from osvl_jax.rollout import decode_batch
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import prefill_inputs
-from osvl_jax.rollout import prefix_cache as prefix_cache_lib
-from osvl_jax.rollout import sampling
+from osvl_jax.rollout.embedded import decode_batch
+from osvl_jax.rollout.embedded import prefill_inputs
+from osvl_jax.rollout.embedded import prefix_cache as prefix_cache_lib
+from osvl_jax.rollout.embedded import sampling
 
 _STOP_CHUNK = decode_batch.STOP_CHUNK  # decode steps per device call at most, with stop strings.
 
@@ -83,7 +83,7 @@ class JaxSampler(engine_lib.Engine):
   weights are an argument, so `set_model` after a training step does not recompile.
 
   Attributes:
-    weight_version: the version of the current weights (a str, set with them by `rollout.weight_sync`), reported
+    weight_version: the version of the current weights (a str, set with them by `rollout.weight_publish`), reported
       on every `Generation`; None = unknown.
     never_sampled: ids never drawn nor argmaxed (`sampling.NEVER_SAMPLED`, the vision ids); a subclass may add
       ids (bench/sampler_speed.py adds the end-of-sequence ids, as transformers' `min_new_tokens` does).
@@ -91,7 +91,7 @@ class JaxSampler(engine_lib.Engine):
     cached_tokens: per context of the last `generate`, the prompt ids whose KV came from the prefix cache.
   """
   weight_version: str | None = None
-  weight_updates = 'in_process'   # `set_model` (weight_sync.WeightSync)
+  weight_updates = 'in_process'   # `set_model` (weight_publish.WeightPublisher)
   never_sampled: tuple[int, ...] = sampling.NEVER_SAMPLED
 
   def __init__(self, model, tokenizer, image_processor=None, max_new_tokens: int = 512,

@@ -220,7 +220,7 @@ def _finish_reason(meta: dict, url: str) -> str:
   raise EngineError(ERROR_RESPONSE, f'unknown finish_reason {reason!r}', url)
 
 
-def parse_generate(out: Any, tokenizer, url: str = '') -> SGLangGeneration:
+def parse_generate_response(out: Any, tokenizer, url: str = '') -> SGLangGeneration:
   """A `/generate` answer -> `SGLangGeneration` (ids, log-probs, finish reason, weight version).
 
   Args:

@@ -1,4 +1,4 @@
-"""Server limits of `osvl_jax.rollout.server`'s request path: body size, context and new-token caps, image pixels
+"""Server limits of `osvl_jax.serve.service`'s request path: body size, context and new-token caps, image pixels
 and concurrent image decodes; the checks of a row's image spans. Every refusal names the limit (HTTP 400 / 413).
 
 Memory: an image is refused from its header size (`tools.image_io.read_size`) before any decode when it, or the
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from osvl_jax.rollout.request_fields import RequestError
+from osvl_jax.serve.request_fields import RequestError
 from osvl_jax.trajectory import tokens as tokens_lib
 
 DECODE_BYTES_PER_PIXEL = 32      # peak decode + process buffers of one image, bytes per pixel (module docstring)

@@ -1,5 +1,5 @@
 """The HTTP app of `python -m osvl_jax.serve` (FastAPI): SGLang's native endpoints and OpenAI's chat over a
-`server.SamplerService` (the endpoints, batching and limits: `server`'s docstring). Bodies are read and parsed so
+`service.SamplerService` (the endpoints, batching and limits: `service`'s docstring). Bodies are read and parsed so
 that a flood of large uploads delays no small request: a body of at most `SMALL_BODY_BYTES` is parsed on the event
 loop, a larger one on the HTTP threads, at most `LARGE_BODY_READS` larger ones at once; a request with images waits
 in the image gate's queue for a decode thread (`request_limits.ImageGate`)."""
@@ -10,10 +10,10 @@ import uuid
 from typing import Any
 
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import request_fields, request_limits, server_auth
-from osvl_jax.rollout.request_fields import chat_sampling, check_chat_body
-from osvl_jax.rollout.server import SamplerService
-from osvl_jax.rollout.server_requests import RequestError, Row, render_messages
+from osvl_jax.serve import auth, request_fields, request_limits
+from osvl_jax.serve.request_fields import RequestError, chat_sampling, check_chat_body
+from osvl_jax.serve.requests import Row, render_messages
+from osvl_jax.serve.service import SamplerService
 
 SMALL_BODY_BYTES = 64 << 10   # a request body up to this size is parsed on the event loop (well under 1 ms)
 LARGE_BODY_READS = 4          # larger bodies read at once (`create_app`)
@@ -22,13 +22,13 @@ LARGE_BODY_READS = 4          # larger bodies read at once (`create_app`)
 
 def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: str | None = None):
   """The FastAPI app of `service` (endpoints in the module docstring); with `api_key`, every request but OPTIONS
-  and `/health*` needs `Authorization: Bearer <api_key>` (`server_auth`, as SGLang's `--api-key`)."""
+  and `/health*` needs `Authorization: Bearer <api_key>` (`auth`, as SGLang's `--api-key`)."""
   import fastapi  # pylint: disable=g-import-not-at-top
   from fastapi.responses import JSONResponse, PlainTextResponse  # pylint: disable=g-import-not-at-top
   from starlette.concurrency import run_in_threadpool  # pylint: disable=g-import-not-at-top
 
   app = fastapi.FastAPI(title='osvl_jax.serve')
-  server_auth.add_api_key_middleware(app, api_key)
+  auth.add_api_key_middleware(app, api_key)
 
   def error(status: int, message: str):
     return JSONResponse(status_code=status, content={'error': {'message': message, 'type': 'invalid_request_error',
@@ -68,7 +68,7 @@ def create_app(service: SamplerService, host: str = '', port: int = 0, api_key: 
     try:
       body, small = await body_of(request)
       rows, is_batch = await off_loop(isinstance(body, dict) and bool(body.get('image_data')), small,
-                                      service.parse_generate, body)
+                                      service.parse_generate_request, body)
     except RequestError as e:
       return refusal(e)
     try:

@@ -1,4 +1,4 @@
-"""The worker loop of `server.SamplerService`: continuous batching over `decode_batch.DecodeBatch`es.
+"""The worker loop of `service.SamplerService`: continuous batching over `decode_batch.DecodeBatch`es.
 
 One thread owns the sampler. Rows run in one `DecodeBatch` per distinct (temperature, top_p, stop strings); each
 loop turn:
@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from osvl_jax.rollout import decode_batch
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import prefill_inputs
+from osvl_jax.rollout.embedded import decode_batch, prefill_inputs
 
 
 @dataclasses.dataclass
@@ -46,7 +45,7 @@ class _Pending:
 
 
 class Scheduler:
-  """Runs the jobs of `service` (a `server.SamplerService`: its queue, sampler, limits, `_row_output`, `_update`,
+  """Runs the jobs of `service` (a `service.SamplerService`: its queue, sampler, limits, `_row_output`, `_update`,
   `_flush`, `stats`) until a None job arrives and everything queued before it is answered."""
 
   def __init__(self, service):

@@ -17,7 +17,7 @@ for its outcome (`distributed.broadcast_object`), so no host runs ahead of the p
 process 0 (a server refusing the update, a full disk) raises on every process instead of leaving the others
 waiting at a barrier.
 
-  sync = WeightSync(engine, root=workdir / 'weights', min_pixels=..., max_pixels=...)
+  sync = WeightPublisher(engine, root=workdir / 'weights', min_pixels=..., max_pixels=...)
   sync.publish(model, version=step)   # after the optimizer step that produced `version`
 """
 
@@ -84,7 +84,7 @@ def export_version(model, root: str | os.PathLike, version: int, min_pixels: int
       if export_folder.is_export(p, KIND):
         versions.append(p)
       else:
-        logging.warning('weight_sync: %s is not a version folder it wrote; left in place', p)
+        logging.warning('weight_publish: %s is not a version folder it wrote; left in place', p)
   older = [p for p in versions if int(p.name[1:]) < int(version)]
   newer = [p for p in versions if int(p.name[1:]) > int(version)]  # left by a run that went further (a resume)
   for old in newer + older[:max(len(older) - (int(keep) - 1), 0)]:
@@ -102,7 +102,7 @@ def host_copy(model):
   return nnx.merge(graphdef, distributed.to_host(params), rest)
 
 
-class WeightSync:
+class WeightPublisher:
   """Hands each new policy version to the rollout engine.
 
   Args:
@@ -120,13 +120,14 @@ class WeightSync:
                dtype: str = 'bfloat16', keep: int = 2):
     self.engine, self.dtype, self.keep = engine, dtype, int(keep)
     if engine.weight_updates not in ('disk', 'in_process'):
-      raise TypeError(f'WeightSync: {type(engine).__name__} takes no weight updates (Engine.weight_updates='
+      raise TypeError(f'WeightPublisher: {type(engine).__name__} takes no weight updates (Engine.weight_updates='
                       f'{engine.weight_updates!r})')
     self.remote = engine.weight_updates == 'disk'
     if self.remote and root is None:
-      raise ValueError('WeightSync: an HTTP engine needs `root`, the folder the servers load exported weights from')
+      raise ValueError('WeightPublisher: an HTTP engine needs `root`, the folder the servers load exported weights '
+                       'from')
     if self.remote and not 1 <= int(min_pixels) <= int(max_pixels):
-      raise ValueError(f'WeightSync: min_pixels={min_pixels}, max_pixels={max_pixels}: need 1 <= min <= max '
+      raise ValueError(f'WeightPublisher: min_pixels={min_pixels}, max_pixels={max_pixels}: need 1 <= min <= max '
                        '(the exported preprocessor_config.json)')
     self.root = None if root is None else pathlib.Path(root)
     self.min_pixels, self.max_pixels = int(min_pixels), int(max_pixels)
@@ -141,7 +142,7 @@ class WeightSync:
     Returns:
       {'version': int, 'path': exported folder or '' (embedded), 'seconds': wall time, 'servers': answers}.
     Raises:
-      sglang_client.EngineError: a server refused the update (it keeps its old weights and version).
+      sglang_protocol.EngineError: a server refused the update (it keeps its old weights and version).
       PublishFailed: on the other processes of a multi-process job, when process 0 failed (its error named).
       ValueError: an embedded engine in a multi-process job.
     """
@@ -163,7 +164,7 @@ class WeightSync:
       if failed is not None:
         raise PublishFailed(f'process 0 failed to publish weight version {int(version)}: {failed}')
     elif jax.process_count() > 1:
-      raise ValueError('WeightSync: the embedded engine runs in one process; a multi-process job needs servers')
+      raise ValueError('WeightPublisher: the embedded engine runs in one process; a multi-process job needs servers')
     else:  # a snapshot: the trainer updates `model`'s Variables in place, maybe while the sampler generates
       self.engine.set_model(model, weight_version=str(int(version)))  # a snapshot (`JaxSampler.set_model`)
     self.version = int(version)

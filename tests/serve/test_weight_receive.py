@@ -17,8 +17,10 @@ from flax import nnx
 from osvl_jax import checkpoints
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.rollout import jax_sampler, server, weight_sync
-from osvl_jax.rollout import weight_update
+from osvl_jax.rollout import weight_publish
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.serve import service as service_lib
+from osvl_jax.serve import weight_receive
 from tests.serve.conftest import BUCKET, MAX_LEN, NEW, REPO, serve_in_thread
 
 TINY = Qwen3VLConfig.tiny()
@@ -65,8 +67,8 @@ CANDIDATES = {   # model_path -> (model builder, words the refusal must name)
 def url(tiny_model, tokenizer, processor):
   sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
                                    temperature=0.0, max_len=MAX_LEN, bucket=BUCKET, prefix_cache_slots=4)
-  svc = server.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
-                              default_max_new_tokens=NEW, loader=lambda path: CANDIDATES[path][0]())
+  svc = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', weight_version='0',
+                                   default_max_new_tokens=NEW, loader=lambda path: CANDIDATES[path][0]())
   with serve_in_thread(svc) as u:
     yield u
   svc.close()
@@ -103,30 +105,30 @@ def test_other_architectures_and_nonfinite_weights_are_refused_and_the_old_ones_
 def test_check_update_on_exported_folders(tiny_model, tmp_path):
   """The real loader: an exported folder of the same architecture passes (in either dtype), a deeper one not."""
   for dtype in ('bfloat16', 'float32'):
-    folder = weight_sync.export_version(tiny_model, tmp_path / dtype, 1, 32 * 32, 64 * 64, dtype=dtype)
-    weight_update.check_update(tiny_model, checkpoints.load_policy(str(folder))[0])
+    folder = weight_publish.export_version(tiny_model, tmp_path / dtype, 1, 32 * 32, 64 * 64, dtype=dtype)
+    weight_receive.check_update(tiny_model, checkpoints.load_policy(str(folder))[0])
   deeper = CANDIDATES['deeper'][0]()
-  folder = weight_sync.export_version(deeper, tmp_path / 'deeper', 1, 32 * 32, 64 * 64, dtype='float32')
-  with pytest.raises(weight_update.UpdateRefused, match='text.num_hidden_layers: 2 -> 3'):
-    weight_update.check_update(tiny_model, checkpoints.load_policy(str(folder))[0])
-  assert weight_update.nonfinite_params(tiny_model) == []
+  folder = weight_publish.export_version(deeper, tmp_path / 'deeper', 1, 32 * 32, 64 * 64, dtype='float32')
+  with pytest.raises(weight_receive.UpdateRefused, match='text.num_hidden_layers: 2 -> 3'):
+    weight_receive.check_update(tiny_model, checkpoints.load_policy(str(folder))[0])
+  assert weight_receive.nonfinite_params(tiny_model) == []
   assert np.isfinite(np.asarray(tiny_model.language_model.layers[1].mlp.down_proj.kernel[...])).all()
 
 
 def test_smoke_forward_names_the_compute_dtype(tiny_model):
   class Relabelled:   # a model whose dtype attribute says float32 but that computes in bfloat16
     dtype = jnp.float32
-  assert weight_update.smoke_forward(tiny_model, tiny_model) is None
+  assert weight_receive.smoke_forward(tiny_model, tiny_model) is None
   bf16 = CANDIDATES['bf16_compute'][0]()
-  assert weight_update.smoke_forward(Relabelled, bf16) == ('the update computes in bfloat16, the served model in '
-                                                           'float32')
+  assert weight_receive.smoke_forward(Relabelled, bf16) == ('the update computes in bfloat16, the served model in '
+                                                            'float32')
 
 
 RACE = textwrap.dedent("""
     import sys
     import numpy as np
     from osvl_jax.models.qwen3_vl import weights
-    from osvl_jax.rollout import weight_update
+    from osvl_jax.serve import weight_receive
     folder = sys.argv[1]
     mapped = weights.read_safetensors
 
@@ -136,13 +138,13 @@ RACE = textwrap.dedent("""
         f.truncate(4096)
       return out
     weights.read_safetensors = racing
-    model = weight_update.load_model(folder)
+    model = weight_receive.load_model(folder)
     print(float(np.abs(np.asarray(model.language_model.layers[1].mlp.down_proj.kernel[...])).sum()))
 """)
 
 
 def test_a_folder_rewritten_in_place_while_it_loads_cannot_crash_the_loader(tiny_model, tmp_path):
-  folder = weight_sync.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
+  folder = weight_publish.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
   run = subprocess.run([sys.executable, '-c', RACE, str(folder)], cwd=REPO, capture_output=True, text=True,
                        timeout=300)
   assert run.returncode == 0, (run.returncode, run.stderr[-2000:])   # before: -7 (SIGBUS)
@@ -151,13 +153,13 @@ def test_a_folder_rewritten_in_place_while_it_loads_cannot_crash_the_loader(tiny
 
 
 def test_a_file_that_changes_while_it_is_copied_is_refused(tiny_model, tmp_path, monkeypatch):
-  folder = weight_sync.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
-  copy = weight_update.shutil.copyfileobj
+  folder = weight_publish.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
+  copy = weight_receive.shutil.copyfileobj
 
   def appending(src, dst, length):   # a writer appends to the file while it is copied
     copy(src, dst, length)
     with open(src.name, 'ab') as f:
       f.write(b'x')
-  monkeypatch.setattr(weight_update.shutil, 'copyfileobj', appending)
+  monkeypatch.setattr(weight_receive.shutil, 'copyfileobj', appending)
   with pytest.raises(ValueError, match='changed while it was read'):
-    weight_update.load_model(str(folder))
+    weight_receive.load_model(str(folder))

@@ -1,5 +1,5 @@
-"""`WeightSync`: the trainer's policy, exported as an HF folder and loaded by a real `osvl_jax.serve` worker through
-`/update_weights_from_disk`, gives the trainer's log-probs; versions are reported; old folders are pruned."""
+"""`WeightPublisher`: the trainer's policy, exported as an HF folder and loaded by a real `osvl_jax.serve` worker
+through `/update_weights_from_disk`, gives the trainer's log-probs; versions are reported; old folders are pruned."""
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +10,9 @@ from flax import nnx
 from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import rope
 from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig
-from osvl_jax.rollout import jax_sampler
-from osvl_jax.rollout import sglang_client as sc
-from osvl_jax.rollout import weight_sync
+from osvl_jax.rollout import weight_publish
+from osvl_jax.rollout.embedded import jax_sampler
+from osvl_jax.rollout.remote import sglang_client as sc
 from tests.serve.conftest import NEW, healthy, serve_process, wait_until
 
 
@@ -33,8 +33,8 @@ def test_published_weights_give_the_trainers_logprobs(tmp_path, tokenizer, conte
     wait_until(lambda: healthy(url), 120, 'worker', proc, tmp_path / 'w.log')
     engine = sc.SGLangEngine(url, tokenizer, max_new_tokens=NEW, temperature=0.0)
     before = engine.generate(text_contexts)
-    sync = weight_sync.WeightSync(engine, root=tmp_path / 'weights', min_pixels=32 * 32, max_pixels=64 * 64,
-                                  dtype='float32', keep=2)
+    sync = weight_publish.WeightPublisher(engine, root=tmp_path / 'weights', min_pixels=32 * 32, max_pixels=64 * 64,
+                                          dtype='float32', keep=2)
     for version in (1, 2, 3):
       info = sync.publish(trained, version)
       assert info['version'] == version and all(a['success'] for a in info['servers'])
@@ -55,7 +55,7 @@ def test_embedded_engine_swaps_in_a_snapshot(tokenizer):
   trained = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(7))
   params = lambda m: jax.tree.leaves(jax.device_get(nnx.state(m, nnx.Param)))
   published = params(trained)
-  info = weight_sync.WeightSync(sampler).publish(trained, 4)
+  info = weight_publish.WeightPublisher(sampler).publish(trained, 4)
   served = sampler._model  # pylint: disable=protected-access
   assert info['path'] == '' and sampler.weight_version == '4'
   for a, b in zip(params(served), published):
@@ -72,22 +72,22 @@ def test_embedded_engine_swaps_in_a_snapshot(tokenizer):
 def test_export_refuses_bad_settings(tmp_path, kwargs, match):
   args = dict(model=None, root=tmp_path, version=1, min_pixels=1, max_pixels=4) | kwargs
   with pytest.raises(ValueError, match=match):
-    weight_sync.export_version(**args)
+    weight_publish.export_version(**args)
 
 
 def test_an_http_engine_needs_a_root_and_a_pixel_budget(tokenizer):
   engine = sc.SGLangEngine('http://127.0.0.1:9', tokenizer)
   with pytest.raises(ValueError, match='root'):
-    weight_sync.WeightSync(engine)
+    weight_publish.WeightPublisher(engine)
   with pytest.raises(ValueError, match='min_pixels=0'):
-    weight_sync.WeightSync(engine, root='/tmp/x')
+    weight_publish.WeightPublisher(engine, root='/tmp/x')
 
 
 def test_a_resumed_run_republishing_an_older_version_keeps_it(tmp_path):
   """Versions are published every step, checkpoints every few: a resume re-publishes an older version than the
   folders on disk. The new folder must survive the pruning; the newer ones (a future that was rolled back) go."""
   model = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(0))
-  export = lambda v: weight_sync.export_version(model, tmp_path, v, 1024, 4096, dtype='float32', keep=2)
+  export = lambda v: weight_publish.export_version(model, tmp_path, v, 1024, 4096, dtype='float32', keep=2)
   for version in (10, 11, 12):
     export(version)
   assert sorted(p.name for p in tmp_path.iterdir()) == ['v00000011', 'v00000012']
@@ -101,5 +101,5 @@ def test_an_engine_that_declares_no_weight_updates_is_refused(tokenizer):
   """Capabilities are declared (`Engine.weight_updates`), not probed: a scripted engine's policy is fixed."""
   from osvl_jax.rollout import engine as engine_lib
   with pytest.raises(TypeError, match=r"ScriptedEngine takes no weight updates \(Engine.weight_updates=None\)"):
-    weight_sync.WeightSync(engine_lib.ScriptedEngine(['x'], tokenizer))
+    weight_publish.WeightPublisher(engine_lib.ScriptedEngine(['x'], tokenizer))
   assert sc.SGLangEngine('http://127.0.0.1:9', tokenizer).weight_updates == 'disk'

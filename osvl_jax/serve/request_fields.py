@@ -1,4 +1,4 @@
-"""Field checks of `osvl_jax.rollout.server`'s requests: SGLang `sampling_params` and the OpenAI chat body. Each
+"""Field checks of `osvl_jax.serve.service`'s requests: SGLang `sampling_params` and the OpenAI chat body. Each
 malformed field is a `RequestError` (HTTP 400) whose message names the field and the value.
 """
 
@@ -85,7 +85,7 @@ def sampling(values: dict, names: dict, default_max_new: int, limits=None) -> di
     default_max_new: max_new_tokens when none is given.
     limits: a `request_limits.RequestLimits` (None: no max_new_tokens limit).
   Returns:
-    The `server_requests.Row` keyword arguments of sampling.
+    The `requests.Row` keyword arguments of sampling.
   Raises:
     RequestError: naming the field.
   """

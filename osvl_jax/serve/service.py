@@ -1,7 +1,7 @@
 """SGLang's native HTTP API over the embedded JAX sampler (DESIGN.md §6b): the worker (`SamplerService`) that
-batches every request into the sampler; `server_app.create_app` is its HTTP app, `python -m osvl_jax.serve` runs it.
+batches every request into the sampler; `app.create_app` is its HTTP app, `python -m osvl_jax.serve` runs it.
 
-Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sglang_client` is the client):
+Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.remote.sglang_client` is the client):
 
   POST /generate                  SGLang `GenerateReqInput`: `input_ids` (one list, or a batch of lists),
                                   `image_data` (base64 / data URLs, one per image, or a list per row),
@@ -15,9 +15,9 @@ Endpoints (the subset of SGLang 0.5.23 the project speaks; `osvl_jax.rollout.sgl
                                   (`JaxSampler.set_model`, no recompile); the version is `weight_version`, or
                                   the old one + 1 when it is an integer and none is given. Refused
                                   (`success: false`, the old weights keep serving) for a path outside
-                                  `--weights_root` (`server_auth`), another architecture or non-finite values
-                                  or weights that overflow when run (`weight_update.check_update`); an HF folder
-                                  is loaded from a private copy (`weight_update.load_model`).
+                                  `--weights_root` (`auth`), another architecture or non-finite values
+                                  or weights that overflow when run (`weight_receive.check_update`); an HF folder
+                                  is loaded from a private copy (`weight_receive.load_model`).
   GET|POST /flush_cache           empties the sampler's prefix cache between two decode chunks (it does not wait
                                   for running requests, nor do later requests wait for them); always succeeds.
   GET /health, /health_generate, /ready
@@ -32,7 +32,7 @@ expanded here to the image's feature count after the image is decoded and proces
 images' features) are accepted as they are. `image_data` items are base64 strings or `data:image/...;base64,`
 URLs (no URLs or file paths are fetched).
 
-Batching (`server_scheduler`): one worker thread owns the sampler and runs continuous batching: rows decode in
+Batching (`scheduler`): one worker thread owns the sampler and runs continuous batching: rows decode in
 a running `decode_batch.DecodeBatch` per distinct (temperature, top_p, stop strings); between two chunks of at
 most `decode_steps` steps, finished rows are answered and waiting rows are admitted, so a short request never
 waits for a long one. Per-row `max_new_tokens` and extra `stop_token_ids` end that row alone. A weight update is
@@ -48,10 +48,10 @@ prompt + 1 new token within the context, pixels per image and per request (refus
 any decode) and concurrent image decodes; every malformed field is a 400 naming it. A request with images is
 parsed on a decode thread of the `request_limits.ImageGate` and waits for one in its queue, holding no HTTP
 thread: text requests are parsed at once however many image requests wait. Bodies are read and parsed by the
-HTTP app (`server_app.create_app`) so that a flood of large uploads delays no small request; the decode threads
+HTTP app (`app.create_app`) so that a flood of large uploads delays no small request; the decode threads
 run nicer than the sampler's
 (`request_limits.DECODE_NICENESS`). A batched sampler call that
-raises while admitting rows is retried in halves (`server_scheduler`), so only the row that fails alone gets
+raises while admitting rows is retried in halves (`scheduler`), so only the row that fails alone gets
 the error.
 
 Log-probs are those of the emitted ids under the served weights at the request's temperature (temperature 1 when
@@ -68,11 +68,9 @@ from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import request_fields, request_limits
-from osvl_jax.rollout import server_auth, server_scheduler, weight_update
-from osvl_jax.rollout.server_requests import (  # noqa: F401  (re-exported: the server's request API)
-    GENERATE_FIELDS, IMAGE_PAD_ID, SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, Row, decode_image,
-    default_like, expand_image_pads, parse_generate, parse_sampling, render_messages)
+from osvl_jax.serve import auth, request_fields, request_limits, scheduler, weight_receive
+from osvl_jax.serve.request_fields import RequestError
+from osvl_jax.serve.requests import Row, parse_generate_request
 from osvl_jax.trajectory import tokens as tokens_lib
 
 
@@ -97,7 +95,7 @@ class SamplerService:
                served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.02,
                default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None,
                limits: request_limits.RequestLimits | None = None,
-               weights_roots: server_auth.WeightsRoots | None = None, decode_steps: int = 8):
+               weights_roots: auth.WeightsRoots | None = None, decode_steps: int = 8):
     """Args:
       sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
       tokenizer: the Qwen tokenizer.
@@ -109,10 +107,10 @@ class SamplerService:
       batch_window_s: the worker keeps collecting jobs for a batch while they arrive less than this apart
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
-      loader: `path -> model` for /update_weights_from_disk (default `weight_update.load_model`).
-      weights_roots: the folders updates may load from (`server_auth.WeightsRoots`; None: any path).
+      loader: `path -> model` for /update_weights_from_disk (default `weight_receive.load_model`).
+      weights_roots: the folders updates may load from (`auth.WeightsRoots`; None: any path).
       decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
-        and waiting rows enter a running batch between chunks (`server_scheduler`).
+        and waiting rows enter a running batch between chunks (`scheduler`).
       limits: the request limits (default: `RequestLimits(sampler.max_len, sampler.max_len)`, the other limits at
         their defaults); images are decoded through one `request_limits.ImageGate` over them.
     Raises:
@@ -127,8 +125,8 @@ class SamplerService:
     self.limits = limits or request_limits.RequestLimits(int(sampler.max_len), int(sampler.max_len))
     self.limits.check_max_new_tokens(self.default_max_new_tokens, '--max_new_tokens')
     self.image_gate = request_limits.ImageGate(self.limits)
-    self.loader = loader or weight_update.load_model
-    self.weights_roots = weights_roots or server_auth.WeightsRoots()
+    self.loader = loader or weight_receive.load_model
+    self.weights_roots = weights_roots or auth.WeightsRoots()
     if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or decode_steps < 1:
       raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')
     self.decode_steps = decode_steps
@@ -165,8 +163,8 @@ class SamplerService:
     self._queue.put(_Job('flush', None, fut))
     return fut
 
-  def parse_generate(self, body: dict) -> tuple[list[Row], bool]:
-    """A `/generate` body -> (rows, is_batch) (`server_requests.parse_generate`, ids checked against the served
+  def parse_generate_request(self, body: dict) -> tuple[list[Row], bool]:
+    """A `/generate` body -> (rows, is_batch) (`requests.parse_generate_request`, ids checked against the served
     model's vocabulary, a compact one included, within `self.limits`).
 
     Raises:
@@ -175,12 +173,12 @@ class SamplerService:
     """
     config = getattr(self.sampler._model, 'config', None)  # pylint: disable=protected-access
     vocab = getattr(getattr(config, 'text', None), 'vocab_size', tokens_lib.VOCAB_SIZE)
-    return parse_generate(body, self.image_processor, vocab, self.default_max_new_tokens, self.limits,
-                          self.image_gate, model_config=config)
+    return parse_generate_request(body, self.image_processor, vocab, self.default_max_new_tokens, self.limits,
+                                  self.image_gate, model_config=config)
 
-  # -- worker (`server_scheduler`) -----------------------------------------------------------------------------
+  # -- worker (`scheduler`) -----------------------------------------------------------------------------
   def _run(self) -> None:
-    server_scheduler.Scheduler(self).run()
+    scheduler.Scheduler(self).run()
 
   def _update(self, job: _Job) -> None:
     """Answers an update job with (success, message); any failure (refused, unloadable, another architecture,
@@ -199,15 +197,15 @@ class SamplerService:
       return False, f'{e}; still serving weight_version {self.weight_version}'
     try:
       path = self.weights_roots.resolve(req['model_path'])
-    except (server_auth.WeightsPathRefused, ValueError, OSError) as e:   # e.g. a NUL byte in the path
-      return False, str(e) if isinstance(e, server_auth.WeightsPathRefused) else f'bad model_path: {e}'
+    except (auth.WeightsPathRefused, ValueError, OSError) as e:   # e.g. a NUL byte in the path
+      return False, str(e) if isinstance(e, auth.WeightsPathRefused) else f'bad model_path: {e}'
     try:
       model = self.loader(path)
     except Exception as e:  # pylint: disable=broad-except
       return False, f'failed to load {req.get("model_path")}: {type(e).__name__}: {e}'
     try:   # the old weights keep serving unless the new ones fit them
-      weight_update.check_update(self.sampler._model, model)  # pylint: disable=protected-access
-    except weight_update.UpdateRefused as e:
+      weight_receive.check_update(self.sampler._model, model)  # pylint: disable=protected-access
+    except weight_receive.UpdateRefused as e:
       return False, f'refused {req.get("model_path")}: {e}; still serving weight_version {self.weight_version}'
     self.sampler.set_model(model)
     old = self.weight_version

@@ -1,9 +1,9 @@
 """A running decode batch of the embedded sampler: rows enter at chunk boundaries and leave as they finish.
 
 `JaxSampler.generate` admits all its rows at once and steps until every row is done; the server
-(`server.SamplerService`) keeps a batch running and, between two chunks of `chunk` decode steps, returns the rows
-that finished and admits the rows that arrived meanwhile (a simple form of continuous batching): a short request
-does not wait for a long one.
+(`osvl_jax.serve.service.SamplerService`) keeps a batch running and, between two chunks of `chunk` decode steps,
+returns the rows that finished and admits the rows that arrived meanwhile (a simple form of continuous batching): a
+short request does not wait for a long one.
 
 Shapes stay fixed while the batch runs: its KV cache is [L, B, Hkv, C, D] with B slots (a power of two) and C
 cache slots (`prefill_inputs.length_rung`: the sampler's bucket x 2^k, then steps of 4 buckets), both from the rows'
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import prefill_inputs
-from osvl_jax.rollout import prefix_cache as prefix_cache_lib
+from osvl_jax.rollout.embedded import prefill_inputs
+from osvl_jax.rollout.embedded import prefix_cache as prefix_cache_lib
 
 STOP_TAIL = 64  # stop strings are searched in the text of a row's last this-many ids.
 STOP_CHUNK = 8  # decode steps per device call at most, with stop strings (a stopped row decodes <= 7 ids more).

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 from osvl_jax import openai_client
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import server_auth
-from osvl_jax.rollout import sglang_protocol as protocol
+from osvl_jax.rollout.api_key import api_key_from_env
+from osvl_jax.rollout.remote import sglang_protocol as protocol
 from osvl_jax.trajectory import tokens as tokens_lib
 
 
@@ -132,7 +132,7 @@ class OpenAIEngine(engine_lib.Engine):
       retries: retries of a failed request (connection, timeout, 408 / 409 / 429 / 5xx, a reply without choices).
       concurrency: requests in flight at once (more wait their turn).
       api_key: sent as `Authorization: Bearer <key>`; None: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`
-        (`server_auth.api_key_from_env`), else 'EMPTY' (local servers need none). Never logged.
+        (`api_key.api_key_from_env`), else 'EMPTY' (local servers need none). Never logged.
       retry_backoff_s: seconds before the first retry, doubling with each further one.
     Raises:
       ValueError: an empty base_url or model, or a parameter out of range.
@@ -148,7 +148,7 @@ class OpenAIEngine(engine_lib.Engine):
     self.max_new_tokens, self.temperature, self.top_p = int(max_new_tokens), float(temperature), float(top_p)
     self.stop, self.concurrency = tuple(stop), int(concurrency)
     self.client = openai_client.ChatClient(
-        self.base_url, self.model, api_key=api_key if api_key is not None else server_auth.api_key_from_env(),
+        self.base_url, self.model, api_key=api_key if api_key is not None else api_key_from_env(),
         timeout_s=float(timeout), max_retries=int(retries), retry_backoff_s=float(retry_backoff_s),
         max_concurrency=self.concurrency)
     self._lock = threading.Lock()

@@ -5,7 +5,7 @@ Token ids in, token ids and their log-probs out: never a chat template, so traje
 agent loop cannot tell `SGLangEngine` from `jax_sampler.JaxSampler`.
 
 One `POST /generate` per context; the request and response fields, and how SGLang 0.5.23 keeps them exact, are in
-`sglang_protocol` (whose names this module re-exports): `input_ids` with one `<|image_pad|>` per image (SGLang
+`sglang_protocol` (`EngineError`, its kinds and the wire format): `input_ids` with one `<|image_pad|>` per image (SGLang
 expands it; `SGLANG_MM_AVOID_RETOKENIZE` keeps the other ids verbatim), each image's PNG data URL encoded once
 per `ImageRef`, the vision ids banned from sampling by `sampling_params.logit_bias` (native in 0.5.23, no server
 flag; not `custom_logit_processor`, which needs `--enable-custom-logit-processor`), and every answer's
@@ -31,13 +31,11 @@ import numpy as np
 
 from osvl_jax import openai_client
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import sglang_protocol as protocol
-# The wire format's names, for callers of this module.
-from osvl_jax.rollout.sglang_protocol import (  # pylint: disable=unused-import
-    BANNED_LOGIT_BIAS, ERROR_ABORT, ERROR_CONNECTION, ERROR_HTTP, ERROR_KINDS, ERROR_PROMPT, ERROR_RESPONSE,
-    ERROR_TIMEOUT, IMAGE_PAD_ID, VISION_LOGIT_BIAS, DataURLCache, EngineError, SGLangGeneration,
-    collapse_image_pads, image_data_url)
-from osvl_jax.rollout import server_auth
+from osvl_jax.rollout.api_key import api_key_from_env
+from osvl_jax.rollout.remote import sglang_protocol as protocol
+from osvl_jax.rollout.remote.sglang_protocol import (
+    ERROR_CONNECTION, ERROR_HTTP, ERROR_RESPONSE, ERROR_TIMEOUT, VISION_LOGIT_BIAS, DataURLCache, EngineError,
+    SGLangGeneration, collapse_image_pads)
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
@@ -88,7 +86,7 @@ class SGLangEngine(engine_lib.Engine):
       transport: httpx async transport (tests: `httpx.MockTransport`).
       api_key: sent as `Authorization: Bearer <key>` on every request (servers run with SGLang's `--api-key` /
         `osvl_jax.serve --api_key`; a router with `--api-key`); None: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`
-        (`server_auth.api_key_from_env`), else no header. Never logged nor kept in a public attribute.
+        (`api_key.api_key_from_env`), else no header. Never logged nor kept in a public attribute.
     Raises:
       ValueError: an empty URL list or a parameter out of range.
     """
@@ -111,7 +109,7 @@ class SGLangEngine(engine_lib.Engine):
     self.stop_token_ids = tuple(int(i) for i in stop_token_ids)
     self.retries, self.backoff, self.max_backoff = int(retries), float(backoff), float(max_backoff)
     self.concurrency = int(concurrency)
-    api_key = api_key if api_key is not None else server_auth.api_key_from_env()
+    api_key = api_key if api_key is not None else api_key_from_env()
     self._client_args = {'timeout': timeout, 'transport': transport,
                          'headers': {'Authorization': f'Bearer {api_key}'} if api_key else None,
                          'limits': httpx.Limits(max_connections=concurrency, max_keepalive_connections=64)}
@@ -243,7 +241,7 @@ class SGLangEngine(engine_lib.Engine):
         `prompt_tokens` when `prompt_len` is given); 'abort' for an aborted request; 'prompt_mismatch' naming
         both counts when the server ran a prompt of another length.
     """
-    gen = protocol.parse_generate(out, self.tokenizer, url)
+    gen = protocol.parse_generate_response(out, self.tokenizer, url)
     if prompt_len is not None:
       protocol.check_prompt_tokens(gen.meta_info, prompt_len, prompt_len if sent_len is None else sent_len, url)
     return gen

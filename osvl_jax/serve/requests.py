@@ -1,4 +1,4 @@
-"""Request handling of `osvl_jax.rollout.server`: SGLang `/generate` fields and sampling parameters, images
+"""Request handling of `osvl_jax.serve.service`: SGLang `/generate` fields and sampling parameters, images
 (base64 / data URLs, pad expansion), OpenAI chat messages rendered as the `TrajectoryBuilder` renders them.
 Every refusal is a `RequestError` naming the field (HTTP 400).
 """
@@ -10,10 +10,9 @@ import numpy as np
 
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.rollout import engine as engine_lib
-from osvl_jax.rollout import request_limits
-from osvl_jax.rollout.request_fields import (  # noqa: F401  (re-exported)
-    SAMPLING_DEFAULT_ONLY, SAMPLING_FIELDS, RequestError, boolean, check_messages, default_like, integer,
-    parse_sampling)
+from osvl_jax.serve import request_limits
+from osvl_jax.serve.request_fields import (
+    RequestError, boolean, check_messages, default_like, integer, parse_sampling)
 from osvl_jax.trajectory import tokens as tokens_lib
 
 IMAGE_PAD_ID = tokens_lib.IMAGE_PAD_ID
@@ -82,10 +81,10 @@ def expand_image_pads(ids: Sequence[int], refs: Sequence[Any]) -> np.ndarray:
   return np.asarray(out, np.int32)
 
 
-def parse_generate(body: Any, image_processor: Any, vocab: int, default_max_new_tokens: int,
-                   limits: request_limits.RequestLimits | None = None,
-                   gate: request_limits.ImageGate | None = None,
-                   model_config: Any = None) -> tuple[list[Row], bool]:
+def parse_generate_request(body: Any, image_processor: Any, vocab: int, default_max_new_tokens: int,
+                           limits: request_limits.RequestLimits | None = None,
+                           gate: request_limits.ImageGate | None = None,
+                           model_config: Any = None) -> tuple[list[Row], bool]:
   """A SGLang `/generate` body -> (rows, is_batch): ids in [0, vocab) (and in a compact vocabulary of
   `model_config`, the served `Qwen3VLConfig`: `config.check_ids`), images decoded and processed with
   `image_processor` (`ImageProcessor`) through `gate`, pads expanded and their spans checked
