@@ -14,21 +14,24 @@ Stages, each resumed from W when rerun with the same settings (a finished run ke
   4. per mode and seed: `osvl_jax.train.grpo` from the SFT checkpoint in W/learning/<setting>/<mode>/seed<s> (seed
      s draws the prompts, samples and injected failures: seed s of every mode starts from the same rollouts), then
      the same greedy evaluation;
-  5. the counter-test (after the first mode's runs): `--blind_seeds` runs of the first mode with `grpo.zero_pixels='rollout'` (the policy never
-     sees the image, in training and evaluation), whose held-out accuracy must stay at or below the image-blind
-     chance level (the best any fixed key guess scores on those prompts without failures).
+  5. the counter-test (after the first mode's runs): `--blind_seeds` runs of the first mode with
+     `grpo.zero_pixels='rollout'` (the policy never sees the image, in training and evaluation), whose held-out
+     accuracy must stay at or below the image-blind chance level (the best any fixed key guess scores on those
+     prompts without failures).
 
 Written to W/learning/<setting> (setting = `fail<rate>_k<K>[_hops2]`): learning.json (everything), learning.png
-(reward, batch accuracy, retry-after-failure rate and turns per GRPO step, one line per mode with ± 1 standard
-error over seeds). Printed, one line per mode, then the counter-test's:
+(reward, batch accuracy, retry-after-failure rate, retry copies and turns per GRPO step, one line per mode with ± 1
+standard error over seeds). Printed, one line per mode, then the counter-test's:
 
   mode=<m> reward_first=<x> reward_last=<y> delta=<d> delta_se=<s> acc_before=<a> acc_after=<b> retry_rate=<r>
+      retry_copy=<c> seconds_per_run=<t>
   blind mode=<m> acc_before=<a> acc_after=<b> chance=<c> above_chance=<yes|no>
 
 reward_first / reward_last: mean batch reward of the first / last `window` steps (a quarter of the steps), averaged
 over seeds; delta the per-seed difference averaged, delta_se its standard error over seeds (0 with one);
-acc_after and retry_rate (of the failed calls that had a next step, the fraction followed by another call) are the
-greedy held-out evaluation after GRPO, averaged over seeds. A smoke run: --seeds=1 --blind_seeds=0
+acc_after, retry_rate (of the failed calls that had a next step, the fraction followed by another call) and
+retry_copy (of those next calls, the fraction with the key and the day right) are the greedy held-out evaluation
+after GRPO, averaged over seeds. A smoke run: --seeds=1 --blind_seeds=0
 --config.sft.steps=20 --config.grpo.steps=2. Feeds BENCHMARKS.md, "Learning (lookup world)".
 """
 
@@ -94,10 +97,14 @@ def trajectory_figures(traj, facts: dict) -> dict:
   values = [m.group(3) for m in values if m]
   failed_next = [traj.steps[i + 1].action.kind == 'tool_call' for i, s in enumerate(traj.steps[:-1])
                  if s.is_execution_error]
+  retried = [traj.steps[i + 1].action.arguments for i, s in enumerate(traj.steps[:-1])
+             if s.is_execution_error and traj.steps[i + 1].action.kind == 'tool_call']
+  retried = [a if isinstance(a, dict) else {} for a in retried]
   return {'key_copy': float(first.get('key') == key), 'day_copy': float(first.get('day') == day),
           'value_copy': (None if not values or traj.final_response is None
                          else float(traj.final_response.strip() == values[-1])),
-          'retries': sum(failed_next), 'failures_with_next': len(failed_next)}
+          'retries': sum(failed_next), 'failures_with_next': len(failed_next),
+          'retry_copies': sum(a.get('key') == key and a.get('day') == day for a in retried)}
 
 
 def evaluate(config, model, prompts: list[dict], facts: dict) -> dict:
@@ -117,6 +124,7 @@ def evaluate(config, model, prompts: list[dict], facts: dict) -> dict:
           'day_copy': float(np.mean([f['day_copy'] for f in figures])),
           'value_copy': float(np.mean(values)) if values else 0.0,
           'retry_rate': sum(f['retries'] for f in figures) / failures if failures else 0.0,
+          'retry_copy': retry_copy(figures),
           'fatal_fraction': float(np.mean([t.fatal_step is not None for t in trajectories])),
           'prompts': len(prompts)}
 
@@ -131,13 +139,21 @@ def blind_chance(config, prompts: list[dict], facts: dict) -> float:
              for k in range(len(lookup_world.COLOURS)))
 
 
-def step_retry_rates(run_dir: pathlib.Path, facts: dict) -> list[float]:
-  """Per GRPO step, from the dumped rollout batches: of the failed calls with a next step, the fraction retried."""
-  out = []
+def retry_copy(figures: list[dict]) -> float:
+  """Of the calls made right after a failed call, the fraction with the key and the day right (nan without one)."""
+  retries = sum(f['retries'] for f in figures)
+  return sum(f['retry_copies'] for f in figures) / retries if retries else float('nan')
+
+
+def step_retry_figures(run_dir: pathlib.Path, facts: dict) -> dict[str, list[float]]:
+  """Per GRPO step, from the dumped rollout batches: `retry_rate` (of the failed calls with a next step, the
+  fraction retried) and `retry_copy` (of those retries, the fraction with the key and day right)."""
+  out = {'retry_rate': [], 'retry_copy': []}
   for path in sorted((run_dir / 'rollouts').glob('*.pkl')):
     figures = [trajectory_figures(t, facts) for t in pickle.loads(path.read_bytes())['trajectories']]
     failures = sum(f['failures_with_next'] for f in figures)
-    out.append(sum(f['retries'] for f in figures) / failures if failures else float('nan'))
+    out['retry_rate'].append(sum(f['retries'] for f in figures) / failures if failures else float('nan'))
+    out['retry_copy'].append(retry_copy(figures))
   return out
 
 
@@ -166,7 +182,7 @@ def one_run(base, mode, seed, workdir, out, mesh, heldout, facts, zero_pixels='n
   records = metrics.read_metrics(run_dir, 'grpo')
   keys = {'reward': 'mean_reward', 'accuracy': 'r_acc', 'turns': 'mean_turns', 'fatal_fraction': 'fatal_fraction'}
   result = {name: curves.series(records, key).tolist() for name, key in keys.items()}
-  result.update(retry_rate=step_retry_rates(run_dir, facts), seed=seed, seconds=seconds,
+  result.update(step_retry_figures(run_dir, facts), seed=seed, seconds=seconds,
                 after=evaluate(config, model, data.load_prompts(config, workdir, 'heldout'), facts))
   done.write_text(json.dumps(result, indent=1))
   return result
@@ -180,6 +196,7 @@ def summarize(runs: list[dict], window: int) -> dict:
           'delta_se': float(deltas.std(ddof=1) / np.sqrt(len(deltas))) if len(deltas) > 1 else 0.0,
           'acc_after': float(np.mean([r['after']['accuracy'] for r in runs])),
           'retry_rate': float(np.mean([r['after']['retry_rate'] for r in runs])),
+          'retry_copy': float(np.nanmean([r['after'].get('retry_copy', np.nan) for r in runs])),
           'turns_after': float(np.mean([r['after']['turns'] for r in runs])),
           'seconds_per_run': float(np.mean([r['seconds'] for r in runs])), 'seeds': len(runs)}
 
@@ -241,6 +258,7 @@ def main(argv):
             for key, label, title in (('reward', 'mean batch reward', 'GRPO reward'),
                                       ('accuracy', 'batch accuracy (r_acc)', 'GRPO accuracy'),
                                       ('retry_rate', 'retried failures', 'Retry after a failed call'),
+                                      ('retry_copy', 'retries with key and day right', 'Retry copies'),
                                       ('turns', 'turns per rollout', 'GRPO turns'))]
   curves.plot_panels(panels, out / 'learning.png')
   result['seconds'] = time.time() - t0
@@ -252,7 +270,7 @@ def main(argv):
     s = v['summary']
     print(f"mode={mode} reward_first={s['reward_first']:.4f} reward_last={s['reward_last']:.4f} "
           f"delta={s['delta']:.4f} delta_se={s['delta_se']:.4f} acc_before={acc_before:.3f} "
-          f"acc_after={s['acc_after']:.3f} retry_rate={s['retry_rate']:.3f} "
+          f"acc_after={s['acc_after']:.3f} retry_rate={s['retry_rate']:.3f} retry_copy={s['retry_copy']:.3f} "
           f"seconds_per_run={s['seconds_per_run']:.0f}", flush=True)
   if 'blind' in result:
     b = result['blind']
