@@ -205,6 +205,10 @@ def get_config() -> ml_collections.ConfigDict:
   # The rl split's last prompts held out of GRPO training (train.data.load_prompts; bench/learning.py evaluates on
   # them); 0 = train on every RL prompt.
   c.grpo.heldout_prompts = 0
+  # Validation (osvl_jax/train/validation.py; verl's test_freq): every this many steps, and before step 1 and after
+  # the last, the policy samples one rollout per held-out prompt (grpo.heldout_prompts must be > 0) at the
+  # validation section's eval.temperature / eval.top_p; records of stage 'val' in metrics.jsonl. 0 = off.
+  c.grpo.val_every = 0
   c.grpo.init_from = ''  # workdir holding sft_ckpt (policy init and π_ref); '' = this workdir
   c.grpo.temperature = 1.0
   c.grpo.top_p = 1.0

@@ -317,6 +317,11 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.max_logprob_mismatch = 0.5
   c.grpo.max_staleness = 0  # strictly on-policy
   c.grpo.heldout_prompts = 0  # RL prompts held out of training (train.data.load_prompts); the paper trains on all
+  # Table 5 tests every 10 steps (and before training, verl's default), sampling at eval.temperature / eval.top_p,
+  # on a validation set apart from the RL prompts that the release does not name. Here validation runs on held-out
+  # RL prompts (osvl_jax/train/validation.py), so it is off by default (the paper trains on every prompt); on with
+  # --config.grpo.val_every=10 --config.grpo.heldout_prompts=N.
+  c.grpo.val_every = 0
   c.grpo.init_from = '/path/to/sft_workdir'  # set: the SFT run's workdir (its sft_ckpt)
   c.grpo.temperature = 0.7  # Table 5: train sampling temperature 0.7, top-p 1.0 (the trainer's log-probs at 0.7)
   c.grpo.top_p = 1.0

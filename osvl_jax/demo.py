@@ -8,7 +8,8 @@ Stages (each resumes from the workdir when rerun):
   3. eval   sample the SFT'd policy on the RL prompts (split rl)      -> <workdir>/eval_sft.json
   4. grpo   fatal-aware GRPO (fatal_mode from config)                  -> <workdir>/grpo_ckpt
 Metrics of every stage go to <workdir>/metrics.jsonl (and TensorBoard under <workdir>/tb).
-The GRPO reward and turns per step are plotted to <workdir>/grpo_reward.png. The last line printed is
+The GRPO reward and turns per step are plotted to <workdir>/grpo_reward.png (with the validation records', stage
+'val', when grpo.val_every > 0). The last line printed is
   demo: sft_format_ok=<f> grpo_steps=<n> grpo_group_size=<G> mean_reward=<r> fatal_fraction=<f>
         grpo_reward_first=<x> grpo_reward_last=<y>
 (on one line; grpo_reward_first / _last: the mean batch reward of the first and last `report_window` GRPO steps).
@@ -28,7 +29,7 @@ from osvl_jax import config_checks as checks
 from osvl_jax import distributed
 from osvl_jax.checkpoints import storage
 from osvl_jax.models.qwen3_vl import sharding
-from osvl_jax.train import curves, data, grpo, metrics, rollouts, sft
+from osvl_jax.train import curves, data, grpo, metrics, rollouts, sft, validation
 
 
 
@@ -105,20 +106,25 @@ def run(config, workdir: str | pathlib.Path, mesh=None) -> str:
   _stage(f'grpo (fatal_mode={config.grpo.fatal_mode})', 4)
   grpo.train(config, workdir, mesh)
   print(f'demo: finished in {time.time() - t0:.0f} s; GRPO curves: {workdir / "grpo_reward.png"}', flush=True)
-  return summary(config, evaluation, metrics.read_metrics(workdir, 'grpo'), workdir)
+  return summary(config, evaluation, metrics.read_metrics(workdir, 'grpo'), workdir,
+                 metrics.read_metrics(workdir, validation.STAGE))
 
 
-def summary(config, evaluation: dict, records: list[dict], workdir: pathlib.Path) -> str:
+def summary(config, evaluation: dict, records: list[dict], workdir: pathlib.Path,
+            val_records: list[dict] = ()) -> str:
   """The demo's last line from the eval result and the GRPO metric records (a resumed step's last record counts,
-  `curves.series`); plots the GRPO reward and turns per step to `<workdir>/grpo_reward.png`.
+  `curves.series`); plots the GRPO reward and turns per step to `<workdir>/grpo_reward.png`, with the validation
+  records' (stage 'val', `grpo.val_every`) at their steps beside them when there are any.
 
   grpo_reward_first / grpo_reward_last: the mean batch reward over the first / last `report_window` steps.
   """
   reward, fatal = curves.series(records, 'mean_reward'), curves.series(records, 'fatal_fraction')
   first, last = curves.window_means(reward, report_window(len(reward)))
   mode = config.grpo.fatal_mode
-  curves.plot_panels([({mode: [reward]}, 'mean batch reward', 'GRPO reward'),
-                      ({mode: [curves.series(records, 'mean_turns')]}, 'turns per rollout', 'GRPO turns')],
+  val = lambda key: {'validation (held-out)': curves.step_points(val_records, key)} if val_records else None
+  curves.plot_panels([({mode: [reward]}, 'mean batch reward', 'GRPO reward', val('mean_reward')),
+                      ({mode: [curves.series(records, 'mean_turns')]}, 'turns per rollout', 'GRPO turns',
+                       val('mean_turns'))],
                      workdir / 'grpo_reward.png')
   return (f"demo: sft_format_ok={evaluation['sft_format_ok']:.3f} grpo_steps={len(reward)} "
           f'grpo_group_size={config.grpo.num_generations} '

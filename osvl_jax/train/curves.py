@@ -1,5 +1,6 @@
 """GRPO training curves: per-step series from the metric records, first / last window means, and their plots (the
-demo's `grpo_reward.png`, bench/learning.py's `learning.png` and `fatal_advantages.png`)."""
+demo's `grpo_reward.png`, bench/learning.py's `learning.png` and `fatal_advantages.png`); the validation records
+(stage 'val', `train.validation`) drawn beside the training curve as points at their steps (`step_points`)."""
 
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,21 @@ def series(records: Sequence[dict], key: str) -> np.ndarray:
   return np.asarray(out, np.float64)
 
 
+def step_points(records: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """(steps int64 [n], values float64 [n]): `key` at each logged step, in step order, each step's last record; the
+  steps need not be consecutive (validation's 0, val_every, 2 val_every, ..., the last step).
+
+  Raises:
+    KeyError: a step's record has no `key` (naming it and the step).
+  """
+  by_step = {r['step']: r for r in records if 'step' in r}
+  missing = [step for step in sorted(by_step) if key not in by_step[step]]
+  if missing:
+    raise KeyError(f'step {missing[0]} logged no {key!r}')
+  steps = np.array(sorted(by_step), np.int64)
+  return steps, np.array([float(by_step[s][key]) for s in steps], np.float64)
+
+
 def window_means(values: Sequence[float], window: int) -> tuple[float, float]:
   """(mean of the first `window` values, mean of the last `window`); fewer values than `window` use them all, so
   with under 2 x window values the windows overlap.
@@ -41,15 +57,17 @@ def window_means(values: Sequence[float], window: int) -> tuple[float, float]:
 
 
 def plot_curves(runs: Mapping[str, Sequence[Sequence[float]]], path: str | pathlib.Path, ylabel: str,
-                title: str = '', ax=None) -> pathlib.Path | None:
+                title: str = '', ax=None,
+                points: Mapping[str, tuple[Sequence[int], Sequence[float]]] | None = None) -> pathlib.Path | None:
   """Per-step curves, one line per label: the mean over that label's runs (seeds) and, with 2+ runs, a band of
-  ± one standard error of the mean.
+  ± one standard error of the mean; then `points`, each label's values at its own steps (markers on a line).
 
   Args:
-    runs: label -> runs, each a per-step series (runs of one label cut to the shortest).
+    runs: label -> runs, each a per-step series of steps 1, 2, ... (runs of one label cut to the shortest).
     path: output image (.png / .svg / .pdf by suffix); ignored when `ax` is given.
     ylabel, title: axis label and title.
     ax: draw into this matplotlib axis instead of a new figure (nothing is written; returns None).
+    points: label -> (steps, values), e.g. `step_points` of the validation records (step 0: before training).
   Returns:
     The path written, or None with `ax`.
   Raises:
@@ -71,6 +89,8 @@ def plot_curves(runs: Mapping[str, Sequence[Sequence[float]]], path: str | pathl
     if len(values) > 1:
       se = values.std(0, ddof=1) / np.sqrt(len(values))
       ax.fill_between(steps, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+  for label, (steps, values) in (points or {}).items():
+    ax.plot(np.asarray(steps), np.asarray(values, np.float64), 'o--', label=f'{label} (n={len(values)})')
   ax.set_xlabel('GRPO step')
   ax.set_ylabel(ylabel)
   ax.set_title(title)
@@ -85,13 +105,12 @@ def plot_curves(runs: Mapping[str, Sequence[Sequence[float]]], path: str | pathl
   return path
 
 
-def plot_panels(panels: Sequence[tuple[Mapping[str, Sequence[Sequence[float]]], str, str]],
-                path: str | pathlib.Path) -> pathlib.Path:
+def plot_panels(panels: Sequence[tuple], path: str | pathlib.Path) -> pathlib.Path:
   """Side-by-side `plot_curves` panels in one image, e.g. [(reward runs, 'mean batch reward', 'GRPO reward'),
   (turn runs, 'turns per rollout', 'GRPO turns')].
 
   Args:
-    panels: (runs, ylabel, title) per panel, `runs` as in `plot_curves`.
+    panels: (runs, ylabel, title) or (runs, ylabel, title, points) per panel, as in `plot_curves`.
     path: output image (.png / .svg / .pdf by suffix).
   Returns:
     The path written.
@@ -102,8 +121,8 @@ def plot_panels(panels: Sequence[tuple[Mapping[str, Sequence[Sequence[float]]], 
     raise ValueError('plot_panels: no panels')
   fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.8), dpi=120, squeeze=False)
   try:
-    for ax, (runs, ylabel, title) in zip(axes[0], panels):
-      plot_curves(runs, None, ylabel, title, ax=ax)
+    for ax, (runs, ylabel, title, *points) in zip(axes[0], panels):
+      plot_curves(runs, None, ylabel, title, ax=ax, points=points[0] if points else None)
     fig.tight_layout()
     path = pathlib.Path(path)
     fig.savefig(path)

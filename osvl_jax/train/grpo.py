@@ -45,7 +45,8 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
-from osvl_jax.train import data, grpo_batch, grpo_update, metrics, placement, policy, policy_config, preflight, rollouts
+from osvl_jax.train import (data, grpo_batch, grpo_update, metrics, placement, policy, policy_config, preflight, rollouts,
+                            validation)
 
 
 
@@ -59,7 +60,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       num_generations < 2 (a group of one has no baseline), lr <= 0, warmup_steps outside [0, steps), weight_decay
       < 0, grad_clip <= 0, eps_low not in [0, 1), eps_high < 0, beta < 0, alpha not in [0, 1], delta <= 0, std_ddof
       not 0 or 1, clip_ratio_c <= 1, temperature <= 0, top_p not in (0, 1], heldout_prompts (optional) < 0,
-      zero_pixels (optional) not in `rollouts.ZERO_PIXELS`;
+      zero_pixels (optional) not in `rollouts.ZERO_PIXELS`; `validation.check_config`'s (val_every not an int >= 0,
+      or > 0 without heldout_prompts or a valid eval.temperature / eval.top_p);
       rollout max_turns / max_new_tokens /
       fatal_k < 1, max_total_tokens < max_new_tokens; `grpo_batch.check_budgets`' (grpo.length_buckets,
       grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's
@@ -100,6 +102,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   checks.number(config, 'grpo.clip_ratio_c', low=1, low_open=True, optional=True)
   checks.number(config, 'grpo.patches_per_shard', integer=True, low=0, optional=True)
   checks.number(config, 'grpo.heldout_prompts', integer=True, low=0, optional=True)  # held out of training
+  validation.check_config(config)  # grpo.val_every: on the held-out prompts, with the eval section's sampling
   if cfg.get('zero_pixels') is not None:
     checks.choice(config, 'grpo.zero_pixels', rollouts.ZERO_PIXELS)
   if cfg.get('lr_schedule') is not None:
@@ -238,7 +241,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   (first | kth), estimator (grpo | rloo | dr_grpo), aggregation (seq_mean_token_mean = Eq. 12 | token_mean |
   seq_mean_token_sum), eps_low / eps_high, beta (> 0 loads π_ref), micro_batch_size (0 = whole batch),
   judge.name (rule | llm); config.mesh / config.sharding_rules place the policy and the batches;
-  rollout.engine (embedded | sglang, `rollouts.RolloutRunner`).
+  rollout.engine (embedded | sglang, `rollouts.RolloutRunner`); val_every (validation on the held-out prompts before
+  step 1 and every val_every steps, stage 'val' records: `validation`).
 
   Versions: the policy version is the number of GRPO steps whose update has been applied (0 = the SFT policy;
   a step of several mini-batches counts once). It is published to the rollout engine before the first rollout
@@ -285,6 +289,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
     return trajectories, time.time() - t0
 
   publish_seconds = runner.publish(model, start)['seconds']  # version `start` (0: the SFT policy)
+  validator = validation.Validator(config, workdir, runner, judge, writer)  # process 0, grpo.val_every > 0
+  validator.maybe_validate(start)  # step 0 (before training), or a due step a resumed run has not validated yet
   pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='rollout')
   pending = None  # the next step's rollout, running while this step updates (max_staleness >= 1; process 0)
   try:
@@ -342,6 +348,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
         checkpoints.save(mngr, step + 1, model, optimizer,
                          {'stage': 'grpo', **policy_config.checkpoint_meta(config)})
+      validator.maybe_validate(step + 1)  # the published version step + 1; the engine is idle (pending is done)
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
   writer.close()

@@ -48,7 +48,9 @@ class MetricWriter:
 
   Args:
     workdir: the job's folder (local path or URL); `metrics.jsonl` and `tb/<stage>/` go there.
-    stage: name stored in every record (`sft`, `grpo`, `eval`).
+    stage: name stored in every record (`sft`, `grpo`, `eval`); `write(..., stage=...)` writes a record of another
+      stage through the same writer (GRPO's validation records, stage 'val', beside its 'grpo' ones: one writer per
+      file, as a cloud workdir's rewrites of the whole file allow no second one).
     flush_seconds: how often a cloud workdir's `metrics.jsonl` is rewritten.
   """
 
@@ -70,19 +72,23 @@ class MetricWriter:
     else:
       self._jsonl = open(self._path, 'a', encoding='utf-8')
       self.tb_dir = pathlib.Path(self.workdir / 'tb')
-    self._tb = tensorboardX.SummaryWriter(str(self.tb_dir / stage))
+    self._tbs = {stage: tensorboardX.SummaryWriter(str(self.tb_dir / stage))}   # stage -> its event files
 
-  def write(self, step: int, metrics: dict) -> None:
+  def write(self, step: int, metrics: dict, stage: str | None = None) -> None:
     """Writes `metrics` (scalars, or dicts of scalars) at `step`, with the process's compile counts so far
-    (`compiles_total`, `compile_cache_hits`, `compile_seconds`: `osvl_jax.compile_cache.counts`)."""
+    (`compiles_total`, `compile_cache_hits`, `compile_seconds`: `osvl_jax.compile_cache.counts`), as a record of
+    `stage` (None: the writer's; TensorBoard under `tb/<stage>/`, scalars tagged `<stage>/<key>`)."""
     if not self.active:
       return
-    record = {'stage': self.stage, 'step': int(step), 'time': time.time()}
+    stage = stage or self.stage
+    if stage not in self._tbs:
+      self._tbs[stage] = tensorboardX.SummaryWriter(str(self.tb_dir / stage))
+    record = {'stage': stage, 'step': int(step), 'time': time.time()}
     metrics = {**compile_cache.counts(), **metrics}
     for key, value in metrics.items():
       record[key] = _to_json(value)
       if isinstance(record[key], (int, float)) and not isinstance(record[key], bool):
-        self._tb.add_scalar(f'{self.stage}/{key}', record[key], step)
+        self._tbs[stage].add_scalar(f'{stage}/{key}', record[key], step)
     line = json.dumps(record) + '\n'
     if self._jsonl is not None:
       self._jsonl.write(line)
@@ -103,7 +109,8 @@ class MetricWriter:
       self._jsonl.close()
     else:
       self._rewrite()
-    self._tb.close()
+    for tb in self._tbs.values():
+      tb.close()
 
 
 def _to_json(value):

@@ -128,8 +128,8 @@ class RolloutRunner:
     """A builder of this run's episodes (`rollout.factory.make_builder`: the tool env's schemas and profile)."""
     return factory.make_builder(self.tokenizer, self.image_processor, self.env, self.system_prompt)()
 
-  def run(self, items: list[dict], num_generations: int, temperature: float, top_p: float,
-          seed: int) -> list[trajectory_lib.Trajectory]:
+  def run(self, items: list[dict], num_generations: int, temperature: float, top_p: float, seed: int,
+          env: tools_env.ToolEnv | None = None, require_tokens: bool = True) -> list[trajectory_lib.Trajectory]:
     """`num_generations` episodes per item, grouped contiguously (item 0's G samples first), with the weights of
     the last `publish` (the construction model's for an embedded engine never published to).
 
@@ -137,22 +137,26 @@ class RolloutRunner:
       items: dicts with prompt_id, question, image (uint8 [H, W, 3]; zeroed first under `grpo.zero_pixels`
         'rollout'), answers.
       seed: the embedded sampler's PRNG seed (servers sample with their own).
+      env: the tool environment (None: the runner's, `self.env`); validation passes a fresh one of the same
+        config, so its calls draw nothing from the training's failure injection.
+      require_tokens: refuse a batch with no policy token (`check_not_all_failed`); validation passes False.
     Returns:
       len(items) * num_generations trajectories; `policy_version` is the oldest emitted token's version as the
       engine reports it (the last published version for prompt-only trajectories).
     Raises:
-      RuntimeError: every trajectory ended on an error before a policy token (`check_not_all_failed`): nothing to
-        train on.
+      RuntimeError: with `require_tokens`, every trajectory ended on an error before a policy token
+        (`check_not_all_failed`): nothing to train on.
     """
     self.engine.reseed(seed)
     if zero_pixels(self.config) == 'rollout':
       items = [{**item, 'image': None if item.get('image') is None else np.zeros_like(item['image'])}
                for item in items]
-    trajectories = agent_loop.run_episodes(self.engine, self.env, self.make_builder, items,
+    trajectories = agent_loop.run_episodes(self.engine, self.env if env is None else env, self.make_builder, items,
                                            num_generations=num_generations, limits=self.limits,
                                            sampling=engine_lib.Sampling(temperature, top_p),
                                            policy_version=self.version or 0)
-    check_not_all_failed(trajectories)
+    if require_tokens:
+      check_not_all_failed(trajectories)
     return trajectories
 
 

@@ -25,7 +25,8 @@ import demo as demo_config  # noqa: E402
 import qwen3vl_paper  # noqa: E402
 
 TRAINER = ('osvl_jax/train/grpo.py', 'osvl_jax/train/grpo_update.py', 'osvl_jax/train/rollouts.py',
-           'osvl_jax/train/policy.py', 'osvl_jax/train/preflight.py', 'osvl_jax/rollout/factory.py')
+           'osvl_jax/train/policy.py', 'osvl_jax/train/preflight.py', 'osvl_jax/rollout/factory.py',
+           'osvl_jax/train/validation.py')
 ALIASES = {'cfg': 'grpo', 'r': 'rollout', 'grpo': 'grpo', 'section': 'rollout'}   # local names of config sections
 # Fields of the rollout factory a training run never reads: the 'openai' engine's (refused for RL), and the
 # sampling defaults (the trainer passes grpo.temperature / grpo.top_p).
