@@ -43,8 +43,29 @@ def alias_index(names_by_title) -> dict[str, tuple[str, ...]]:
   return {k: tuple(v) for k, v in index.items()}
 
 
+def mention_spans(text: str, index: dict[str, tuple[str, ...]]) -> dict[str, list[tuple[int, int]]]:
+  """title -> the character spans [start, end) of `text` that name it (module docstring: longest name wins a
+  place; a place two articles share the name of is listed for both).
+
+  Args:
+    text: an article's plain text (or one sentence).
+    index: `alias_index` of every article.
+  """
+  runs = entities.name_runs(text)
+  found = [(a, b, key) for key in runs.keys() & index.keys() for a, b in runs[key]]
+  taken = bytearray(len(text))
+  spans: dict[str, list[tuple[int, int]]] = {}
+  for a, b, key in sorted(found, key=lambda f: (f[0] - f[1], f[0])):
+    if any(taken[a:b]):
+      continue
+    taken[a:b] = b'\x01' * (b - a)
+    for title in index[key]:
+      spans.setdefault(title, []).append((a, b))
+  return spans
+
+
 def mention_counts(text: str, index: dict[str, tuple[str, ...]]) -> dict[str, int]:
-  """title -> how many places of `text` name it (module docstring: longest name wins a place).
+  """title -> how many places of `text` name it (`mention_spans`, counted).
 
   Args:
     text: an article's plain text (or one sentence).
@@ -52,17 +73,7 @@ def mention_counts(text: str, index: dict[str, tuple[str, ...]]) -> dict[str, in
   Returns:
     Counts of the titles mentioned at least once.
   """
-  runs = entities.name_runs(text)
-  found = [(a, b, key) for key in runs.keys() & index.keys() for a, b in runs[key]]
-  taken = bytearray(len(text))
-  counts: dict[str, int] = {}
-  for a, b, key in sorted(found, key=lambda f: (f[0] - f[1], f[0])):
-    if any(taken[a:b]):
-      continue
-    taken[a:b] = b'\x01' * (b - a)
-    for title in index[key]:
-      counts[title] = counts.get(title, 0) + 1
-  return counts
+  return {t: len(s) for t, s in mention_spans(text, index).items()}
 
 
 def unnamed_people(text: str, given_names: frozenset[str], index: dict[str, tuple[str, ...]]) -> dict[str, int]:

@@ -15,7 +15,10 @@ Walks run on the CSR link graph (`graph.sample_walks`) through the `wiki_graph.W
     `graph.sample_walks(edge_ok=...)`: the old per-step walker's filters as an edge mask, so the walk stays
     uniform over the edges that can make an item).
 Then the per-path semantic checks (each failure counted by reason, the item retried with a fresh walk, at most
-`max_retries` (10) retries in all, dead ends included):
+`max_retries` (10) retries in all, dead ends included; an attempt is a dead end when `DEAD_END_RETRIES` + 1 walks
+died before h hops, and the item's next attempt then starts from another seed candidate, of the same domain when
+one is left: the Great Wall's text names a rival of every class its links could be described by, so no walk
+leaves it):
   * 'not mentioned': a hop's destination is not named in a sentence of its source (`WikiGraph.link`), so
     neither its relation nor the oracle's search can be read;
   * 'no unique referent: <why>': no descriptor of the destination picks it out (`WikiGraph.referent_check`,
@@ -45,6 +48,7 @@ from data_pipeline import wiki
 
 
 MAX_PER_CHAIN = 2  # items per answer chain (the last hop v(h-1) -> vh)
+DEAD_END_RETRIES = 20  # fresh walks after a dead end within one attempt (they cost no check)
 
 
 def answer_chain(path: list[str]) -> tuple[str, ...]:
@@ -170,16 +174,23 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
   allowed = g.usable & (g.in_degree <= tau)
   final = g.answerable
   found, seen, chains, pending = {}, set(), {}, np.arange(num)
+  pool, dead = np.flatnonzero(cand).tolist(), set()
   for attempt in range(int(config.max_retries) + 1):
     if not pending.size:
       break
     if attempt:
       counts['retries'] += int(pending.size)
-    walks, ok, _, _ = graph_lib.sample_walks(g.csr, allowed, seeds[pending], hops[pending], rng, max_retries=0,
+    walks, ok, _, _ = graph_lib.sample_walks(g.csr, allowed, seeds[pending], hops[pending], rng,
+                                             max_retries=DEAD_END_RETRIES,
                                              final=final, edge_ok=g.walk_edges)
     for k, item in enumerate(pending):
       if not ok[k]:
         why = 'dead end'
+        dead.add(int(seeds[item]))   # DEAD_END_RETRIES + 1 walks died: the item's next attempt starts elsewhere
+        live = [c for c in pool if c not in dead]
+        same = [c for c in live if g.domains[c] == g.domains[seeds[item]]]
+        if live:
+          seeds[item] = rng.choice(same or live)
       else:
         path = [g.titles[int(v)] for v in walks[k, :hops[item] + 1]]
         why = check_path(g, path)

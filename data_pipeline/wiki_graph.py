@@ -31,6 +31,8 @@ from data_pipeline import classes
 from data_pipeline import entities
 from data_pipeline import graph as graph_lib
 from data_pipeline import mentions as mentions_lib
+from data_pipeline import reader
+from data_pipeline import reader_lexicon
 from data_pipeline import relations
 from data_pipeline import wiki
 
@@ -146,14 +148,45 @@ class WikiGraph:
     """The titles of the class `phrase` names (empty for an unknown phrase)."""
     return self._classes.get(phrase, frozenset())
 
+  def class_phrases(self, title: str) -> frozenset[str]:
+    """Every phrase whose class holds `title` (`class_members` the other way round)."""
+    return self._phrases_of.get(title, frozenset())
+
   @functools.cached_property
-  def _alias_index(self) -> dict[str, tuple[str, ...]]:
+  def _phrases_of(self) -> dict[str, frozenset[str]]:
+    out: dict[str, set[str]] = {}
+    for p, ts in self._classes.items():
+      for t in ts:
+        out.setdefault(t, set()).add(p)
+    return {t: frozenset(ps) for t, ps in out.items()}
+
+  @functools.cached_property
+  def alias_index(self) -> dict[str, tuple[str, ...]]:
+    """`mentions.alias_index` of every article."""
     return mentions_lib.alias_index((t, self.aliases(t)) for t in self.titles)
 
   @functools.lru_cache(maxsize=4096)
   def mentions(self, text: str) -> dict[str, int]:
     """title -> count of its mentions in `text` (an article's text or a sentence; `mentions.mention_counts`)."""
-    return mentions_lib.mention_counts(text, self._alias_index)
+    return mentions_lib.mention_counts(text, self.alias_index)
+
+  def is_person(self, title: str) -> bool:
+    """Whether a reader takes `title` for a person (a class of people holds it: `reader_lexicon.PERSON_PHRASES`)."""
+    return bool(self.class_phrases(title) & reader_lexicon.PERSON_PHRASES)
+
+  @functools.cached_property
+  def short_forms(self) -> reader.ShortForms:
+    """The people's surname-only / first-name forms (`reader.ShortForms`)."""
+    return reader.ShortForms([t for t in self.titles if self.is_person(t)], self.text)
+
+  @functools.lru_cache(maxsize=None)
+  def out_links_set(self, title: str) -> frozenset[str]:
+    return frozenset(self.out_links(title))
+
+  @functools.lru_cache(maxsize=2048)
+  def reading(self, text: str, src: str | None = None) -> dict[str, reader.Mention]:
+    """key -> `reader.Mention` of every entity `text` names, as a reader counts and classes them (`reader.read`)."""
+    return reader.read(text, self, src)
 
   @functools.cached_property
   def given_names(self) -> frozenset[str]:
@@ -170,19 +203,20 @@ class WikiGraph:
     return frozenset(w for w, n in people.items()
                      if len(w) >= 3 and w not in entities.STOPWORDS and n > others.get(w, 0))
 
+  def competitor_text(self, src: str, dst: str) -> str:
+    """The text the hop's referent is read against: the link sentence for a relation `relations.extract` read
+    ("the architect who designed X" singles dst out among the rest of the text), else src's whole text."""
+    return self.link(src, dst)[1] if self.relation(src, dst) in relations.RELATIONS else self.text(src)
+
+  def competitor_mentions(self, src: str, dst: str, phrase: str) -> list[reader.Mention]:
+    """The mentions of `phrase`'s class in `competitor_text` besides src, most prominent first (`reader.read`:
+    surname-only and title forms counted, entities without an article classed from their context)."""
+    return reader.classed(self.reading(self.competitor_text(src, dst), src), phrase, exclude=src)
+
   def competitors(self, src: str, dst: str, phrase: str) -> list[tuple[str, int]]:
-    """The entities of `phrase`'s class that src's text names besides src, most mentioned first (title order
-    among equals), each with its count; dst among them when named. A hop whose relation `relations.extract`
-    read ("the architect who designed X") reads the link sentence only: the relation singles dst out among the
-    rest of the text. For a broad person class (`classes.BROAD_PERSON`) the people the text names who have no
-    article compete too, as '?Given Surname' (`mentions.unnamed_people`)."""
-    text = self.link(src, dst)[1] if self.relation(src, dst) in relations.RELATIONS else self.text(src)
-    members = self.class_members(phrase)
-    found = [(t, c) for t, c in self.mentions(text).items() if t in members and t != src]
-    if phrase in classes.BROAD_PERSON:
-      found += [('?' + n, c) for n, c in
-                mentions_lib.unnamed_people(text, self.given_names, self._alias_index).items()]
-    return sorted(found, key=lambda tc: (-tc[1], tc[0]))
+    """(key, count) of `competitor_mentions`: an article's title, '?Name' for an entity without one ('?Jacob
+    Burckhardt'); dst among them when named."""
+    return [(m.key, m.count) for m in self.competitor_mentions(src, dst, phrase)]
 
   @functools.lru_cache(maxsize=None)
   def attributes(self, title: str) -> dict:
@@ -299,12 +333,13 @@ class WikiGraph:
     for w in nbrs:
       for d in self.descriptors(w):
         linked[d] = linked.get(d, 0) + 1
-    named = self.mentions(art.text)
-    in_text = {}  # phrase -> (title, count) of the entities of its class the text names, most first
-    for t, c in sorted(named.items(), key=lambda tc: (-tc[1], tc[0])):
-      if t != art.title:
-        for d in set(self.descriptors(t)) | classes.competitor_phrases(t, self.article(t).categories):
-          in_text.setdefault(d, []).append((t, c))
+    found = self.reading(art.text, art.title)
+    named = {k for k, m in found.items() if m.title is not None}
+    in_text = {}  # phrase -> (key, count) of the entities of its class the text names, most first
+    for m in sorted(found.values(), key=lambda m: (-m.count, m.key)):
+      if m.key != art.title:
+        for d in m.classes:
+          in_text.setdefault(d, []).append((m.key, m.count))
     ok = np.zeros(len(nbrs), bool)
     usable = self.usable
     for k, w in enumerate(nbrs):

@@ -20,7 +20,7 @@ from osvl_jax.data import pipeline as pipeline_data
 def test_build_writes_items_and_sft_and_resumes(tmp_path):
   config = build.wikispeedia_walks(build.default_config())
   config.num_items = 3
-  config.rl_fraction = 0.5  # of the 2 accepted items (the oracle solves both), one held out as an RL prompt
+  config.rl_fraction = 0.2  # by prompt id: wiki-s0-00001 is held out as an RL prompt, 00000 and 00002 are not
   stats = build.build_dataset(config, tmp_path)
   items = datasets.load_from_disk(str(tmp_path / 'items'))
   assert len(items) == stats['items']['items'] >= 2
@@ -34,8 +34,9 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
   prompts = pipeline_data.load_prompts(tmp_path)   # the RL prompts: the accepted items without a trajectory
   rl_ids, sft_ids = {p['prompt_id'] for p in prompts}, {t.prompt_id for t in trajectories}
   assert rl_ids and sft_ids and not rl_ids & sft_ids and prompts[0]['image'].ndim == 3
-  # One of the 3 walks is given up at `paths` (no hop sequence from its seed names each node uniquely).
-  assert len(rl_ids | sft_ids) == stats['items']['accepted'] == 3 - stats['paths']['given_up'] == 2
+  # A walk whose seed leads nowhere starts again from another seed: none of the 3 is given up (one is refused
+  # later, at `qa`: a capital that is no place name).
+  assert len(rl_ids | sft_ids) == stats['items']['accepted'] >= 2 and stats['paths']['given_up'] == 0
   assert stats['rl']['prompts'] == len(rl_ids) == stats['summary']['rl_prompts']
   assert stats['rl']['held_out'] + stats['rl']['no_trajectory'] == len(rl_ids)
   # Every stage's counts, with the reasons items were dropped.
@@ -332,7 +333,7 @@ def test_an_llm_endpoint_outage_fails_the_build_and_the_rerun_asks_again(tmp_pat
   double = openai_double.ChatDouble(lambda body, n: openai_double.Reply(status=503) if down[0] else
                                     '{"verdict": "yes", "reason": "one referent"}')
   config = build.wikispeedia_walks(build.default_config())
-  config.num_items, config.synthesize.enabled = 3, False
+  config.num_items, config.synthesize.enabled = 2, False
   with double.serve() as url:
     config.llm_questions.update(base_url=url, model='m', max_retries=0)
     with pytest.raises(llm.EndpointDown, match=rf'stage qa: .*{url}.*"http_503": 2'):

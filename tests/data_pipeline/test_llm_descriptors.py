@@ -18,14 +18,23 @@ TORONTO = ['Toronto', 'Iron', 'Earth', 'Ecuador', 'Peru']
 YES = '{"verdict": "yes", "reason": "only one fits"}'
 
 
+PISA = ['Leaning_Tower_of_Pisa', 'Superman', 'Human', 'Guatemala']
+NIAGARA = ['Niagara_Falls', 'Nikola_Tesla', 'Mark_Twain', 'Philippines']
+
+
 @pytest.fixture(scope='module')
 def records(graph, small_config):
-  """The 5 real walks of seed 0 after `qa` (the input of the rewrite stage)."""
-  recs, _ = paths.sample_paths(graph, small_config, small_config.image_dir)
+  """5 real paths (walks of seed 0 and 1) through the `paths` checks and `qa` (the input of the rewrite stage),
+  fixed so that the tests do not follow the walker's draws."""
+  recs = []
+  for k, path in enumerate((CUBA, PISA, CANYON, TORONTO, NIAGARA)):
+    checked = paths.check_path(graph, path)
+    assert not isinstance(checked, str), (path, checked)
+    recs.append({'prompt_id': f'wiki-s0-{k:05d}', 'landmark': graph.images(path[0])[0].rsplit('.', 1)[0],
+                 'image_path': f'{small_config.image_dir}/{graph.images(path[0])[0]}', 'path': path,
+                 'hops': len(path) - 1, 'descriptors': checked[0], 'relations': checked[1],
+                 'domain': graph.domain(path[0])})
   recs, _ = qa.add_qa(recs, graph, small_config.seed)
-  assert [r['path'][0] for r in recs] == ['Taj_Mahal', 'Leaning_Tower_of_Pisa', 'Grand_Canyon', 'Toronto',
-                                          'Great_Wall_of_China']
-  assert recs[0]['path'] == CUBA and recs[2]['path'] == CANYON and recs[3]['path'] == TORONTO
   assert recs[0]['descriptors'] == ['Middle Eastern country', 'Caribbean country']
   assert recs[0]['relations'] == ['mentioned most often in', 'mentioned in'] and recs[0]['answers'] == ['Havana']
   return recs

@@ -1,0 +1,101 @@
+"""Mentions the way a reader sees them (issue 51): the hops a reviewer found non-unique, rebuilt from the real
+Wikispeedia text, are refused, each kind with the competitor the reader-level count finds."""
+
+import pytest
+
+from data_pipeline import paths, reader
+
+_REFUSED = (None, '', 'another of its class in the text')
+
+
+def _rivals(graph, src, dst, phrase):
+  return {m.key: m for m in graph.competitor_mentions(src, dst, phrase)}
+
+
+def test_a_surname_or_title_form_counts_for_the_person_article(graph):
+  # "President Eisenhower" twice beside "US President Jimmy Carter" once: the US president of Iran's text.
+  found = _rivals(graph, 'Iran', 'Jimmy_Carter', 'US president')
+  assert found['Dwight_D._Eisenhower'].count == 2 and found['Jimmy_Carter'].count == 1
+  assert found['Dwight_D._Eisenhower'].forms == ['Eisenhower']
+  assert 'title: president' in found['Dwight_D._Eisenhower'].evidence
+  assert graph.referent_check('Iran', 'Jimmy_Carter') == _REFUSED
+  assert paths.check_path(graph, ['Iran', 'Jimmy_Carter']) == 'no unique referent: another of its class in the text'
+  # "Galileo" alone beside Carl Sagan in Earth's text: the corpus gives the full name.
+  found = _rivals(graph, 'Earth', 'Carl_Sagan', 'astronomer')
+  assert set(found) == {'Carl_Sagan', 'Galileo_Galilei'} and found['Galileo_Galilei'].forms == ['Galileo']
+  assert 'as discovered be Galileo' in found['Galileo_Galilei'].sentence
+  assert graph.referent_check('Earth', 'Carl_Sagan') == _REFUSED
+  # "Dwight Eisenhower" (no middle initial) is the article too.
+  assert 'Dwight_D._Eisenhower' in graph.reading(graph.text('Fidel_Castro'), 'Fidel_Castro')
+
+
+def test_an_appositive_classes_an_entity_without_an_article(graph):
+  # "the historian Jacob Burckhardt", then "Burckhardt" alone: 4 places, Thucydides 1.
+  found = _rivals(graph, 'Friedrich_Nietzsche', 'Thucydides', 'historian')
+  burckhardt = found['?Jacob Burckhardt']
+  assert burckhardt.title is None and burckhardt.count == 4 and burckhardt.person
+  assert burckhardt.forms == ['Jacob Burckhardt', 'Burckhardt'] and 'appositive: historian' in burckhardt.evidence
+  assert found['Thucydides'].count == 1
+  assert graph.referent_check('Friedrich_Nietzsche', 'Thucydides') == _REFUSED
+  # "Mann's 1947 novel Doktor Faustus" beside Crime and Punishment.
+  found = _rivals(graph, 'Friedrich_Nietzsche', 'Crime_and_Punishment', 'novel')
+  assert set(found) == {'Crime_and_Punishment', '?Doktor Faustus'}
+  assert found['?Doktor Faustus'].evidence == ['appositive: novel']
+  assert graph.referent_check('Friedrich_Nietzsche', 'Crime_and_Punishment') == _REFUSED
+  # Sagan's text: "physicist Edward Condon" (4 places), "physicist Thornton Page", "atmospheric physicist and
+  # climate change skeptic Fred Singer" beside Stephen Hawking.
+  found = _rivals(graph, 'Carl_Sagan', 'Stephen_Hawking', 'physicist')
+  assert found['?Edward Condon'].count == 4 and found['Stephen_Hawking'].count == 1
+  assert {'?Thornton Page', '?Fred Singer'} <= set(found)
+  assert graph.referent_check('Carl_Sagan', 'Stephen_Hawking') == _REFUSED
+
+
+def test_an_entity_without_an_article_is_classed_from_its_context(graph):
+  # Röntgen (4 places: "Wilhelm Röntgen", "Röntgen rays", "Röntgen's discovery") beside Einstein (2).
+  found = _rivals(graph, 'Nikola_Tesla', 'Albert_Einstein', 'physicist')
+  rontgen = found['?Wilhelm Röntgen']
+  assert rontgen.count == 4 and any(e.startswith('cue: x-rays') for e in rontgen.evidence)
+  assert found['Albert_Einstein'].count == 2 and found['Albert_Einstein'].forms == ['Albert Einstein', 'Einstein']
+  assert graph.referent_check('Nikola_Tesla', 'Albert_Einstein') == _REFUSED
+  # "a local instrument called the cajón", "the famous Peruvian instrument Cajon drum" (5 places, lower case
+  # too) beside the guitar (4): guitar is not "the musical instrument mentioned most often in the article on Peru".
+  found = _rivals(graph, 'Peru', 'Guitar', 'musical instrument')
+  assert found['?Cajon'].count == 5 and found['Guitar'].count == 4
+  assert {'appositive: instrument', 'named: instrument'} <= set(found['?Cajon'].evidence)
+  assert graph.referent_check('Peru', 'Guitar') == _REFUSED
+
+
+def test_a_list_after_a_class_noun_classes_every_name_in_it(graph):
+  # "Argentina has produced many more internationally noted writers, poets, and intellectuals: Juan Bautista
+  # Alberdi, Roberto Arlt, ..." beside Borges; "José Hernández was the author of ...".
+  found = _rivals(graph, 'Argentina', 'Jorge_Luis_Borges', 'writer')
+  listed = [k for k, m in found.items() if 'appositive: writer (list)' in m.evidence]
+  assert len(listed) >= 15 and {'?Roberto Arlt', '?Julio Cortázar', '?Ernesto Sabato'} <= set(listed)
+  assert any('appositive: author' in m.evidence and 'Hernández' in k for k, m in found.items())
+  assert found['Jorge_Luis_Borges'].forms[-1] == 'Borges'
+  assert graph.referent_check('Argentina', 'Jorge_Luis_Borges') == _REFUSED
+
+
+@pytest.mark.parametrize('src, rivals', [
+    ('Moon', {'?Harrison Schmitt', '?Alan Shepard'}),
+    ('Apollo_11', {'?Edwin Buzz Aldrin', '?Michael Collins'}),
+    ('Moon_landing', {'?Buzz Aldrin', '?Michael Collins'}),
+    ('Space_Race', {'?Aleksei Leonov', '?Georgi Dobrovolski'}),
+    ('History_of_Earth', {'Yuri_Gagarin'}),     # an article filed as a historical figure, cued: 'in space'
+])
+def test_other_astronauts_compete_with_neil_armstrong_for_the_explorer(graph, src, rivals):
+  found = _rivals(graph, src, 'Neil_Armstrong', 'explorer')
+  assert rivals <= set(found), sorted(found)
+  assert graph.referent_check(src, 'Neil_Armstrong') == _REFUSED
+
+
+def test_read_counts_full_short_and_title_forms_and_leaves_things_unclassified(graph):
+  text = ('The historian Jacob Burckhardt met President Eisenhower. Burckhardt wrote. The Fenwick Accord began. '
+          'Eisenhower agreed. Galileo saw it.')
+  found = reader.read(text, graph)
+  assert found['?Jacob Burckhardt'].count == 2 and found['Dwight_D._Eisenhower'].count == 2
+  assert found['Galileo_Galilei'].count == 1 and 'astronomer' in found['Galileo_Galilei'].classes
+  assert 'historian' in found['?Jacob Burckhardt'].classes and 'writer' in found['?Jacob Burckhardt'].classes
+  assert found['?Fenwick Accord'].classes == frozenset() and not found['?Fenwick Accord'].person
+  assert [m.key for m in reader.unclassified(found)] == ['?Fenwick Accord']
+  assert graph.short_forms.people('Galileo') == ['Galileo_Galilei'] and graph.short_forms.people('Carl') == []
