@@ -75,6 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 128
   c.rollout.max_total_tokens = 4096
   c.rollout.max_prompt_tokens = 0  # tokens of the rendered prompt (0: only what max_total_tokens implies)
+  # Tokens after the prompt: every turn and observation, verl's multi-turn response length (0: only what
+  # max_total_tokens implies); the paper files: 4,096 + 70,000 (Table 5). osvl_jax/rollout/limits.py counts them.
+  c.rollout.max_response_tokens = 0
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
   # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's

@@ -63,8 +63,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.tools.enabled = TOOLS  # DESIGN.md §5 / PAPER.md: all seven tools
 
   c.rollout.max_new_tokens = 4096  # the paper's budget: 4,096 new tokens per model call (configs/qwen3vl_paper.py)
-  # Chosen here, as configs/qwen3vl_paper.py's GRPO rollout: 70 x 1024 for Table 5's 70,000-token response budget.
-  c.rollout.max_total_tokens = 71_680
+  # As configs/qwen3vl_paper.py's GRPO rollout: Table 5's prompt / response budgets, 4,096 / 70,000 tokens (the
+  # response: every turn and observation after the prompt, osvl_jax/rollout/limits.py); the sequence their sum.
+  c.rollout.max_prompt_tokens = 4096
+  c.rollout.max_response_tokens = 70_000
+  c.rollout.max_total_tokens = c.rollout.get_ref('max_prompt_tokens') + c.rollout.get_ref('max_response_tokens')
   c.rollout.fatal_k = 3  # PAPER.md Section 4 / DESIGN.md §6: K = 3 consecutive tool errors are fatal
   c.rollout.fatal_index = 'first'  # DESIGN.md §6: the official code's f_i
   # Greedy: the released inference code's default (the paper does not state its benchmark sampling). Table 5's RL

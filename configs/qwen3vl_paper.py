@@ -70,9 +70,11 @@ What the tables do not fix, chosen here (override on the command line, e.g. `--c
     sft.num_examples / sft.batch_size) with num_examples = 36,592 (the paper's SFT set), kept in step by
     ml_collections references: overriding epochs, num_examples or batch_size recomputes steps and warmup
     (10% of steps); overriding sft.steps itself fixes it.
-  * rollout.max_total_tokens = 71,680 (70 x 1024, for the 70k response budget) for GRPO; the SFT cutoff for SFT.
-  * grpo.pack_rows: packed rows per gradient-accumulation micro-batch = the batch shards of the mesh (one 71,680-token
-    row per data-parallel shard: Table 5's dynamic batch size); grpo.steps = 200 (the paper's training-dynamics run).
+  * rollout.max_total_tokens: GRPO's is Table 5's prompt + response budgets, 4,096 + 70,000 = 74,096 (a reference:
+    it follows either); SFT's the cutoff.
+  * grpo.pack_rows: packed rows per gradient-accumulation micro-batch = the batch shards of the mesh (one 74,096-token
+    row per data-parallel shard: Table 5's dynamic batch size, 74,576 tokens per GPU); grpo.steps = 200 (the
+    paper's training-dynamics run).
   * image.min_pixels = 1,024 (LLaMA-Factory's default image_min_pixels).
 """
 
@@ -192,9 +194,15 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_turns = 50
   c.rollout.max_new_tokens = 4096
-  # GRPO: 70 x 1024, chosen here for the 70,000-token response budget (Table 5); SFT: the cutoff (Table 4).
-  c.rollout.max_total_tokens = 71_680 if stage == 'grpo' else c.data.get_ref('max_length')
-  c.rollout.max_prompt_tokens = 0  # tokens of the rendered prompt (0: only what max_total_tokens implies)
+  # Table 5: max prompt / response length 4,096 / 70,000 tokens (verl's data.max_prompt_length / max_response_length),
+  # checked per trajectory as the official run checks them (osvl_jax/rollout/limits.py): a longer prompt is refused
+  # (its group dropped from the update and counted, as verl filters overlong prompts), the response (every turn and
+  # observation after the prompt) ends at its last whole step within the budget. The trajectory budget T is their
+  # sum (a reference), 74,096. SFT: no per-part budgets (0), T = the cutoff (Table 4).
+  c.rollout.max_prompt_tokens = 4096 if stage == 'grpo' else 0
+  c.rollout.max_response_tokens = 70_000 if stage == 'grpo' else 0
+  c.rollout.max_total_tokens = (c.rollout.get_ref('max_prompt_tokens') + c.rollout.get_ref('max_response_tokens')
+                                if stage == 'grpo' else c.data.get_ref('max_length'))
   c.rollout.fatal_k = 3
   c.rollout.fatal_index = 'first'
   # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's
@@ -270,7 +278,7 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.mini_batch_prompts = 128 if size == '30b_a3b' else 64
   c.grpo.ppo_epochs = 1
   # Table 5: micro-batch 1 per GPU, dynamic batch size (a token budget per GPU): each mini-batch's trajectories are
-  # packed whole into 71,680-token rows (the largest length bucket), one row per batch shard per micro-batch
+  # packed whole into 74,096-token rows (the largest length bucket), one row per batch shard per micro-batch
   # (grpo_update.Packing); the number of micro-batches follows the real tokens. micro_batch_size = 0 (packing sets it).
   c.grpo.pack_rows = batch_shards
   c.grpo.micro_batch_size = 0
@@ -284,8 +292,9 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.grpo.min_lr_ratio = 0.0
   c.grpo.grad_clip = 1.0
   # The update's compiled shapes (configs/demo.py says how they are used): T buckets ending at max_total_tokens;
-  # K up to T (50 turns x 4096 tokens exceed the 71,680 budget); patches per shard on the 4 x 2^k ladder.
-  c.grpo.length_buckets = (16_384, 32_768, 71_680)
+  # K up to T (50 turns x 4096 tokens exceed the 70,000-token response budget); patches per shard on the 4 x 2^k
+  # ladder.
+  c.grpo.length_buckets = (16_384, 32_768, 74_096)
   c.grpo.max_loss_tokens = 0
   c.grpo.loss_bucket = 1024
   c.grpo.patches_per_shard = 0

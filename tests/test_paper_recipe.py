@@ -37,6 +37,9 @@ TABLE_5_COMMON = {
     'grpo.warmup_steps': 0, 'grpo.eps_low': 0.2, 'grpo.eps_high': 0.28, 'grpo.beta': 0.0, 'grpo.ppo_epochs': 1,
     'grpo.estimator': 'rloo', 'grpo.aggregation': 'seq_mean_token_sum', 'grpo.fatal_mode': 'mask_clamp',
     'model.remat': True, 'image.max_pixels': 262_144,
+    # "max prompt / response length 4,096 / 70,000 tokens" (verl's data.max_prompt_length / max_response_length),
+    # checked per trajectory (osvl_jax/rollout/limits.py)
+    'rollout.max_prompt_tokens': 4096, 'rollout.max_response_tokens': 70_000,
 }
 TABLE_5 = {
     '8b': {'grpo.num_generations': 8, 'grpo.mini_batch_prompts': 64, 'grpo.ckpt_every': 50},
@@ -127,10 +130,33 @@ def test_grpo_run_files_carry_table_5(size):
   got = {k: _get(config, k) for k in want}
   assert got == want
   assert (config.rollout.max_new_tokens, config.rollout.max_turns) == (4096, 50)
-  assert config.rollout.max_total_tokens >= 70_000     # the 70,000-token response budget fits a trajectory
+  # The sequence holds both budgets: T = 4,096 + 70,000, a reference that follows either; the update's largest row
+  # holds T (Table 5's dynamic batch size: 74,576 tokens per GPU).
+  assert config.rollout.max_total_tokens == 74_096 == max(config.grpo.length_buckets)
+  config.rollout.max_response_tokens = 8192
+  assert config.rollout.max_total_tokens == 4096 + 8192
   _one_agent_prompt_and_the_pipelines_rules(config)
   lr = policy.make_schedule(config.grpo.lr, 800, config.grpo.warmup_steps, config.grpo.lr_schedule)
   assert [float(lr(s)) for s in (0, 400, 799)] == [pytest.approx(1e-6, rel=1e-7)] * 3   # constant
+
+
+def test_the_budgets_are_checked_per_trajectory_as_the_official_run_checks_them(monkeypatch):
+  """Table 5's two budgets are two settings: a trajectory budget below their sum is refused naming the three fields
+  (--config overrides, as the trainers parse them); the SFT files keep one budget, the cutoff."""
+  config = _parse(monkeypatch, 'qwen3vl_paper:grpo_8b', '--config.rollout.max_total_tokens=71680',
+                  '--config.judge.base_url=http://127.0.0.1:8000/v1', '--config.judge.model=m')
+  with pytest.raises(ValueError, match=r'rollout.max_total_tokens=71680 < rollout.max_prompt_tokens=4096 \+ '
+                                       r'rollout.max_response_tokens=70000: .* set it to 74096'):
+    grpo.check_config(config)
+  config.rollout.max_total_tokens = 74_096
+  grpo.check_config(config)                                    # the files' budgets pass (8B's mesh fits 8 devices)
+  config.rollout.max_response_tokens = -1
+  with pytest.raises(ValueError, match=r'rollout.max_response_tokens=-1: must be >= 0'):
+    grpo.check_config(config)
+  for size in SIZES:
+    sft = _load(f'qwen3vl_paper:sft_{size}')
+    assert (sft.rollout.max_prompt_tokens, sft.rollout.max_response_tokens, sft.rollout.max_total_tokens) == (
+        0, 0, 32_000)
 
 
 def test_a_constant_schedule_with_warmup_ramps_then_holds():
@@ -185,7 +211,7 @@ def test_the_judge_endpoint_comes_on_the_command_line(monkeypatch):
 
 
 # configs/eval_paper.py: PAPER.md's results table (the seven benchmarks, by the eval code's names), its budgets (4,096
-# new tokens per call, up to 50 tool calls; as the run files), greedy decoding (the released inference code's default;
+# new tokens per call, up to 50 tool calls, Table 5's 4,096 / 70,000 prompt / response tokens; as the run files), greedy decoding (the released inference code's default;
 # the paper does not state its benchmark sampling, Table 5's RL validation sampling 0.7 / 0.95 is one value away), all
 # seven tools (DESIGN.md §5), the LLM accuracy judge (temperature 0) and Table 4's image budget.
 EVAL_PAPER = {
@@ -194,6 +220,7 @@ EVAL_PAPER = {
                       'perspective_correct'),
     'modes': ('agentic',), 'max_tool_calls': 50, 'rollout.max_new_tokens': 4096, 'rollout.temperature': 0.0,
     'rollout.top_p': 1.0, 'rollout.fatal_k': 3, 'image.max_pixels': 262_144, 'max_items_per_benchmark': 0,
+    'rollout.max_prompt_tokens': 4096, 'rollout.max_response_tokens': 70_000, 'rollout.max_total_tokens': 74_096,
     'judge.name': 'llm', 'judge.temperature': 0.0, 'judge.prompts.accuracy': 'accuracy_v3', 'judge.base_url': '',
     'judge.model': '', 'judge.on_error': 'zero',
 }
@@ -210,7 +237,6 @@ def test_eval_paper_carries_the_papers_evaluation_and_the_cli_accepts_it(monkeyp
   assert set(config.tools.enabled) == set(schema.TOOLS) - {'lookup'}   # every tool but the learning testbed's
   assert tools_base.SEARCH_TOOLS == ('text_search', 'image_search')   # what query_quality_v3 rates: registered names
   assert set(tools_base.SEARCH_TOOLS) <= set(schema.TOOLS)
-  assert config.rollout.max_total_tokens >= 70_000              # Table 5's response budget fits a trajectory
   with pytest.raises(ValueError, match=r"judge.name='llm' needs judge.base_url and judge.model \(empty\)"):
     runs.check_config(_parse(monkeypatch, 'eval_paper'))       # what `python -m osvl_jax.evaluate` runs first
   config = _parse(monkeypatch, 'eval_paper', '--config.judge.base_url=http://127.0.0.1:8000/v1',

@@ -16,15 +16,15 @@ Per step l:
     execution error, for l < L; one think block + exactly one response for l = L. So a last step that is not a
     response (max_turns, fatal cascade, token budget) has format_ok False.
 Episodes end on a response, after `max_turns` steps, at fatality (n_err consecutive execution errors reaches
-`fatal_k`; `fatal_step` = f_i per `fatal_index`, `rl.fatal.fatal_step`), or when the token budget
-`max_total_tokens` would be exceeded (the trajectory then ends at the last whole step that fits). The reason is
-recorded in `Trajectory.stop_reason`. Bad model output never raises.
+`fatal_k`; `fatal_step` = f_i per `fatal_index`, `rl.fatal.fatal_step`), or when a token budget
+(`max_total_tokens`, `max_response_tokens`) would be exceeded (the trajectory then ends at the last whole step that
+fits). The reason is recorded in `Trajectory.stop_reason`. Bad model output never raises.
 
 Nothing a tool, the engine, the image processor or the builder raises leaves `run_episodes` (DESIGN §4, §6b); each
 failure stays with its own trajectory, and the other items and samples of the batch are untouched:
   - a prompt that cannot be rendered (an input image the processor refuses: not uint8 RGB, empty, aspect ratio
-    over 200; a prompt over `max_prompt_tokens` or with no room under `max_total_tokens`; a question the
-    tokenizer refuses) -> its samples are prompt-only trajectories with no steps, stop_reason 'error' and
+    over 200; a prompt over `max_prompt_tokens` or with no room under `max_total_tokens`, `prompt_over_budget`; a
+    question the tokenizer refuses) -> its samples are prompt-only trajectories with no steps, stop_reason 'error' and
     `Trajectory.error` naming the prompt_id and the reason (logged, with a count). Their ids are the prompt
     rendered without what failed: without its images, and also without the question when that still fails or
     is over the budget; so they pass `check_trajectory`, `train.batching.collate` accepts them, and they carry
@@ -44,22 +44,11 @@ The builder's appends are transactional, so a failed append leaves no partial ob
 episodes of the batch are untouched. A turn with vision ids (from an engine other than the embedded sampler,
 which never samples them) is a malformed step whose ids are kept but read as text by the model.
 
-Token budgets (all counted in tokens of the one trajectory sequence; an image costs num_tokens + 2):
-  - `max_prompt_tokens` (per prompt): system + user turn + image spans + '<|im_start|>assistant\n'. A longer
-    prompt is never cut (a cut could split an image span): its samples end at once, stop_reason 'error', with
-    the `trajectory.PromptTooLongError` message in `Trajectory.error` (above). So does a prompt that leaves no
-    room under `max_total_tokens`.
-  - `max_new_tokens` (per assistant turn): ids the engine may emit in one turn, the closing <|im_end|> included.
-    A turn cut there (finish_reason 'length') is kept as emitted (gen_mask 1, the policy is accountable for it;
-    its <|im_end|> is added with gen_mask 0) but never executed: it is a malformed step answered with a
-    `malformed_call` observation, so a half-written tool call never runs.
-  - `max_total_tokens` (per trajectory): T, the whole sequence. A step (assistant turn + its observation with
-    its images) that would cross it is dropped whole, the episode ends with stop_reason 'token_budget', and the
-    trajectory ends at the last whole step: never inside a tool call or an image span. T <= max_total_tokens.
-  - the engine's own context limit (`JaxSampler.max_len`): a context with no room left gets an empty turn; the
-    episode ends with stop_reason 'context_full'.
-Wall clock: `max_seconds` per episode; on expiry its pending request or tool call is abandoned and the trajectory
-ends at the last whole step, stop_reason 'time_budget'.
+Token and time budgets (`limits.Limits`; its docstring says how each is counted and where an episode is cut):
+`max_prompt_tokens` (a longer prompt is refused, never cut), `max_response_tokens` (everything after the prompt:
+assistant turns and observations), `max_total_tokens` (the whole sequence), `max_new_tokens` (per turn), the engine's
+own context, and `max_seconds` (wall clock). A step that would cross a token budget is dropped whole: the
+trajectory ends at the last whole step (stop_reason 'token_budget'), never inside a tool call or an image span.
 """
 
 import asyncio
@@ -76,6 +65,7 @@ from osvl_jax import trajectory as traj_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout import turn_queue
+from osvl_jax.rollout.limits import Limits  # pylint: disable=unused-import  # agent_loop.Limits, the callers' name
 from tools import base as tools_base
 
 MALFORMED_HINT = ('Reply with <think>...</think> followed by exactly one <tool_call>{"name": <tool name>, '
@@ -118,6 +108,7 @@ class _Episode:
     self.done = False
     self.end_reason: str | None = None
     self.error: str | None = None  # why, for end_reason 'error'
+    self.prompt_tokens = builder.num_tokens  # the rendered prompt's (the response budget counts what follows)
 
 
 def _why(e: BaseException, limit: int = 500) -> str:
@@ -139,7 +130,7 @@ def _start(item: Item, sample_index: int, make_builder: Callable[[], traj_lib.Tr
     return _Episode(item, sample_index, builder)
   except Exception as e:  # pylint: disable=broad-except  # a refused image, a prompt over budget, bad text
     why = _why(e) + (f' ({budgets})' if isinstance(e, traj_lib.PromptTooLongError) else '')
-  episode = _Episode(item, sample_index, builder)
+  episode = _Episode(item, sample_index, builder)   # prompt_tokens 0: nothing rendered yet
   episode.done, episode.end_reason = True, 'error'
   episode.error = f'prompt_id={item.prompt_id!r}: the prompt cannot be rendered: {why}'
   for question in (item.question, ''):
@@ -152,6 +143,13 @@ def _start(item: Item, sample_index: int, make_builder: Callable[[], traj_lib.Tr
     builder.start('', None)
   builder.question = item.question
   return episode
+
+
+def prompt_over_budget(traj: traj_lib.Trajectory) -> bool:
+  """True for a prompt-only trajectory whose prompt was refused for its token budget (`max_prompt_tokens`, or no
+  room under `max_total_tokens`): `_start` names the `trajectory.PromptTooLongError` in its `error`."""
+  return (traj.stop_reason == 'error' and not traj.steps and traj.error is not None
+          and f'cannot be rendered: {traj_lib.PromptTooLongError.__name__}: ' in traj.error)
 
 
 def malformed_result(action: traj_lib.ParsedAction) -> tools_base.ToolResult:
@@ -227,12 +225,8 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
     TypeError: a keyword that is not a `Limits` field.
   """
   limits = dataclasses.replace(limits or Limits(), **limit_fields)
-  max_prompt_tokens, max_total_tokens = limits.max_prompt_tokens, limits.max_total_tokens
-  prompt_limit = [b for b in (max_prompt_tokens, None if max_total_tokens is None else max_total_tokens - 1)
-                  if b is not None]
-  prompt_limit = min(prompt_limit) if prompt_limit else None
-  budgets = f'max_prompt_tokens={max_prompt_tokens}, max_total_tokens={max_total_tokens}'
-  episodes = [_start(item, g, make_builder, prompt_limit, budgets)
+  budgets = f'max_prompt_tokens={limits.max_prompt_tokens}, max_total_tokens={limits.max_total_tokens}'
+  episodes = [_start(item, g, make_builder, limits.prompt_limit(), budgets)
               for item in map(as_item, items) for g in range(num_generations)]
   failed = [e for e in episodes if e.done]
   if failed:
@@ -275,66 +269,6 @@ async def run_episodes_async(engine: engine_lib.Engine, env,
   return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-  """The budgets of a rollout: what every caller states, from its config section with `from_config`.
-
-  Attributes:
-    max_turns: at most this many steps (assistant turns) per episode.
-    fatal_k: K, consecutive execution errors that make an episode fatal (it stops there unless stop_at_fatal is
-      False).
-    fatal_index: 'first' (f_i = first step of the run) or 'kth' (the K-th), `rl.fatal.FATAL_INDEX`.
-    max_new_tokens: cap per assistant turn (None: the engine's default); a turn cut there is never executed.
-    max_total_tokens: token budget per trajectory (None: unlimited); a step that would cross it is dropped and the
-      episode ends at the last whole step (stop_reason 'token_budget').
-    max_prompt_tokens: token budget of the rendered prompt (None: only what max_total_tokens implies).
-    max_seconds: wall-clock budget of one episode, seconds from its start (None: unlimited). On expiry the episode
-      stops at once (its engine request or tool call is abandoned), the trajectory ends at the last whole step,
-      stop_reason 'time_budget'.
-    stop_at_fatal: end an episode at its fatal cascade (the official abort, stop_reason 'fatal'); False lets it run
-      on to its other limits (the "blind" vanilla baseline of the paper), its fatal_step still recorded (the first
-      cascade), so the training masks and the clamp are the same either way.
-    max_concurrency: episodes running at once (None: all N * G); the others wait their turn.
-    tool_workers: threads running tool calls (1: one call at a time, in the order the episodes ask).
-  Raises (constructor):
-    ValueError: an unknown fatal_index; max_turns / fatal_k / tool_workers / max_concurrency < 1; max_seconds not
-      > 0.
-  """
-  max_turns: int = 8
-  fatal_k: int = 3
-  fatal_index: str = 'first'
-  max_new_tokens: int | None = None
-  max_total_tokens: int | None = None
-  max_prompt_tokens: int | None = None
-  max_seconds: float | None = None
-  stop_at_fatal: bool = True
-  max_concurrency: int | None = None
-  tool_workers: int = 1
-
-  def __post_init__(self):
-    fatal_lib.FATAL_INDEX.get(self.fatal_index)  # ValueError naming the known indexes
-    if min(self.max_turns, self.fatal_k, self.tool_workers, self.max_concurrency or 1) < 1:
-      raise ValueError(f'max_turns={self.max_turns}, fatal_k={self.fatal_k}, tool_workers={self.tool_workers} and '
-                       f'max_concurrency={self.max_concurrency} must be >= 1')
-    if self.max_seconds is not None and not self.max_seconds > 0:
-      raise ValueError(f'max_seconds must be > 0 or None, got {self.max_seconds}')
-
-  @classmethod
-  def from_config(cls, section, **overrides) -> 'Limits':
-    """The limits a config section states: each field of `Limits` the section holds (a `rollout` section, the
-    pipeline's `data.synthesize`), the defaults for the others, then `overrides` (e.g. evaluation's max_turns
-    per run). 0 or None for max_total_tokens, max_prompt_tokens, max_seconds, max_concurrency means unlimited.
-
-    Raises:
-      ValueError: a limit out of range (the constructor).
-    """
-    values = {f.name: section.get(f.name) for f in dataclasses.fields(cls) if section.get(f.name) is not None}
-    values.update(overrides)
-    for name in ('max_total_tokens', 'max_prompt_tokens', 'max_seconds', 'max_concurrency'):
-      values[name] = values.get(name) or None
-    return cls(**values)
-
-
 async def _run_episode(key: int, e: _Episode, engine: engine_lib.Engine, queue, env,
                        pool: concurrent.futures.Executor, limits: Limits) -> None:
   """Runs episode `e` to its end, recording why it ended on `e` (never raises but for cancellation)."""
@@ -357,10 +291,9 @@ async def _run_episode(key: int, e: _Episode, engine: engine_lib.Engine, queue, 
 async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, pool: concurrent.futures.Executor,
                 limits: Limits) -> None:
   """One assistant turn of `e` and, for a tool call, its observation; sets `e.done` when the episode ends."""
-  room = None
   cap = limits.max_new_tokens
-  if limits.max_total_tokens is not None:
-    room = limits.max_total_tokens - e.builder.num_tokens
+  room = limits.room(e.builder.num_tokens, e.prompt_tokens)  # under max_total_tokens and max_response_tokens
+  if room is not None:
     if room <= 0:
       e.done, e.end_reason = True, 'token_budget'
       return
@@ -398,8 +331,8 @@ async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, po
   if e.builder.awaiting_observation:  # _observe could append neither the result nor an error about it
     e.builder.truncate(len(e.builder.steps) - 1)
     e.done, e.end_reason = True, 'error'
-  elif limits.max_total_tokens is not None and e.builder.num_tokens > limits.max_total_tokens:
-    # The observation (tool text, image spans) crossed the budget: drop the whole step.
+  elif (limits.room(e.builder.num_tokens, e.prompt_tokens) or 0) < 0:
+    # The observation (tool text, image spans) crossed a token budget: drop the whole step.
     e.builder.truncate(len(e.builder.steps) - 1)
     e.done, e.end_reason = True, 'token_budget'
   else:

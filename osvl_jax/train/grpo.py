@@ -45,6 +45,7 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.rl import losses
+from osvl_jax.rollout import agent_loop
 from osvl_jax.train import (data, grpo_batch, grpo_update, metrics, placement, policy, policy_config, preflight, rollouts,
                             validation)
 
@@ -63,7 +64,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       zero_pixels (optional) not in `rollouts.ZERO_PIXELS`; `validation.check_config`'s (val_every not an int >= 0,
       or > 0 without heldout_prompts or a valid eval.temperature / eval.top_p);
       rollout max_turns / max_new_tokens /
-      fatal_k < 1, max_total_tokens < max_new_tokens; `grpo_batch.check_budgets`' (grpo.length_buckets,
+      fatal_k < 1, max_total_tokens < max_new_tokens, max_prompt_tokens / max_response_tokens (optional; 0 = only
+      what max_total_tokens implies) not ints >= 0, max_total_tokens < max_prompt_tokens + max_response_tokens when
+      both are set; `grpo_batch.check_budgets`' (grpo.length_buckets,
       grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's
       data x fsdp size (`config.mesh`); pack_rows (optional) beside micro_batch_size or not a multiple of that size;
       the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
@@ -112,6 +115,12 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
   total = checks.positive_int(config, 'rollout.max_total_tokens')
   if total < config.rollout.max_new_tokens:
     raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_new_tokens={config.rollout.max_new_tokens}')
+  prompt_budget = checks.number(config, 'rollout.max_prompt_tokens', integer=True, low=0, optional=True) or 0
+  response_budget = checks.number(config, 'rollout.max_response_tokens', integer=True, low=0, optional=True) or 0
+  if prompt_budget and response_budget and total < prompt_budget + response_budget:
+    raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_prompt_tokens={prompt_budget} + '
+                     f'rollout.max_response_tokens={response_budget}: a trajectory must hold both budgets; set it to '
+                     f'{prompt_budget + response_budget} (the paper files derive it as their sum)')
   grpo_batch.check_budgets(config)
   grpo_update.check_update_config(config)  # mini_batch_prompts, ppo_epochs, tis_cap, max_staleness, micro-batch
   rollouts.check_engine_config(config, workdir)
@@ -195,6 +204,18 @@ def drop_stale(trajectories: list, version: int, max_staleness: int) -> tuple[li
   return kept, {'stale_dropped': int((staleness > max_staleness).sum()), 'groups_dropped': len(stale_groups),
                 'staleness_mean': float(staleness.mean()) if staleness.size else 0.0,
                 'staleness_max': int(staleness.max()) if staleness.size else 0}
+
+
+def drop_over_budget(trajectories: list) -> tuple[list, int]:
+  """Drops the groups of prompts refused for their token budget (`agent_loop.prompt_over_budget`: over
+  rollout.max_prompt_tokens, or no room under max_total_tokens), as verl filters overlong prompts out of its dataset:
+  prompt-only trajectories, never trained on, their groups out of the advantages and the loss' sequence count.
+
+  Returns:
+    (kept trajectories in their order, the number of prompts (groups) dropped: the metric prompts_over_budget).
+  """
+  over = {t.prompt_id for t in trajectories if agent_loop.prompt_over_budget(t)}
+  return [t for t in trajectories if t.prompt_id not in over], len(over)
 
 
 def dump_rollout_batch(workdir, step: int, rollout_batch: dict) -> None:
@@ -303,6 +324,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
         pending = pool.submit(rollout, step + 1) if max_staleness and step + 1 < cfg.steps else None
         versions = sorted({int(t.policy_version) for t in trajectories})
         trajectories, stale = drop_stale(trajectories, step, max_staleness)
+        trajectories, stale['prompts_over_budget'] = drop_over_budget(trajectories)  # logged in run_episodes too
         trajectories, masked = policy.mask_trailing_out_of_vocabulary(model, trajectories)
         stale['out_of_vocabulary_masked'] = masked   # a tool's echo after the last emitted token (compact vocab)
         t_score = time.time()
@@ -325,8 +347,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
           out, _ = update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)
         out.update(grpo_batch.rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']))
       else:
-        logging.warning('grpo step %d: every trajectory is staler than max_staleness=%d; no update', step,
-                        max_staleness)
+        logging.warning('grpo step %d: no trajectory to train on (%d groups staler than max_staleness=%d, %d prompts '
+                        'over their token budget); no update', step, rollout_batch['stale']['groups_dropped'],
+                        max_staleness, rollout_batch['stale']['prompts_over_budget'])
       update_seconds = time.time() - t_update  # batch preparation, π_old, gradients, optimizer steps
       if pending is not None:
         concurrent.futures.wait([pending])  # its rollout used version `step`: publish only once it is done

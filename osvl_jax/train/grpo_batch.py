@@ -23,8 +23,8 @@ LOSS_BUCKET = 64  # the K ladder's first rung (`batching.bucket_sizes`) when grp
 def check_budgets(config: ml_collections.ConfigDict) -> tuple[tuple[int, ...], int]:
   """The update's compiled shapes from the config (`batching.bucket_sizes`): grpo.length_buckets (tokens per row,
   increasing, the largest at least rollout.max_total_tokens, so every rollout fits one) and grpo.max_loss_tokens
-  (optional; None / 0 = T), at least what a rollout can emit, min(max_total_tokens, max_turns × max_new_tokens);
-  grpo.loss_bucket (optional, default `LOSS_BUCKET`), the first rung of the K ladder.
+  (optional; None / 0 = T), at least what a rollout can emit, min(max_total_tokens, max_response_tokens when set,
+  max_turns × max_new_tokens); grpo.loss_bucket (optional, default `LOSS_BUCKET`), the first rung of the K ladder.
 
   Returns:
     (length_buckets, the emitted-token bound).
@@ -36,12 +36,13 @@ def check_budgets(config: ml_collections.ConfigDict) -> tuple[tuple[int, ...], i
   if buckets[-1] < total:
     raise ValueError(f'grpo.length_buckets={tuple(buckets)}: the largest is below rollout.max_total_tokens={total}; '
                      f'end them with {total} (or more) so every rollout fits one')
-  emitted = min(total, int(config.rollout.max_turns) * int(config.rollout.max_new_tokens))
+  response = int(config.rollout.get('max_response_tokens') or 0) or total   # 0: only T bounds the response
+  emitted = min(total, response, int(config.rollout.max_turns) * int(config.rollout.max_new_tokens))
   k = checks.number(config, 'grpo.max_loss_tokens', integer=True, low=0, optional=True)
   checks.number(config, 'grpo.loss_bucket', integer=True, low=1, optional=True)
   if k and k < emitted:
     raise ValueError(f'grpo.max_loss_tokens={k} is below what a rollout can emit, min(rollout.max_total_tokens, '
-                     f'max_turns x max_new_tokens) = {emitted}; set it to {emitted} (or 0: T)')
+                     f'max_response_tokens, max_turns x max_new_tokens) = {emitted}; set it to {emitted} (or 0: T)')
   return tuple(buckets), emitted
 
 

@@ -80,8 +80,8 @@ class Trajectory:
     question: the user question.
     answers: accepted answers (may be empty at inference).
     stop_reason: why the episode ended, one of `STOP_REASONS` ('response', 'max_turns', 'fatal',
-      'token_budget': the next step would not fit `max_total_tokens`, so the trajectory ends at the last whole
-      step; 'context_full': the engine's context is full; 'time_budget': the wall-clock budget ran out, the
+      'token_budget': the next step would not fit `max_total_tokens` or `max_response_tokens`, so the trajectory
+      ends at the last whole step; 'context_full': the engine's context is full; 'time_budget': the wall-clock budget ran out, the
       trajectory ends at the last whole step; 'error': an append failed and could not be reported as a tool
       error, or the engine failed, the trajectory ends at the last whole step), or None when not produced by the agent loop (SFT
       data, hand-built). `truncated` is True for the budget reasons.

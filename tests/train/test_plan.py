@@ -174,13 +174,13 @@ def test_paper_configs_fit_their_slice():
 
 
 def test_step_shapes_of_each_stage_and_a_config_without_a_slice():
-  config = load('grpo_8b')   # 70k-token packed rows; one per batch shard (fsdp=8 of 32 chips)
-  assert plan.step_shapes(config) == (71_680, 8) and config.grpo.pack_rows == 8
+  config = load('grpo_8b')   # 4,096 + 70,000-token packed rows; one per batch shard (fsdp=8 of 32 chips)
+  assert plan.step_shapes(config) == (74_096, 8) and config.grpo.pack_rows == 8
   config.grpo.pack_rows = 0          # unpacked: one trajectory per row
   config.grpo.micro_batch_size = 8
-  assert plan.step_shapes(config) == (71_680, 8)
+  assert plan.step_shapes(config) == (74_096, 8)
   config.grpo.micro_batch_size = 0     # 0: the mini-batch of 64 prompts x G = 8
-  assert plan.step_shapes(config) == (71_680, 512)
+  assert plan.step_shapes(config) == (74_096, 512)
   config.tpu = ''
   with pytest.raises(ValueError, match='config.tpu is not set'):
     plan.run(config)
@@ -226,4 +226,4 @@ def test_the_plan_sizes_the_largest_compiled_bucket():
   config.sft.length_buckets = ()
   assert plan.step_shapes(config)[0] == 1024   # no buckets: the dataset's cutoff
   grpo = load('grpo_8b')
-  assert plan.step_shapes(grpo)[0] == max(grpo.grpo.length_buckets) == grpo.rollout.max_total_tokens == 71_680
+  assert plan.step_shapes(grpo)[0] == max(grpo.grpo.length_buckets) == grpo.rollout.max_total_tokens == 74_096
