@@ -43,6 +43,8 @@ _CALLED = re.compile(r'(?<![\w-])(' + lex.noun_pattern() + r')\s+(?:called|named
 _GAP_STOP = frozenset('the a an of in on to by with from for at as who which that whom whose is was were are had has '
                       'have be been his her their its this these when while after before not than'.split())
 _LIST_GAP = re.compile(r'^(?:\s*,\s*(?:and\s+)?|\s+and\s+|\s*;\s*)$')
+# A surname before these is the name of a thing ('the Nobel committee'), no mention of the person.
+_ATTRIBUTIVE = re.compile(r'\s+(?:prizes?|committee|laureates?|awards?|medals?|foundation|institute|lectures?)\b')
 _WINDOW = 90  # characters before a run the appositive is looked for in
 CUE_WINDOW = 60  # characters either side of a person's name its sentence cues are looked for in
 
@@ -361,7 +363,8 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
       m = get('?' + home, home, None)
       place(m, a, name, 'surname in the text')
       m.person = True
-    elif not fragment and name[:1].isupper() and len(name) >= 3 and (people := g.short_forms.people(name)):
+    elif (not fragment and name[:1].isupper() and len(name) >= 3 and not _ATTRIBUTIVE.match(text, spans[-1][1])
+          and (people := g.short_forms.people(name))):
       linked = [t for t in people if src and t in g.out_links_set(src)]
       pick = linked if len(linked) == 1 else people
       if len(pick) == 1:                             # 'President Eisenhower', 'Galileo'
@@ -377,6 +380,9 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
       place(m, a, name)
       m.person |= person
       m.plain = m.plain or (len(spans) == 1 and tok in lower)   # 'Construction' opening a sentence
+    if m.person:   # a person takes no thing's class ('the novel Napoleon' is about him, he is no novel)
+      ev = [e for e in ev if not lex.noun_of(e.split(': ')[1].split(' (')[0]) in lex.THING_NOUNS]
+      phrases = {p for p in phrases if p in lex.PERSON_PHRASES}
     m.evidence += [e for e in ev if e not in m.evidence]
     m.classes = m.classes | frozenset(phrases)
   for c in _CALLED.finditer(text):                   # 'an instrument called the cajón'

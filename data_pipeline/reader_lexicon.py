@@ -135,7 +135,8 @@ house hall palace castle tower temple square avenue valley desert coast gulf str
 international national royal imperial general united northern southern eastern western lunar solar space
 christmas easter award awards medal order cross trophy championship tournament series album song film show man
 section works machine machines universitat universidad universite universita technische hochschule instituto
-institut museo musee escuela colegio san santa santo sao port fort mount cape saint dynasty dynasties'''.split())
+institut museo musee escuela colegio san santa santo sao port fort mount cape saint dynasty dynasties nueva nuevo
+deportivo ciudad villa puerto rio sierra cerro isla lago bahia plaza calle'''.split())
 # Phrases whose members are people (an article with one of them is a person's).
 PERSON_PHRASES = frozenset(p for ps in list(PERSON_NOUNS.values()) + list(TITLES.values()) for p in ps) | frozenset(
     ('US president', 'British monarch', 'historical figure', 'celebrity', 'media figure', 'sportsperson',

@@ -4,13 +4,16 @@
 
 W is a build's workdir (the dataset is `W/data`) or the dataset folder itself. For each sampled accepted item
 it prints (and writes as `<dataset>/review.html`, the anchor image shown) the path, each hop's descriptor and
-relation, the entities of the descriptor's class the previous article's text names with their counts
-(`WikiGraph.competitors`: the link sentence for a read relation), the descriptor's evidence (the node's defining
-sentence, `classes.definition`), the answer with its aliases and infobox line, the image, and the automated
-checks' verdicts:
+relation, every mention of the descriptor's class the previous article's text names (`reader.read`, the way a
+reader counts them: surname-only and title forms, entities without an article classed from their context; the
+link sentence for a read relation), each with its count, how it was classed and its sentence, the mentions it
+could not class, the descriptor's evidence (the node's defining sentence, `classes.definition`), the answer with
+its aliases and infobox line, the image, and its own verdicts (not the build's: an item built by another check
+is judged the same way):
 
-  referent   per hop: 'unique' (the only one of its class named), 'most often' (`wiki_graph.dominates`), else
-             'AMBIGUOUS' (another of the class named as often or more);
+  referent   per hop: 'unique' (the only one of its class named), 'most often' (the relation says so and
+             `wiki_graph.dominates` holds), else 'AMBIGUOUS'; SERIOUS when another mention of the class is named
+             as often as the hop's entity or more (the item is then SERIOUS);
   descriptor per hop: 'fits' when it is one of the node's evidence-backed descriptors (`WikiGraph.descriptors`)
              or an LLM's more specific phrase ending with one (`llm_descriptors.class_of`: its class is then
              the one the competitors are counted in), else 'NO EVIDENCE';
@@ -18,6 +21,7 @@ checks' verdicts:
   leak       `rewrite.find_leaks` over the whole path and the answer;
   answer     `paths.historical` (a value of the past) on the answer's infobox line;
   chain      how many accepted items share the item's answer chain (`paths.answer_chain`, at most 2).
+The summary line (stderr) counts the items reviewed, flagged and serious.
 """
 
 import html
@@ -29,12 +33,13 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from data_pipeline import classes, llm_descriptors, paths, relations, rewrite, wiki_graph
+from data_pipeline import classes, llm_descriptors, paths, reader, reader_lexicon, relations, rewrite, wiki_graph
 from osvl_jax import paths as osvl_paths
 from osvl_jax.data import pipeline as pipeline_data
 
 REVIEW_FILE = 'review.html'
-MAX_COMPETITORS = 6  # competitors shown per hop
+MAX_UNCLASSIFIED = 10  # mentions it could not class, shown per hop
+MAX_SENTENCE = 300  # characters of a mention's sentence shown
 
 
 def dataset_folder(path: str | os.PathLike) -> pathlib.Path:
@@ -51,6 +56,39 @@ def dataset_folder(path: str | os.PathLike) -> pathlib.Path:
                           '`python -m data_pipeline.build --config=... --workdir=W`)')
 
 
+def hop_review(g, src: str, dst: str, descriptor: str, rel: str) -> dict:
+  """One hop's evidence and verdict, read from the text as a reader counts it (`WikiGraph.competitor_mentions`,
+  `reader.read`), whatever check built the item.
+
+  Returns:
+    {'competitors': [mention dicts of the descriptor's class besides src, dst among them when named: key, name,
+    article (bool), count, evidence, sentence], 'unclassified': [mention dicts the reader could not class that
+    may be of the class: people for a person class, other names for the rest; most named first, at most
+    `MAX_UNCLASSIFIED`], 'referent': 'unique' | 'most often' | 'AMBIGUOUS', 'serious': another mention of the
+    class named as often as dst or more (or dst not named), 'class': the class counted}.
+  """
+  cls = llm_descriptors.class_of(descriptor, g.descriptors(dst)) or descriptor
+  text = g.competitor_text(src, dst)
+  found = g.competitor_mentions(src, dst, cls)
+  counts = [(m.key, m.count) for m in found]
+  mine = next((m.count for m in found if m.key == dst), 0)
+  others = [m for m in found if m.key != dst]
+  if mine and not others:
+    referent = 'unique'
+  elif rel == relations.MOST_OFTEN and wiki_graph.dominates(dst, counts):
+    referent = 'most often'
+  else:   # another of the class named ("the X named in ..." then has two referents), or not far less often
+    referent = 'AMBIGUOUS'
+  person = cls in reader_lexicon.PERSON_PHRASES
+  reading = g.reading(text, src)
+  unclassed = [m for m in reader.unclassified(reading, person if person else None)
+               if m.key != src and (person or not m.person)][:MAX_UNCLASSIFIED]
+  as_dict = lambda m: {'key': m.key, 'name': m.name, 'article': m.title is not None, 'count': m.count,
+                       'evidence': list(m.evidence), 'sentence': m.sentence[:MAX_SENTENCE]}
+  return {'class': cls, 'competitors': [as_dict(m) for m in found], 'unclassified': [as_dict(m) for m in unclassed],
+          'referent': referent, 'serious': not mine or any(m.count >= mine for m in others)}
+
+
 def review_item(g, item: dict, chain_counts: dict) -> dict:
   """The review of one accepted item (module docstring): hops with competitors and verdicts, answer, checks.
 
@@ -58,25 +96,18 @@ def review_item(g, item: dict, chain_counts: dict) -> dict:
     g: the dataset's `wiki_graph.WikiGraph`; item: a row of the `items` split;
     chain_counts: `paths.answer_chain` -> accepted items with it.
   Returns:
-    {'prompt_id', 'question', 'path', 'image_path', 'hops': [{'src', 'dst', 'descriptor', 'relation',
-    'competitors': [(title, count)], 'referent', 'descriptor_check', 'definition'}], 'answers', 'evidence',
-    'checks': {'reading', 'leak', 'answer', 'chain'}, 'ok': all verdicts good}.
+    {'prompt_id', 'question', 'path', 'image_path', 'hops': [{'src', 'dst', 'descriptor', 'relation', 'class',
+    'competitors', 'unclassified', 'referent', 'serious' (`hop_review`), 'descriptor_check', 'definition'}],
+    'answers', 'evidence', 'checks': {'reading', 'leak', 'answer', 'chain'}, 'serious': a hop is, 'ok': all
+    verdicts good}.
   """
   path, descs, rels = item['path'], item['descriptors'], item['relations']
   hops = []
   for src, dst, d, rel in zip(path, path[1:], descs, rels):
-    cls = llm_descriptors.class_of(d, g.descriptors(dst)) or d
-    found = g.competitors(src, dst, cls)
-    named = dict(found)
-    if dst in named and len(found) == 1:
-      referent = 'unique'
-    elif wiki_graph.dominates(dst, found):
-      referent = 'most often'
-    else:
-      referent = 'AMBIGUOUS'
-    hops.append({'src': src, 'dst': dst, 'descriptor': d, 'relation': rel, 'competitors': found[:MAX_COMPETITORS],
-                 'referent': referent,
-                 'descriptor_check': 'fits' if cls in g.descriptors(dst) and ' or ' not in d else 'NO EVIDENCE',
+    hop = hop_review(g, src, dst, d, rel)
+    hops.append({'src': src, 'dst': dst, 'descriptor': d, 'relation': rel, **hop,
+                 'descriptor_check': 'fits' if hop['class'] in g.descriptors(dst) and ' or ' not in d
+                 else 'NO EVIDENCE',
                  'definition': classes.definition(g.text(dst), g.aliases(dst))[0][:240]})
   persons = [g.domain(t) == 'Person' for t in path[1:]]
   leaks = rewrite.find_leaks(item['question'], path, g, item['answers'])
@@ -90,7 +121,8 @@ def review_item(g, item: dict, chain_counts: dict) -> dict:
         and chain_counts[paths.answer_chain(path)] <= paths.MAX_PER_CHAIN)
   return {'prompt_id': item['prompt_id'], 'question': item['question'], 'path': path,
           'image_path': item['image_path'], 'hops': hops, 'answers': item['answers'],
-          'evidence': item['answer_evidence'], 'checks': checks, 'ok': ok}
+          'evidence': item['answer_evidence'], 'checks': checks, 'serious': any(h['serious'] for h in hops),
+          'ok': ok}
 
 
 def review(dataset: str | os.PathLike, sample: int, seed: int, data_dir: str | os.PathLike | None = None
@@ -122,15 +154,29 @@ def review(dataset: str | os.PathLike, sample: int, seed: int, data_dir: str | o
   return out
 
 
+def _verdict(rec: dict) -> str:
+  return 'SERIOUS' if rec['serious'] else 'OK' if rec['ok'] else 'FLAGGED'
+
+
+def _mention_line(m: dict) -> str:
+  kind = 'article' if m['article'] else 'no article'
+  why = '; '.join(m['evidence']) or 'no evidence'
+  return f"{m['name']} x{m['count']} ({kind}; {why}): \"{m['sentence']}\""
+
+
 def as_text(rec: dict) -> str:
-  """One reviewed item as plain text lines."""
-  lines = [f"== {rec['prompt_id']}  {'OK' if rec['ok'] else 'FLAGGED'}", f"Q: {rec['question']}",
+  """One reviewed item as plain text lines: per hop every competing mention with its sentence, the verdict,
+  the mentions it could not class."""
+  lines = [f"== {rec['prompt_id']}  {_verdict(rec)}", f"Q: {rec['question']}",
            f"path: {' -> '.join(rec['path'])}", f"image: {rec['image_path']}"]
   for k, h in enumerate(rec['hops'], 1):
-    comp = ', '.join(f'{t} x{c}' for t, c in h['competitors']) or '(none)'
     lines.append(f"  hop {k}: {h['src']} -> {h['dst']}: the {h['descriptor']} [{h['relation']}]  referent: "
-                 f"{h['referent']}; descriptor: {h['descriptor_check']}")
-    lines.append(f'         class named in the text: {comp}')
+                 f"{h['referent']}{' SERIOUS' if h['serious'] else ''}; descriptor: {h['descriptor_check']}")
+    comp = ', '.join(f"{m['key']} x{m['count']}" for m in h['competitors']) or '(none)'
+    lines.append(f"         class '{h['class']}' named in the text: {comp}")
+    lines += [f'           - {_mention_line(m)}' for m in h['competitors']]
+    if h['unclassified']:
+      lines.append('         could not classify: ' + ', '.join(f"{m['name']} x{m['count']}" for m in h['unclassified']))
     lines.append(f"         definition: {h['definition'] or '(none found)'}")
   lines.append(f"A: {rec['answers'][0] if rec['answers'] else ''}  aliases: {rec['answers'][1:]}  "
                f"({rec['evidence']})")
@@ -147,15 +193,18 @@ def as_html(recs: list[dict], dataset: pathlib.Path) -> str:
   for rec in recs:
     image = os.path.relpath(rec['image_file'], dataset)
     parts.append(f"<h3 class=\"{'' if rec['ok'] else 'bad'}\">{esc(rec['prompt_id'])} "
-                 f"{'OK' if rec['ok'] else 'FLAGGED'}</h3><img src=\"{esc(image)}\" alt=\"{esc(image)}\">"
+                 f"{_verdict(rec)}</h3><img src=\"{esc(image)}\" alt=\"{esc(image)}\">"
                  f"<p><b>Q:</b> {esc(rec['question'])}<br><b>path:</b> {esc(' → '.join(rec['path']))}</p>"
                  '<table><tr><th>hop</th><th>descriptor [relation]</th><th>class named in the text (count)</th>'
                  '<th>referent</th><th>descriptor</th><th>definition</th></tr>')
     for h in rec['hops']:
-      comp = ', '.join(f'{t} ×{c}' for t, c in h['competitors']) or '(none)'
+      comp = ''.join(f"<li>{esc(_mention_line(m))}</li>" for m in h['competitors']) or '(none)'
+      unc = ', '.join(f"{m['name']} ×{m['count']}" for m in h['unclassified'])
       parts.append(f"<tr><td>{esc(h['src'])} → {esc(h['dst'])}</td><td>{esc(h['descriptor'])} "
-                   f"[{esc(h['relation'])}]</td><td>{esc(comp)}</td>"
-                   f"<td class=\"{'bad' if h['referent'] == 'AMBIGUOUS' else ''}\">{esc(h['referent'])}</td>"
+                   f"[{esc(h['relation'])}]</td><td><ul>{comp}</ul>"
+                   f"{'<small>could not classify: ' + esc(unc) + '</small>' if unc else ''}</td>"
+                   f"<td class=\"{'bad' if h['referent'] == 'AMBIGUOUS' else ''}\">{esc(h['referent'])}"
+                   f"{' <b>SERIOUS</b>' if h['serious'] else ''}</td>"
                    f"<td>{esc(h['descriptor_check'])}</td><td>{esc(h['definition'])}</td></tr>")
     parts.append(f"</table><p><b>A:</b> {esc(', '.join(rec['answers']))} <small>({esc(rec['evidence'])})</small>"
                  f"<br><b>checks:</b> {esc('; '.join(f'{k}: {v}' for k, v in rec['checks'].items()))}</p>"
@@ -172,7 +221,7 @@ def main(argv) -> None:
     print(as_text(rec) + '\n')
   (dataset / REVIEW_FILE).write_text(as_html(recs, dataset))
   print(json.dumps({'reviewed': len(recs), 'flagged': sum(not r['ok'] for r in recs),
-                    'html': str(dataset / REVIEW_FILE)}), file=sys.stderr)
+                    'serious': sum(r['serious'] for r in recs), 'html': str(dataset / REVIEW_FILE)}), file=sys.stderr)
 
 
 if __name__ == '__main__':

@@ -148,9 +148,9 @@ def test_proposals_are_checked_in_code_and_a_good_one_is_used_in_the_question(gr
   assert item['question'] == asked[-1][0] and item['rejected'] is None
   # The review counts an LLM descriptor's competitors in the class it ends with.
   hops = review.review_item(graph, item, {paths.answer_chain(CUBA): 1})['hops']
-  assert [(h['descriptor'], h['referent'], h['descriptor_check'], h['competitors']) for h in hops] == [
-      ('Middle Eastern country', 'most often', 'fits', [('Iran', 3), ('Syria', 1)]),
-      ('communist Caribbean country', 'unique', 'fits', [('Cuba', 2)])]
+  assert [(h['descriptor'], h['referent'], h['descriptor_check'], [(m['key'], m['count']) for m in h['competitors']])
+          for h in hops] == [('Middle Eastern country', 'most often', 'fits', [('Iran', 3), ('Syria', 1)]),
+                             ('communist Caribbean country', 'unique', 'fits', [('Cuba', 2)])]
 
 
 def test_a_step_judge_no_tries_the_next_candidate_and_rejects_when_none_is_left(graph, records):
