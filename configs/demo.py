@@ -83,6 +83,14 @@ def get_config() -> ml_collections.ConfigDict:
   # End an episode at its fatal cascade (the official abort); False runs it on to its other limits (the paper's
   # "blind" vanilla baseline); the masks and the clamp are the same either way.
   c.rollout.stop_at_fatal = True
+  # Tool errors of the environment (timeout, http_error, backend_error: tools/base.py), not of the policy's call:
+  # 'count' (the paper: they count toward the fatal cascade like any error), 'retry' (a call is retried up to
+  # env_retries times, env_retry_backoff_s x 2^attempt seconds apart, before the policy sees the error), 'exclude'
+  # (a trajectory whose fatal cascade holds one is dropped from its group's advantages and from the loss, counted as
+  # env_cut_trajectories / num_excluded: osvl_jax/rl/fatal.py cut_by_environment).
+  c.rollout.env_errors = 'count'
+  c.rollout.env_retries = 3
+  c.rollout.env_retry_backoff_s = 1.0
   # The asyncio agent loop: episodes in flight at once, threads for blocking tool calls (1 keeps the order of
   # failure-injection draws reproducible; raise it with remote tools), wall-clock seconds per trajectory.
   c.rollout.max_concurrency = 64

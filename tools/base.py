@@ -8,6 +8,11 @@ import numpy as np
 ERROR_KINDS = ('malformed_call', 'unknown_tool', 'bad_arguments', 'timeout', 'http_error',
                'backend_error', 'no_result')
 EXECUTION_ERROR_KINDS = frozenset(ERROR_KINDS) - {'no_result'}
+# Whose fault an execution error is (config `rollout.env_errors`, `osvl_jax/rollout/limits.py`): the policy's (a call
+# it wrote wrong) or the environment's (a backend that timed out, answered an HTTP error or failed), which the policy
+# could not have avoided. The two partition EXECUTION_ERROR_KINDS.
+POLICY_ERROR_KINDS = ('malformed_call', 'unknown_tool', 'bad_arguments')
+ENVIRONMENT_ERROR_KINDS = ('timeout', 'http_error', 'backend_error')
 # The search tools among the seven (DESIGN.md §5 names; the official release's `web_search` is read as text_search):
 # the calls the query-quality judge rates (r_query, PAPER.md "judge and agent protocols").
 SEARCH_TOOLS = ('text_search', 'image_search')
@@ -50,6 +55,12 @@ class ToolResult:
   def is_execution_error(self) -> bool:
     """True for the errors that count towards fatal cascades and r_fmt (every kind but no_result)."""
     return self.error_kind in EXECUTION_ERROR_KINDS
+
+  @property
+  def is_environment_error(self) -> bool:
+    """True for an execution error of the environment (`ENVIRONMENT_ERROR_KINDS`: timeout, http_error,
+    backend_error), not of the policy's call."""
+    return self.error_kind in ENVIRONMENT_ERROR_KINDS
 
 
 def _check_ok_and_kind(ok, error_kind) -> None:

@@ -19,6 +19,7 @@ exactly, whatever the estimator (DESIGN.md §6: no float rounding residue); a si
 convention above.
 """
 
+import collections
 from typing import Callable, Hashable, Sequence
 
 import jax
@@ -106,7 +107,8 @@ def group_advantages(rewards: jax.Array, is_fatal: jax.Array, group_size: int, c
 
 def group_advantages_by_id(rewards: jax.Array, is_fatal: jax.Array, group_ids: Sequence[Hashable],
                            clamp: bool = True, estimator: str = 'grpo', delta: float = 1e-6,
-                           std_ddof: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
+                           std_ddof: int = 1, exclude: np.ndarray | None = None
+                           ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """`group_advantages` with the groups formed by `group_ids` (the rows' prompt_id), in any row order.
 
   A group is every row with the same id (DESIGN.md §4: group = all samples of one prompt_id), so the result
@@ -119,22 +121,43 @@ def group_advantages_by_id(rewards: jax.Array, is_fatal: jax.Array, group_ids: S
     is_fatal: bool [B].
     group_ids: B hashable ids (prompt_id per row).
     clamp, estimator, delta, std_ddof: as in `group_advantages`.
+    exclude: optional bool [B], rows dropped from the advantages (`rollout.env_errors='exclude'`: trajectories cut
+      by environment errors, `fatal.cut_by_environment`): each group's μ_G, σ_G (or leave-one-out baseline) is over
+      its other rows alone, as if the excluded were never sampled; an excluded row gets Â = r̃ = 0. A group left with
+      fewer than 2 rows has no baseline: its remaining row gets Â = 0, as a group whose rewards are all equal (no
+      learning signal). Excluded rows and such groups' rows are left out of every statistic.
 
   Returns:
-    (advantages float32 [B], in the rows' order; stats as in `group_advantages`).
+    (advantages float32 [B], in the rows' order; stats as in `group_advantages`, and with `exclude` also
+     num_excluded (rows excluded) and num_groups_without_baseline (groups left with < 2 rows, > 0 of them)).
 
   Raises:
-    ValueError: rewards / is_fatal / group_ids not all of length B, an unknown estimator.
+    ValueError: rewards / is_fatal / group_ids / exclude not all of length B, an unknown estimator.
   """
   rewards, is_fatal = _check_rows(rewards, is_fatal)
   group_ids = list(group_ids)
   if len(group_ids) != rewards.shape[0]:
     raise ValueError(f'{len(group_ids)} group ids for {rewards.shape[0]} rewards')
+  excluded = np.zeros(rewards.shape, bool) if exclude is None else np.asarray(exclude, bool)
+  if excluded.shape != rewards.shape:
+    raise ValueError(f'exclude {excluded.shape} must be [B] = {rewards.shape}')
   rows: dict[Hashable, list[int]] = {}
   for row, gid in enumerate(group_ids):
-    rows.setdefault(gid, []).append(row)
-  return _advantages(rewards, is_fatal, [np.asarray(r) for r in rows.values()], clamp, estimator, delta,
-                     std_ddof)
+    if not excluded[row]:
+      rows.setdefault(gid, []).append(row)
+  groups = [np.asarray(r) for r in rows.values()]
+  if exclude is None:
+    return _advantages(rewards, is_fatal, groups, clamp, estimator, delta, std_ddof)
+  whole = {gid for gid, n in collections.Counter(group_ids).items() if n >= 2}   # groups that had a baseline
+  alone = [g for g, gid in zip(groups, rows) if len(g) < 2 and gid in whole]
+  groups = [g for g, gid in zip(groups, rows) if len(g) >= 2 or gid not in whole]
+  counted = np.zeros(rewards.shape, bool)
+  for g in groups:
+    counted[g] = True
+  advantages, stats = _advantages(rewards, is_fatal, groups, clamp, estimator, delta, std_ddof, counted)
+  stats['num_excluded'] = jnp.float32(excluded.sum())
+  stats['num_groups_without_baseline'] = jnp.float32(len(alone))
+  return advantages, stats
 
 
 def _check_rows(rewards, is_fatal) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +169,11 @@ def _check_rows(rewards, is_fatal) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _advantages(rewards: np.ndarray, is_fatal: np.ndarray, groups: list[np.ndarray], clamp: bool,
-                estimator: str, delta: float, std_ddof: int) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Shared body: `groups` lists each group's row indices (int [G_k]); groups of one size go through together."""
+                estimator: str, delta: float, std_ddof: int,
+                counted: np.ndarray | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Shared body: `groups` lists each group's row indices (int [G_k]); groups of one size go through together.
+  `counted`: bool [B], the rows in `groups` (None: every row); the others get r̃ = Â = 0 and no part in the
+  statistics."""
   estimator_fn = ESTIMATORS.get(estimator)
   r_tilde = np.zeros(rewards.shape, np.float32)
   num_zero_std = 0
@@ -164,6 +190,10 @@ def _advantages(rewards: np.ndarray, is_fatal: np.ndarray, groups: list[np.ndarr
       out = np.where(equal[:, None], np.float32(0.0), out)
     r_tilde[index] = out
 
+  if counted is not None:   # rows outside every group: no statistic sees them
+    is_fatal = is_fatal & counted
+    rewards = rewards[counted]
+    mean_rtilde = jnp.mean(jnp.asarray(r_tilde[counted])) if counted.any() else jnp.float32(0.0)
   r_tilde = jnp.asarray(r_tilde)
   is_fatal = jnp.asarray(is_fatal)
   if clamp:
@@ -189,7 +219,7 @@ def _advantages(rewards: np.ndarray, is_fatal: np.ndarray, groups: list[np.ndarr
       'fatal_kept_rtilde_sum': kept_sum,
       'fatal_kept_rtilde_mean': safe_div(kept_sum, num_kept),
       'num_zero_std_groups': f32(num_zero_std),
-      'reward_mean': jnp.mean(jnp.asarray(rewards)),
-      'rtilde_mean': jnp.mean(r_tilde),
+      'reward_mean': jnp.mean(jnp.asarray(rewards)) if rewards.size else jnp.float32(0.0),
+      'rtilde_mean': jnp.mean(r_tilde) if counted is None else mean_rtilde,
   }
   return advantages.astype(jnp.float32), stats

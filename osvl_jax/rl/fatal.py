@@ -80,6 +80,53 @@ def fatal_step(execution_errors: Sequence[bool], k: int = 3, index: str = 'first
   return None
 
 
+def fatal_cascade(execution_errors: Sequence[bool], k: int = 3) -> tuple[int, int] | None:
+  """The steps [start, end] (inclusive, 0-based) of the first run of `k` consecutive execution errors, the cascade
+  that makes the trajectory fatal (`fatal_step`: f_i = start for 'first', end for 'kth'); None when there is none.
+
+  Raises:
+    ValueError: k < 1.
+  """
+  if k < 1:
+    raise ValueError(f'fatal k must be >= 1, got {k}')
+  n_err = 0
+  for step, is_error in enumerate(execution_errors):
+    n_err = n_err + 1 if is_error else 0
+    if n_err >= k:
+      return step - k + 1, step
+  return None
+
+
+# How tool errors the environment caused (a backend timeout, an HTTP 5xx, a failing backend:
+# `tools.base.ENVIRONMENT_ERROR_KINDS`) are treated. Config `rollout.env_errors`:
+#   count    every execution error counts toward the fatal cascade (the paper; default)
+#   retry    the agent loop retries an environment error up to rollout.env_retries times, with backoff, before the
+#            policy sees it (`rollout.limits.Limits`); one that still fails counts
+#   exclude  a trajectory cut by environment errors (`cut_by_environment`) is dropped from its group's advantages and
+#            from the loss (`advantages.group_advantages_by_id(exclude=...)`, `train.grpo_batch.prepare_batch`)
+ENV_ERROR_MODES = ('count', 'retry', 'exclude')
+
+
+def cut_by_environment(execution_errors: Sequence[bool], environment_errors: Sequence[bool], k: int = 3) -> bool:
+  """Whether a trajectory was cut by environment errors: its fatal cascade (`fatal_cascade`, the first K
+  consecutive execution errors) holds at least one environment error, so the policy's own errors alone would not
+  have reached K there. A non-fatal trajectory is never cut (an environment error it recovered from stays in it,
+  with its r_fmt); nor is a fatal one whose cascade is the policy's errors alone.
+
+  Args:
+    execution_errors: per step l, the result is an execution error (`Step.is_execution_error`).
+    environment_errors: per step l, the result is an environment error (`Step.is_environment_error`; implies an
+      execution error).
+    k: K of the fatal cascade.
+  Raises:
+    ValueError: the two lists differ in length; k < 1.
+  """
+  if len(execution_errors) != len(environment_errors):
+    raise ValueError(f'{len(execution_errors)} execution and {len(environment_errors)} environment error flags')
+  cascade = fatal_cascade(execution_errors, k)
+  return cascade is not None and any(environment_errors[cascade[0]:cascade[1] + 1])
+
+
 def fatal_step_array(fatal_steps: Sequence[int | None]) -> np.ndarray:
   """Per-trajectory f_i (None = not fatal) -> int32 [B] with `NOT_FATAL` (-1) for non-fatal rows."""
   return np.asarray([NOT_FATAL if f is None else int(f) for f in fatal_steps], dtype=np.int32)

@@ -168,6 +168,28 @@ def _call_tool(env, action: traj_lib.ParsedAction, images) -> tools_base.ToolRes
                             seconds=time.perf_counter() - t0)
 
 
+async def _call_tool_retrying(env, pool: concurrent.futures.Executor, action: traj_lib.ParsedAction, images,
+                              limits: Limits) -> tuple[tools_base.ToolResult, int]:
+  """`_call_tool` in the tool pool; with `limits.env_errors` 'retry', a result that is an environment error
+  (`ToolResult.is_environment_error`) is retried up to `limits.env_retries` times, after env_retry_backoff_s x
+  2^attempt seconds each (asyncio sleeps: the other episodes go on).
+
+  Returns:
+    (the result the policy sees, with `seconds` the wall time of every attempt and backoff; the environment
+    errors retried before it).
+  """
+  loop = asyncio.get_running_loop()
+  t0, retries = time.perf_counter(), limits.retries()
+  for attempt in range(retries + 1):
+    result = await loop.run_in_executor(pool, _call_tool, env, action, images)
+    if attempt == retries or not result.is_environment_error:
+      break
+    await asyncio.sleep(limits.env_retry_backoff_s * 2 ** attempt)
+  if attempt:
+    result.seconds = time.perf_counter() - t0
+  return result, attempt
+
+
 def run_episodes(engine: engine_lib.Engine, env, make_builder: Callable[[], traj_lib.TrajectoryBuilder],
                  items: Sequence[Item | Mapping[str, Any]], *args, **kwargs) -> list[traj_lib.Trajectory]:
   """`run_episodes_async` to completion, for synchronous callers (same arguments, same trajectories).
@@ -323,8 +345,9 @@ async def _step(key: int, e: _Episode, engine: engine_lib.Engine, queue, env, po
     e.done, e.end_reason = True, 'response'
     return
   if action.kind == 'tool_call':
-    loop = asyncio.get_running_loop()
-    _observe(e, await loop.run_in_executor(pool, _call_tool, env, action, list(e.builder.images)))
+    result, retried = await _call_tool_retrying(env, pool, action, list(e.builder.images), limits)
+    _observe(e, result)
+    e.builder.steps[-1].env_retries = retried
   else:
     _observe(e, malformed_result(action))
 

@@ -24,6 +24,13 @@ Token budgets (all counted in tokens of the one trajectory sequence; an image co
     episode ends with stop_reason 'context_full'.
 Wall clock: `max_seconds` per episode; on expiry its pending request or tool call is abandoned and the trajectory
 ends at the last whole step, stop_reason 'time_budget'.
+
+Environment errors (`env_errors`, `rl.fatal.ENV_ERROR_MODES`): a tool result of an `ENVIRONMENT_ERROR_KINDS` kind
+(timeout, http_error, backend_error: `tools.base`) is not the policy's fault. 'count' (default, the paper) shows it to
+the policy like any error, counting toward the fatal cascade; 'retry' calls the tool again, up to `env_retries` times,
+sleeping env_retry_backoff_s x 2^attempt before each retry, so the policy sees an environment error only after
+env_retries + 1 failures in a row (`Step.env_retries` records the retried ones); 'exclude' changes nothing here (the
+trainer drops trajectories cut by environment errors, `rl.fatal.cut_by_environment`).
 """
 
 import dataclasses
@@ -54,9 +61,13 @@ class Limits:
       cascade), so the training masks and the clamp are the same either way.
     max_concurrency: episodes running at once (None: all N * G); the others wait their turn.
     tool_workers: threads running tool calls (1: one call at a time, in the order the episodes ask).
+    env_errors: 'count' | 'retry' | 'exclude' (module docstring).
+    env_retries: with 'retry', the retries of a call that ends on an environment error (>= 1).
+    env_retry_backoff_s: with 'retry', seconds before the first retry, doubled before each next one (>= 0).
   Raises (constructor):
-    ValueError: an unknown fatal_index; max_turns / fatal_k / tool_workers / max_concurrency < 1; max_seconds not
-      > 0; a token budget not None and < 1.
+    ValueError: an unknown fatal_index or env_errors; max_turns / fatal_k / tool_workers / max_concurrency < 1;
+      max_seconds not > 0; a token budget not None and < 1; env_retries not an int >= 0 (>= 1 with 'retry');
+      env_retry_backoff_s < 0.
   """
   max_turns: int = 8
   fatal_k: int = 3
@@ -69,6 +80,9 @@ class Limits:
   stop_at_fatal: bool = True
   max_concurrency: int | None = None
   tool_workers: int = 1
+  env_errors: str = 'count'
+  env_retries: int = 3
+  env_retry_backoff_s: float = 1.0
 
   def __post_init__(self):
     fatal_lib.FATAL_INDEX.get(self.fatal_index)  # ValueError naming the known indexes
@@ -81,6 +95,14 @@ class Limits:
       value = getattr(self, name)
       if value is not None and value < 1:
         raise ValueError(f'{name} must be >= 1 or None (unlimited), got {value!r}')
+    if self.env_errors not in fatal_lib.ENV_ERROR_MODES:
+      raise ValueError(f'env_errors={self.env_errors!r}: expected one of {fatal_lib.ENV_ERROR_MODES}')
+    least = 1 if self.env_errors == 'retry' else 0
+    if isinstance(self.env_retries, bool) or int(self.env_retries) != self.env_retries or self.env_retries < least:
+      raise ValueError(f'env_retries={self.env_retries!r}: must be an int >= {least} with env_errors='
+                       f'{self.env_errors!r}')
+    if not self.env_retry_backoff_s >= 0:
+      raise ValueError(f'env_retry_backoff_s={self.env_retry_backoff_s!r}: must be >= 0')
 
   @classmethod
   def from_config(cls, section, **overrides) -> 'Limits':
@@ -97,6 +119,10 @@ class Limits:
     for name in ('max_total_tokens', 'max_prompt_tokens', 'max_response_tokens', 'max_seconds', 'max_concurrency'):
       values[name] = values.get(name) or None
     return cls(**values)
+
+  def retries(self) -> int:
+    """How many times a call ending on an environment error is retried: env_retries with 'retry', else 0."""
+    return int(self.env_retries) if self.env_errors == 'retry' else 0
 
   def prompt_limit(self) -> int | None:
     """The most tokens a prompt may have: max_prompt_tokens, and max_total_tokens - 1 (room for one token after

@@ -66,7 +66,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
       rollout max_turns / max_new_tokens /
       fatal_k < 1, max_total_tokens < max_new_tokens, max_prompt_tokens / max_response_tokens (optional; 0 = only
       what max_total_tokens implies) not ints >= 0, max_total_tokens < max_prompt_tokens + max_response_tokens when
-      both are set; `grpo_batch.check_budgets`' (grpo.length_buckets,
+      both are set; rollout.env_errors (optional) not in `fatal.ENV_ERROR_MODES`, env_retries not an int >= 1 with
+      'retry', env_retry_backoff_s < 0; `grpo_batch.check_budgets`' (grpo.length_buckets,
       grpo.max_loss_tokens); micro_batch_size < 0 or not dividing the group batch or not a multiple of the mesh's
       data x fsdp size (`config.mesh`); pack_rows (optional) beside micro_batch_size or not a multiple of that size;
       the rollout engine's (`rollouts.check_engine_config`: engine, urls, admin_urls,
@@ -121,6 +122,11 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path 
     raise ValueError(f'rollout.max_total_tokens={total} < rollout.max_prompt_tokens={prompt_budget} + '
                      f'rollout.max_response_tokens={response_budget}: a trajectory must hold both budgets; set it to '
                      f'{prompt_budget + response_budget} (the paper files derive it as their sum)')
+  if config.rollout.get('env_errors') is not None:
+    if checks.choice(config, 'rollout.env_errors', fatal_lib.ENV_ERROR_MODES) == 'retry':
+      checks.number(config, 'rollout.env_retries', integer=True, low=1)
+  checks.number(config, 'rollout.env_retries', integer=True, low=0, optional=True)
+  checks.number(config, 'rollout.env_retry_backoff_s', low=0, optional=True)
   grpo_batch.check_budgets(config)
   grpo_update.check_update_config(config)  # mini_batch_prompts, ppo_epochs, tis_cap, max_staleness, micro-batch
   rollouts.check_engine_config(config, workdir)
@@ -262,7 +268,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   (first | kth), estimator (grpo | rloo | dr_grpo), aggregation (seq_mean_token_mean = Eq. 12 | token_mean |
   seq_mean_token_sum), eps_low / eps_high, beta (> 0 loads π_ref), micro_batch_size (0 = whole batch),
   judge.name (rule | llm); config.mesh / config.sharding_rules place the policy and the batches;
-  rollout.engine (embedded | sglang, `rollouts.RolloutRunner`); val_every (validation on the held-out prompts before
+  rollout.engine (embedded | sglang, `rollouts.RolloutRunner`); rollout.env_errors (count | retry: the agent loop
+  retries environment errors, `rollout.limits` | exclude: trajectories cut by them, `grpo_batch.environment_cut`,
+  leave the advantages and the loss, `grpo_batch.prepare_batch`); val_every (validation on the held-out prompts before
   step 1 and every val_every steps, stage 'val' records: `validation`).
 
   Versions: the policy version is the number of GRPO steps whose update has been applied (0 = the SFT policy;
@@ -338,14 +346,18 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       out = {}
       t_update = time.time()
       if trajectories:
-        batch, grid, scores, adv_stats = grpo_batch.prepare_batch(trajectories, cfg, scores=rollout_batch['scores'])
+        env_cut = grpo_batch.environment_cut(trajectories, config.rollout)  # their fatal cascade holds an env error
+        exclude = env_cut if grpo_batch.env_errors(config.rollout) == 'exclude' else None
+        batch, grid, scores, adv_stats = grpo_batch.prepare_batch(trajectories, cfg, scores=rollout_batch['scores'],
+                                                                  exclude=exclude)
         batch['on_policy_rows'] = np.array([int(t.policy_version) == step for t in trajectories])  # the alarm's rows
         batch.pop('rewards')
         fatal_steps = batch.pop('fatal_steps')
         with sharding.use_mesh(mesh, rules):  # activation constraints on
           # π_old once for the whole batch, then one optimizer step per mini-batch (grpo_update, DESIGN.md §6)
           out, _ = update(model, optimizer, batch, grid, [t.prompt_id for t in trajectories], ref_model)
-        out.update(grpo_batch.rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask']))
+        out.update(grpo_batch.rollout_metrics(trajectories, scores, fatal_steps, adv_stats, batch['loss_mask'],
+                                              env_cut))
       else:
         logging.warning('grpo step %d: no trajectory to train on (%d groups staler than max_staleness=%d, %d prompts '
                         'over their token budget); no update', step, rollout_batch['stale']['groups_dropped'],

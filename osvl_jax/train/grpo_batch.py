@@ -15,6 +15,7 @@ from osvl_jax.judges import base as judges_base
 from osvl_jax.rl import advantages as advantages_lib
 from osvl_jax.rl import fatal as fatal_lib
 from osvl_jax.train import batching, rollouts
+from tools import base as tools_base
 
 
 LOSS_BUCKET = 64  # the K ladder's first rung (`batching.bucket_sizes`) when grpo.loss_bucket is unset
@@ -52,8 +53,22 @@ def score_batch(trajectories: list, cfg: ml_collections.ConfigDict,
   return rollouts.score_all(trajectories, alpha=cfg.alpha, judge=judge)
 
 
+def environment_cut(trajectories: list, rollout_cfg: ml_collections.ConfigDict) -> np.ndarray:
+  """bool [B]: the trajectories cut by environment errors (`fatal.cut_by_environment`: their fatal cascade of
+  rollout.fatal_k consecutive execution errors holds a timeout, http_error or backend_error)."""
+  k = int(rollout_cfg.fatal_k)
+  return np.array([fatal_lib.cut_by_environment(t.execution_errors, t.environment_errors, k) for t in trajectories],
+                  bool).reshape(-1)
+
+
+def env_errors(rollout_cfg: ml_collections.ConfigDict) -> str:
+  """`rollout.env_errors` ('count' when absent), `fatal.ENV_ERROR_MODES`."""
+  return rollout_cfg.get('env_errors') or 'count'
+
+
 def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: judges_base.Judge | None = None,
-                  scores: list[dict] | None = None) -> tuple[dict, tuple, list, dict]:
+                  scores: list[dict] | None = None,
+                  exclude: np.ndarray | None = None) -> tuple[dict, tuple, list, dict]:
   """Scores a rollout batch and builds the update's arrays (Eq. 9, 10, 11).
 
   `cfg.fatal_mode` is resolved here, once: its `clamp_fatal_advantage` goes to `advantages.group_advantages` and
@@ -72,11 +87,16 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
     judge: r_acc / r_query judge (`osvl_jax.judges.registry`); None = the offline rule judge.
     scores: the trajectories' `score_batch`, when already computed (a multi-host job scores on process 0 and
       sends the scores to every host); None = score here with `judge`.
+    exclude: optional bool [B], rows dropped from the advantages and the loss (rollout.env_errors='exclude':
+      `environment_cut`): each group's baseline is over its other rows (`advantages.group_advantages_by_id`), an
+      excluded row gets Â = 0 and a loss mask of 0, and the loss does not count it among its sequences
+      (`loss_rows`), so the update equals that of the batch without it.
   Returns:
     (batch, grid, scores, advantage stats): `batch` is `batching.collate`'s dict plus loss_mask [B, K] float32
     (Eq. 10 at the loss positions), advantages [B] float32 (Eq. 11), rewards [B], fatal_steps [B] int32 (-1 =
-    not fatal); `grid` the images' grids, a tuple of (t, h, w) (host data for `grpo_update`'s row splits);
-    `scores` the per-trajectory reward components.
+    not fatal), and with `exclude` loss_rows [B] bool (the rows the loss counts, `grpo_update`); `grid` the images'
+    grids, a tuple of (t, h, w) (host data for `grpo_update`'s row splits); `scores` the per-trajectory reward
+    components.
   """
   scores = score_batch(trajectories, cfg, judge) if scores is None else scores
   if len(scores) != len(trajectories):
@@ -92,7 +112,7 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
                     dict(list(odd.items())[:8]))
   adv, adv_stats = advantages_lib.group_advantages_by_id(
       rewards, fatal_steps != fatal_lib.NOT_FATAL, prompt_ids, clamp=fatal_mode.clamp_fatal_advantage,
-      estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1))
+      estimator=cfg.get('estimator', 'grpo'), delta=cfg.delta, std_ddof=cfg.get('std_ddof', 1), exclude=exclude)
   length, num_loss = batching.bucket_sizes(trajectories, cfg.length_buckets, cfg.get('max_loss_tokens'),
                                            cfg.get('loss_bucket') or LOSS_BUCKET)
   batch = batching.collate(trajectories, length=length, num_loss=num_loss)  # programs: batching.program_bound
@@ -103,19 +123,29 @@ def prepare_batch(trajectories: list, cfg: ml_collections.ConfigDict, judge: jud
   batch['loss_mask'] = np.asarray(fatal_lib.loss_mask(batch['completion_mask'], batch['loss_step'], fatal_steps,
                                                       fatal_mode.mask_fn))
   batch['advantages'] = np.asarray(adv, np.float32)
+  if exclude is not None:   # out of the loss: no token, and not among its sequences
+    keep = ~np.asarray(exclude, bool)
+    batch['loss_mask'] = batch['loss_mask'] * keep[:, None].astype(batch['loss_mask'].dtype)
+    batch['loss_rows'] = keep
   batch['rewards'], batch['fatal_steps'] = rewards, fatal_steps
   return batch, grid, scores, adv_stats
 
 
 def rollout_metrics(trajectories: list, scores: list[dict], fatal_steps: np.ndarray, adv_stats: dict,
-                    loss_mask: np.ndarray) -> dict:
-  """Per-step rollout metrics: reward components, fatal / clamped / kept fractions, turns, tool calls by tool."""
+                    loss_mask: np.ndarray, env_cut: np.ndarray | None = None) -> dict:
+  """Per-step rollout metrics: reward components, fatal / clamped / kept fractions, turns, tool calls by tool; the
+  execution errors the policy saw split into policy_errors (malformed_call, unknown_tool, bad_arguments) and
+  env_errors (timeout, http_error, backend_error: `tools.base.ENVIRONMENT_ERROR_KINDS`), env_retries (environment
+  errors retried before the policy saw a result, rollout.env_errors='retry'), env_cut_trajectories (`env_cut`,
+  bool [B]: trajectories cut by environment errors, `environment_cut`; whatever the mode) and, under 'exclude',
+  the advantages' num_excluded (those dropped from the advantages and the loss)."""
   fatal = fatal_steps != fatal_lib.NOT_FATAL
   stats = {k: float(v) for k, v in jax.device_get(adv_stats).items()}
   tool_calls = collections.Counter(s.action.name for t in trajectories for s in t.steps
                                    if s.action.kind == 'tool_call')
   tool_errors = collections.Counter(s.result.error_kind for t in trajectories for s in t.steps
                                     if s.result is not None and s.result.is_execution_error)
+  env_kinds = set(tools_base.ENVIRONMENT_ERROR_KINDS)
   mean = lambda key: float(np.mean([s[key] for s in scores]))
   return {
       'mean_reward': mean('reward'),
@@ -134,4 +164,8 @@ def rollout_metrics(trajectories: list, scores: list[dict], fatal_steps: np.ndar
       'mean_tool_calls': float(sum(tool_calls.values()) / max(len(trajectories), 1)),
       'tool_calls': dict(tool_calls),
       'tool_errors': dict(tool_errors),
+      'policy_errors': int(sum(n for kind, n in tool_errors.items() if kind not in env_kinds)),
+      'env_errors': int(sum(n for kind, n in tool_errors.items() if kind in env_kinds)),
+      'env_retries': int(sum(s.env_retries for t in trajectories for s in t.steps)),
+      'env_cut_trajectories': int(np.sum(env_cut)) if env_cut is not None else 0,
   }

@@ -240,10 +240,12 @@ def temperature(cfg: ml_collections.ConfigDict) -> float:
 
 def loss_fn(model, batch: dict, num_sequences, num_tokens, eps_low: float, eps_high: float, beta: float,
             aggregation: str, clip_ratio_c: float | None, temperature: float = 1.0,
-            router_coefs: tuple[float, float] = (0.0, 0.0)) -> tuple[jax.Array, dict]:
+            router_coefs: tuple[float, float] = (0.0, 0.0), num_rows=None) -> tuple[jax.Array, dict]:
   """−J (Eq. 12, `losses.grpo_loss`) of one placed micro-batch at π_θ = `model` (log-probs at `temperature`), and
-  with a MoE model and non-zero `router_coefs` (aux, z) + its share rows / num_sequences of aux_coef · aux +
-  z_coef · z over its real tokens (`policy.router_loss`; metrics router_aux_loss / router_z_loss).
+  with a MoE model and non-zero `router_coefs` (aux, z) + its share rows / num_rows of aux_coef · aux +
+  z_coef · z over its real tokens (`policy.router_loss`; metrics router_aux_loss / router_z_loss). `num_rows`: the
+  mini-batch's trajectories (None: num_sequences, which is fewer when rows are excluded from the loss,
+  rollout.env_errors='exclude'; the router terms see every row the model ran).
 
   Returns:
     (float32 [] loss, `losses.grpo_loss`'s metrics [+ the router metrics]); settings as `make_grad_fn`.
@@ -257,7 +259,8 @@ def loss_fn(model, batch: dict, num_sequences, num_tokens, eps_low: float, eps_h
                                sequence_tokens=batch.get('sequence_tokens'))
   if on:   # this micro-batch's share of the step's trajectories (packed: segments) weighs its router terms
     segments = jax.numpy.max(jax.numpy.asarray(batch['attention_mask']).astype(jax.numpy.int32), axis=1)
-    share = jax.numpy.sum(segments) / jax.numpy.asarray(num_sequences, jax.numpy.float32)
+    rows = num_sequences if num_rows is None else num_rows
+    share = jax.numpy.sum(segments) / jax.numpy.asarray(rows, jax.numpy.float32)
     penalty, router_metrics = policy.router_loss(stats, router_coefs, share)
     loss = loss + penalty
     aux = dict(aux, **router_metrics)
@@ -269,30 +272,32 @@ def _grad_fn(eps_low: float, eps_high: float, beta: float, aggregation: str, cli
              temperature: float = 1.0, router_coefs: tuple[float, float] = (0.0, 0.0)):
 
   @nnx.jit
-  def grad_fn(model, batch, num_sequences, num_tokens):
+  def grad_fn(model, batch, num_sequences, num_tokens, num_rows=None):
     (loss, aux), grads = nnx.value_and_grad(
         lambda m: loss_fn(m, batch, num_sequences, num_tokens, eps_low, eps_high, beta, aggregation, clip_ratio_c,
-                          temperature, router_coefs), has_aux=True)(model)
+                          temperature, router_coefs, num_rows), has_aux=True)(model)
     return sharding.constrain_state(grads), dict(aux, loss=loss)  # placed like the parameters
 
   return grad_fn
 
 
 def accumulate_grads(model, parts: list[dict], grad_fn, num_sequences: float,
-                     num_tokens: float) -> tuple[nnx.State, dict]:
+                     num_tokens: float, num_rows: float | None = None) -> tuple[nnx.State, dict]:
   """Σ over micro-batches of the gradient of −J, each normalised by the mini-batch: the mini-batch gradient.
 
   Args:
     parts: placed micro-batches (`update_rows.split_micro_batches` or `pack_parts`, then `with_grid` and `place`).
     grad_fn: `make_grad_fn(cfg)`.
-    num_sequences, num_tokens: rows and Σ M of the mini-batch.
+    num_sequences, num_tokens: rows the loss counts and Σ M of the mini-batch.
+    num_rows: every row of the mini-batch (the MoE router terms' share; None: num_sequences).
   Returns:
     (grads as an nnx.State like the model's params, metrics reduced by `losses.GRPO_METRIC_REDUCTIONS`).
   """
   grads, metrics_list = None, []
   f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
   for batch in parts:
-    g, m = grad_fn(model, batch, f32(num_sequences), f32(num_tokens))
+    g, m = (grad_fn(model, batch, f32(num_sequences), f32(num_tokens)) if num_rows is None else
+            grad_fn(model, batch, f32(num_sequences), f32(num_tokens), f32(num_rows)))
     grads = g if grads is None else policy.add_grads(grads, g)
     metrics_list.append(distributed.to_host(m))
   return grads, metrics.reduce_metrics(metrics_list, losses.GRPO_METRIC_REDUCTIONS)
@@ -337,7 +342,9 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
     update(model, optimizer, batch, grid, prompt_ids, ref_model=None) -> (metrics, step_metrics):
       batch / grid as `grpo_batch.prepare_batch` returns them (without rewards / fatal_steps; host numpy; optionally
       `on_policy_rows` bool [B], the rows rolled out by the weights being updated: the mismatch alarm's rows,
-      `check_mismatch`), prompt_ids [B] the prompt of each row, ref_model π_ref (needed when beta > 0). The model
+      `check_mismatch`; optionally `loss_rows` bool [B], the rows the loss counts among its sequences, a mini-batch's
+      num_sequences being its loss rows: rows excluded by rollout.env_errors='exclude' are not), prompt_ids [B]
+      the prompt of each row, ref_model π_ref (needed when beta > 0). The model
       and optimizer are updated in place.
       step_metrics: one dict per optimizer step (`grpo_loss`'s metrics + grad_norm, before clipping);
       metrics: those reduced by `STEP_REDUCTIONS` (+ grad_norm_max), `mismatch_metrics`, optimizer_steps,
@@ -363,6 +370,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       raise ValueError(f'grpo.beta={beta} needs ref_model')
     batch = dict(batch)
     on_policy = batch.pop('on_policy_rows', None)  # bool [B]: rolled out by the weights being updated
+    loss_rows = batch.pop('loss_rows', None)  # bool [B]: the rows the loss counts (None: every row)
     batch['old_logprobs'] = batch_logprobs(model, batch, grid, micro, put, temp, packing)  # once (Eq. 12's π_old)
     if beta:
       batch['ref_logprobs'] = batch_logprobs(ref_model, batch, grid, micro, put, temp, packing)
@@ -391,7 +399,9 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
           parts = [put(with_grid(b, g))
                    for b, g in update_rows.split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
         micro_batches = max(micro_batches, len(parts))
-        grads, step = accumulate_grads(model, parts, grad_fn, n, float(np.sum(batch['loss_mask'][mini_rows])))
+        sequences = n if loss_rows is None else float(np.sum(np.asarray(loss_rows)[mini_rows]))
+        grads, step = accumulate_grads(model, parts, grad_fn, sequences, float(np.sum(batch['loss_mask'][mini_rows])),
+                                       None if loss_rows is None else n)
         step['grad_norm'] = float(distributed.to_host(policy.apply_grads(model, optimizer, grads)))
         steps.append(step)
     out.update(metrics.reduce_metrics([dict(s, grad_norm_max=s['grad_norm']) for s in steps], STEP_REDUCTIONS))

@@ -43,7 +43,9 @@ class Step:
     action: parse_action(text).
     result: the ToolResult of the call (None for a response, or a call never executed).
     format_ok: r_fmt^(l) of DESIGN §6 = action.format_ok and the result is not a tool-execution error.
-    seconds: generation + tool wall time of the step.
+    seconds: generation + tool wall time of the step (retries and their backoff included).
+    env_retries: environment errors of this call retried before `result` came (`rollout.env_errors='retry'`),
+      which the policy never saw.
   """
   index: int
   text: str
@@ -51,11 +53,17 @@ class Step:
   result: ToolResult | None = None
   format_ok: bool = False
   seconds: float = 0.0
+  env_retries: int = 0
 
   @property
   def is_execution_error(self) -> bool:
     """True when the tool result is an execution error (counts towards the fatal cascade)."""
     return self.result is not None and self.result.is_execution_error
+
+  @property
+  def is_environment_error(self) -> bool:
+    """True when the tool result is an environment's execution error (timeout, http_error, backend_error)."""
+    return self.result is not None and self.result.is_environment_error
 
 
 @dataclasses.dataclass(eq=False)
@@ -119,6 +127,11 @@ class Trajectory:
   def execution_errors(self) -> list[bool]:
     """Per step: the tool result is an execution error (input of `rl.fatal.fatal_step`)."""
     return [s.is_execution_error for s in self.steps]
+
+  @property
+  def environment_errors(self) -> list[bool]:
+    """Per step: the tool result is an environment error (`rl.fatal.cut_by_environment`)."""
+    return [s.is_environment_error for s in self.steps]
 
   @property
   def step_format_ok(self) -> list[bool]:
@@ -231,6 +244,7 @@ def _step_to_record(s: Step) -> dict:
   a, r = s.action, s.result
   return {
       'index': int(s.index), 'text': s.text, 'format_ok': bool(s.format_ok), 'seconds': float(s.seconds),
+      'env_retries': int(s.env_retries),
       'kind': a.kind, 'think': a.think, 'name': a.name,
       'arguments_json': json.dumps(a.arguments, ensure_ascii=False, default=str), 'response': a.response,
       'action_error': a.error, 'action_format_ok': bool(a.format_ok), 'problems': list(a.problems),
@@ -253,7 +267,7 @@ def _step_from_record(s: dict) -> Step:
     result = ToolResult(ok=bool(s['result_ok']), error_kind=s.get('result_error_kind'), text=s.get('result_text', ''),
                         images=[], seconds=float(s.get('result_seconds', 0.0)))
   return Step(index=int(s['index']), text=s['text'], action=action, result=result, format_ok=bool(s['format_ok']),
-              seconds=float(s.get('seconds', 0.0)))
+              seconds=float(s.get('seconds', 0.0)), env_retries=int(s.get('env_retries') or 0))
 
 
 def record_features():
@@ -262,6 +276,7 @@ def record_features():
   v = datasets.Value
   step = {
       'index': v('int32'), 'text': v('string'), 'format_ok': v('bool'), 'seconds': v('float64'),
+      'env_retries': v('int32'),
       'kind': v('string'), 'think': v('string'), 'name': v('string'), 'arguments_json': v('string'),
       'response': v('string'), 'action_error': v('string'), 'action_format_ok': v('bool'),
       'problems': datasets.List(v('string')), 'has_result': v('bool'), 'result_ok': v('bool'),

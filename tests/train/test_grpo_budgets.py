@@ -43,9 +43,11 @@ def test_a_prompt_over_its_budget_is_dropped_from_the_update_and_counted(tmp_pat
                    policy.create_model(c, sharding.mesh_from_config(c.mesh), seed=5), None, {'stage': 'sft'})
   monkeypatch.setattr(data, 'load_prompts', lambda config, workdir, part='train': PROMPTS)
   c.grpo.dump_rollouts = True
+  c.rollout.env_errors = 'exclude'   # the trainer's path of rollout.env_errors='exclude' (test_env_errors_update.py)
   grpo.train(c, tmp_path)
   (record,) = metrics.read_metrics(tmp_path, 'grpo')
   assert record['prompts_over_budget'] == 1
+  assert record['num_excluded'] == record['env_cut_trajectories'] == 0 and record['env_errors'] == 0  # no backend
   batch = pickle.loads((tmp_path / 'rollouts' / '00000001.pkl').read_bytes())
   trajectories = batch['trajectories']
   assert [t.prompt_id for t in trajectories] == ['short', 'short']   # the long prompt's group is gone
