@@ -14,7 +14,9 @@ Engines (`rollout.engine`, DESIGN.md §6b, §9):
 The section's fields (`check_engine_config` checks them; each job's config documents them):
   engine ('embedded' when unset); max_new_tokens (per turn); max_total_tokens (per trajectory: the embedded
   sampler's context is max_total_tokens + max_new_tokens); temperature, top_p (optional, default 1.0);
-  prefix_cache_slots (embedded, optional int >= 0, default 0); urls, admin_urls (sglang; admin_urls: where weight
+  prefix_cache_slots (embedded, optional int >= 0, default 0); mesh (embedded, optional: the rollout layout,
+  `embedded/layout.py`: {'tensor': T, 'data': R (replicas, -1 = the remaining devices, the default)}; unset: one
+  device); urls, admin_urls (sglang; admin_urls: where weight
   updates go, default the urls, behind a router its workers); base_url (with '/v1'), model, api_key_env (openai;
   the variable holding the key, default: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`, else none);
   timeout_s (seconds per request, default 600), retries (of a failed request, default 4) and max_concurrency
@@ -64,7 +66,8 @@ def check_engine_config(section: ml_collections.ConfigDict, training: bool = Fal
   Raises:
     ValueError: naming the field: an unknown engine; 'openai' for training; prefix_cache_slots not an int >= 0;
       'sglang' without urls or with a url that is not http(s)://; 'openai' without base_url or model; timeout_s
-      not > 0; retries not an int >= 0; max_concurrency not an int >= 1.
+      not > 0; retries not an int >= 0; max_concurrency not an int >= 1; a rollout.mesh field unknown or out of
+      range (`check_mesh_config`).
   """
   root = section
   for key in reversed(path.split('.')):  # the dotted paths the checks name
@@ -76,6 +79,7 @@ def check_engine_config(section: ml_collections.ConfigDict, training: bool = Fal
                      f'return; use one of {TRAINABLE} (an OpenAI endpoint serves evaluation and the pipeline\'s '
                      'expert)')
   checks.number(root, f'{path}.prefix_cache_slots', integer=True, low=0, optional=True)
+  check_mesh_config(section, path)
   checks.number(root, f'{path}.timeout_s', low=0, low_open=True, optional=True)
   checks.number(root, f'{path}.retries', integer=True, low=0, optional=True)
   checks.number(root, f'{path}.max_concurrency', integer=True, low=1, optional=True)
@@ -89,6 +93,31 @@ def check_engine_config(section: ml_collections.ConfigDict, training: bool = Fal
                        f"{section.get('base_url')!r} and {section.get('model')!r}")
     url_list(section, 'base_url', path)
   return name
+
+
+def check_mesh_config(section: ml_collections.ConfigDict, path: str = 'rollout') -> None:
+  """Checks `<path>.mesh` (optional; the embedded sampler's rollout layout) without devices: a mapping of 'tensor'
+  (int >= 1) and 'data' (int >= 1, or -1). Whether the devices fit is checked when the mesh is built
+  (`layout.mesh_sizes`).
+
+  Raises:
+    ValueError: naming `<path>.mesh.<field>`: an unknown field or a size out of range.
+  """
+  mesh = section.get('mesh')
+  if not mesh:
+    return
+  if not hasattr(mesh, 'items'):
+    raise ValueError(f"{path}.mesh={mesh!r}: expected a mapping like {{'tensor': 2}} (replicas over the rest)")
+  unknown = sorted(set(dict(mesh.items())) - {'data', 'tensor'})
+  if unknown:
+    raise ValueError(f"{path}.mesh.{unknown[0]}: unknown field; the rollout mesh has 'tensor' (tensor-parallel "
+                     "degree) and 'data' (replicas, -1 = the remaining devices)")
+  for axis, low in (('tensor', 1), ('data', -1)):
+    value = mesh.get(axis)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low
+                              or value == 0):
+      raise ValueError(f'{path}.mesh.{axis}={value!r}: expected an int >= 1'
+                       + (', or -1 for the remaining devices' if axis == 'data' else ''))
 
 
 def make_engine(section: ml_collections.ConfigDict, tokenizer, *, model=None, processor=None, seed: int = 0,
@@ -118,9 +147,11 @@ def make_engine(section: ml_collections.ConfigDict, tokenizer, *, model=None, pr
     if model is None:
       raise ValueError("rollout.engine='embedded' samples a model in this process: none was given")
     from osvl_jax.rollout.embedded import jax_sampler  # pylint: disable=g-import-not-at-top  # (jax, the model)
+    from osvl_jax.rollout.embedded import layout  # pylint: disable=g-import-not-at-top
     return jax_sampler.JaxSampler(model, tokenizer, processor, max_new_tokens=max_new, temperature=temperature,
                                   top_p=top_p, seed=seed, max_len=int(section.max_total_tokens) + max_new,
-                                  prefix_cache_slots=int(section.get('prefix_cache_slots') or 0))
+                                  prefix_cache_slots=int(section.get('prefix_cache_slots') or 0),
+                                  mesh=layout.mesh_from_config(section.get('mesh')))
   if name == 'sglang':
     from osvl_jax.rollout.remote import sglang_client  # pylint: disable=g-import-not-at-top
     return sglang_client.SGLangEngine(url_list(section, 'urls'), tokenizer, max_new_tokens=max_new,

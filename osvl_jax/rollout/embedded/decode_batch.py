@@ -5,7 +5,8 @@
 returns the rows that finished and admits the rows that arrived meanwhile (a simple form of continuous batching): a
 short request does not wait for a long one.
 
-Shapes stay fixed while the batch runs: its KV cache is [L, B, Hkv, C, D] with B slots (a power of two) and C
+Shapes stay fixed while the batch runs: its KV cache is [L, B, Hkv, C, D] with B slots (a power of two, and a
+multiple of the replicas on a rollout mesh: `JaxSampler.batch_multiple`) and C
 cache slots (`prefill_inputs.length_rung`: the sampler's bucket x 2^k, then steps of 4 buckets), both from the rows'
 budgets (prompt + max_new_tokens, capped at max_len), so a chunk compiles once per (B, C). An admission prefills
 the new rows as a sub-batch of the same cache length (`JaxSampler._prefill_fn`, after their prefix-cache match)
@@ -40,6 +41,11 @@ STOP_CHUNK = 8  # decode steps per device call at most, with stop strings (a sto
 def next_pow2(n: int) -> int:
   """The smallest power of two >= max(n, 1)."""
   return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _round_up(n: int, multiple: int) -> int:
+  """The smallest multiple of `multiple` >= n."""
+  return -(-int(n) // multiple) * multiple
 
 
 def finish_reason(tokenizer, ids: list, logprobs: list, start: int, limit: int, stop: tuple,
@@ -168,6 +174,7 @@ class DecodeBatch:
         prefix[b], matched[b] = s.prefix_cache.match(keys[b])
     first = self.cache is None
     sub = (next_pow2(n) if s.pad_batch_pow2 else n) if first else next_pow2(n)
+    sub = _round_up(sub, s.batch_multiple)   # a rollout mesh splits the rows over its replicas
     pad = sub - n
     inputs = prefill_inputs.build(contexts, sub, np.concatenate([prefix, np.zeros(pad, np.int32)]), s.bucket,
                                   s.max_len, rope_kw)
@@ -176,7 +183,7 @@ class DecodeBatch:
     cache_len = max(cache_len, inputs.input_ids.shape[1], 0 if first else self.cache['mask'].shape[1])
     free = [i for i, slot in enumerate(self.slots) if slot is None]
     if not first and (len(free) < n or cache_len > self.cache['mask'].shape[1]):
-      batch = max(self.capacity, next_pow2(self.capacity + max(0, n - len(free))))
+      batch = _round_up(max(self.capacity, next_pow2(self.capacity + max(0, n - len(free)))), s.batch_multiple)
       free += list(range(self.capacity, batch))[:max(0, n - len(free))]
       self.cache, self.carry, self.limits = _grow(self.cache, self.carry, self.limits, batch, cache_len)
       self.slots += [None] * (batch - self.capacity)
@@ -222,6 +229,8 @@ class DecodeBatch:
       self.cache, self.carry, self.limits = _place(self.cache, self.carry, self.limits, cache, sub_carry,
                                                    sub_limits, target)
       self.emitted[dst] = 1
+    if s.layout is not None:   # placed / grown caches back on the rollout layout (no copy where they are)
+      self.cache = s.layout.put_cache(self.cache)
     st = self.stats
     st['prefill_s'] += time.perf_counter() - t0
     st['batch'], st['cache_len'] = self.capacity, int(self.cache['mask'].shape[1])

@@ -53,6 +53,7 @@ from flax import nnx
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout.embedded import decode_batch
+from osvl_jax.rollout.embedded import layout as layout_lib
 from osvl_jax.rollout.embedded import prefill_inputs
 from osvl_jax.rollout.embedded import prefix_cache as prefix_cache_lib
 from osvl_jax.rollout.embedded import sampling
@@ -98,7 +99,7 @@ class JaxSampler(engine_lib.Engine):
                temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_len: int = 8192,
                bucket: int = 128, stop: Sequence[str] = (), cache_dtype: Any = None,
                pad_batch_pow2: bool = True, progress: bool = False, decode_steps: int = 64,
-               prefix_cache_slots: int = 0, patch_bucket: int = 256):
+               prefix_cache_slots: int = 0, patch_bucket: int = 256, mesh=None):
     """Args:
       model: a `Qwen3VLModel` (nnx.Module) with `__call__`, `logits`, `init_cache` (`models/qwen3_vl/model.py`).
       tokenizer: the Qwen tokenizer (`trajectory.load_tokenizer()`), for `Generation.text` and stop strings.
@@ -123,10 +124,16 @@ class JaxSampler(engine_lib.Engine):
         tokens) and prefill only what follows a row's longest cached prefix; 0 (default): no cache.
       patch_bucket: a prefill's image patches are padded to this times a power of two
         (`prefill_inputs.patch_slots`), an integer >= 1 and a multiple of the tower's spatial_merge_size**2 (4).
+      mesh: the rollout `Mesh` (`layout.mesh_from_config(rollout.mesh)`: replicas on 'data', tensor-parallel on
+        'tensor'), or None (one device). With a mesh, weights are resharded to the rollout layout on `set_model`,
+        the KV cache is created sharded (batch over 'data', KV heads over 'tensor') and the batch is padded to a
+        multiple of the replicas (`layout.Layout`).
     Raises:
       ValueError: naming the parameter, for any value outside the ranges above (e.g. top_p=0, a negative or NaN
-        temperature, max_new_tokens=0, a bare string as `stop`).
+        temperature, max_new_tokens=0, a bare string as `stop`); naming rollout.mesh.tensor, for KV heads the
+        tensor axis does not divide.
     """
+    self.layout = layout_lib.Layout(mesh) if mesh is not None else None
     self.tokenizer = tokenizer
     self.image_processor = image_processor
     self.max_new_tokens = _check_int('max_new_tokens', max_new_tokens, 1)
@@ -142,8 +149,8 @@ class JaxSampler(engine_lib.Engine):
     self.patch_bucket = _check_int('patch_bucket', patch_bucket, 1)
     self._key = jax.random.key(_check_int('seed', seed, 0))
     slots = _check_int('prefix_cache_slots', prefix_cache_slots, 0)
-    self.prefix_cache = (prefix_cache_lib.PrefixCache(slots, prefill_inputs.round_up(self.max_len, self.bucket))
-                         if slots else None)
+    self.prefix_cache = (prefix_cache_lib.PrefixCache(slots, prefill_inputs.round_up(self.max_len, self.bucket),
+                                                      self.layout) if slots else None)
     # Compiled programs by (kind, budgets); emptied when set_model brings a model of another structure.
     self._graphdef, self._jit_cache = None, {}
     self.set_model(model)
@@ -195,8 +202,12 @@ class JaxSampler(engine_lib.Engine):
     trainer's later in-place update of `model` (e.g. while a rollout runs, `grpo.max_staleness` 1) does not reach
     it until the next `set_model`. Empties the prefix cache (its KV came from the old weights).
     """
+    if self.layout is not None:
+      self.layout.check_model(model)
     model = nnx.clone(model)
     graphdef, state = nnx.split(model)
+    if self.layout is not None:   # one device_put to the rollout layout; the trainer keeps its own arrays
+      state = self.layout.place_state(state)
     if self._graphdef is not None and graphdef != self._graphdef:
       self._jit_cache = {}
     self._graphdef, self._state = graphdef, state
@@ -218,7 +229,24 @@ class JaxSampler(engine_lib.Engine):
   # Compiled pieces.
   # -------------------------------------------------------------------------------------------------------------
 
+  @property
+  def batch_multiple(self) -> int:
+    """Batches are padded to a multiple of this (the rollout replicas; 1 without a mesh)."""
+    return 1 if self.layout is None else self.layout.batch_multiple
+
+  def _jit(self, fn, donate: int):
+    """jax.jit(fn), run under the rollout mesh when there is one (`layout.Layout.call`)."""
+    compiled = jax.jit(fn, donate_argnums=(donate,))
+    return compiled if self.layout is None else self.layout.call(compiled)
+
+  def _pin(self, cache: dict) -> dict:
+    """The cache pinned to the rollout layout inside a program (unchanged without a mesh)."""
+    return cache if self.layout is None else self.layout.constrain_cache(cache)
+
   def _init_cache(self, batch: int, cache_len: int):
+    """An empty KV cache {'k','v': [L, B, Hkv, cache_len, D], 'mask': bool [B, cache_len]}, sharded on a mesh."""
+    if self.layout is not None:
+      return self.layout.init_cache(self._model, batch, cache_len, self.cache_dtype)
     if self.cache_dtype is None:
       return self._model.init_cache(batch, cache_len)
     return self._model.init_cache(batch, cache_len, self.cache_dtype)
@@ -245,14 +273,14 @@ class JaxSampler(engine_lib.Engine):
                   top_p):
         model = nnx.merge(graphdef, state)
         pixels, layout = (None, None) if vision is None else (vision['pixel_values'], vision['vision_inputs'])
-        hidden, cache = model(input_ids, position_ids, attention_mask, pixels, None, cache=cache,
+        hidden, cache = model(input_ids, position_ids, attention_mask, pixels, None, cache=self._pin(cache),
                               cache_index=start, vision_inputs=layout)
         hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)  # [B, 1, H]
         logits = model.logits(hidden_last)[:, 0]
         ids, logprobs = sampling.sample_logits(logits, rng, temperature, top_p, greedy, use_top_p, banned)
-        return model.rows_to_ids(ids), logprobs, cache
+        return model.rows_to_ids(ids), logprobs, self._pin(cache)
 
-      self._jit_cache[key] = jax.jit(prefill, donate_argnums=(7,))
+      self._jit_cache[key] = self._jit(prefill, 7)
     return self._jit_cache[key]
 
   def _decode_fn(self, greedy: bool, use_top_p: bool, chunk: int, until_first_done: bool = False):
@@ -293,15 +321,15 @@ class JaxSampler(engine_lib.Engine):
           carry = (jnp.where(active, ids, tokens), positions + step_, cache_index + step_, emitted, done)
           return k + 1, carry, cache, out_ids.at[:, k].set(ids), out_lp.at[:, k].set(logprobs)
 
-        loop = (jnp.int32(0), carry, cache, jnp.zeros((batch, chunk), jnp.int32),
+        loop = (jnp.int32(0), carry, self._pin(cache), jnp.zeros((batch, chunk), jnp.int32),
                 jnp.zeros((batch, chunk), jnp.float32))
         done0 = carry[4]
         _, carry, cache, out_ids, out_lp = jax.lax.while_loop(
             lambda loop: ((loop[0] < chunk) & ~jnp.all(loop[1][4])
                           & ~(until_first_done & jnp.any(loop[1][4] & ~done0))), step, loop)
-        return out_ids, out_lp, carry, cache
+        return out_ids, out_lp, carry, self._pin(cache)
 
-      self._jit_cache[key] = jax.jit(decode, donate_argnums=(1,))
+      self._jit_cache[key] = self._jit(decode, 1)
     return self._jit_cache[key]
 
   # -------------------------------------------------------------------------------------------------------------

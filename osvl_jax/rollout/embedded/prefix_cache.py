@@ -22,6 +22,9 @@ after the longest prefix some earlier row already computed.
     scatter into the donated pool per (batch, cache_len).
 
 The KV depends on the weights: `JaxSampler.set_model` calls `clear`.
+
+On a rollout mesh (`layout.Layout`) the pool's KV heads are split over 'tensor' (its slots are whole on every
+replica), and a gathered batch cache comes out in the batch cache's layout (batch over 'data').
 """
 
 import hashlib
@@ -64,8 +67,9 @@ class PrefixCache:
   """An LRU pool of `slots` KV sequences of up to `max_len` tokens (module docstring). Not thread-safe: one owner
   (the sampler, driven by one thread)."""
 
-  def __init__(self, slots: int, max_len: int):
-    """Args: slots: pool size N >= 1; max_len: tokens per slot S (>= every batch's cache length).
+  def __init__(self, slots: int, max_len: int, layout=None):
+    """Args: slots: pool size N >= 1; max_len: tokens per slot S (>= every batch's cache length); layout: the
+    sampler's `layout.Layout` on a rollout mesh, or None (one device).
 
     Raises:
       ValueError: naming `slots` or `max_len` when < 1.
@@ -79,8 +83,16 @@ class PrefixCache:
     self.last_used = np.zeros((slots,), np.int64)    # LRU clock of each slot's last match or store
     self._clock = 0
     self.pool: dict | None = None                    # {'k', 'v'}: [L, N, Hkv, S, D], at the first store
-    self._gather = jax.jit(self._gather_impl, static_argnums=(4,))
-    self._write = jax.jit(self._write_impl, donate_argnums=(0, 1))
+    self._pool_sharding = None
+    if layout is None:
+      self._gather = jax.jit(self._gather_impl, static_argnums=(4,))
+      self._write = jax.jit(self._write_impl, donate_argnums=(0, 1))
+    else:   # pool [L, N, Hkv, S, D]: heads over 'tensor'; gathered caches in the batch cache's layout
+      self._pool_sharding = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec(
+          None, None, 'tensor', None, None))
+      self._gather = jax.jit(self._gather_impl, static_argnums=(4,), out_shardings=layout.cache_shardings())
+      self._write = jax.jit(self._write_impl, donate_argnums=(0, 1),
+                            out_shardings=(self._pool_sharding, self._pool_sharding))
 
   def clear(self) -> None:
     """Forgets every slot (the device pool stays allocated; its contents are never read again)."""
@@ -149,7 +161,8 @@ class PrefixCache:
     shape = (k.shape[0], self.slots, k.shape[2], self.max_len, k.shape[4])
     if self.pool is None or self.pool['k'].shape != shape or self.pool['k'].dtype != k.dtype:
       self.clear()   # a new layout: nothing stored so far can be read from the new pool
-      self.pool = {'k': jnp.zeros(shape, k.dtype), 'v': jnp.zeros(shape, v.dtype)}
+      # on a mesh created sharded, never whole on one device
+      self.pool = {n: jnp.zeros(shape, k.dtype, device=self._pool_sharding) for n in ('k', 'v')}
       rows = [(b, keys, -1) for b, keys, _ in rows]
     claimed, todo = set(), []
     for b, keys, matched in rows:
