@@ -44,6 +44,6 @@ def get_config() -> ml_collections.ConfigDict:
   # Pipeline settings (`data_pipeline.build.default_config()`): item count, seed, hop distribution, oracle
   # search depth, the image budget of the trajectories' image tokens, tool overrides, output folder.
   c.data = build.default_config()
-  build.wikispeedia_walks(c.data)  # tau = 300, seed in-degree window [2, 300] (the figures are there)
+  build.wikispeedia_walks(c.data)  # tau = 600, seed in-degree window [2, 600] (the figures are there)
   return c
 

@@ -102,7 +102,7 @@ def default_config() -> ml_collections.ConfigDict:
     hop_choices, hop_probs: h ~ Cat(hop_choices; hop_probs).
     max_retries: fresh walks per item before it is dropped.
     hub_in_degree: tau, in-degree above which a node is a hub and skipped (10,000: full English Wikipedia;
-      configs/data_wikispeedia.py uses 300, see `paths.py` for the in-degree figures).
+      configs/data_wikispeedia.py uses 600, see `paths.py` for the in-degree figures).
     min_seed_in_degree: lower end of the seed in-degree window [min_seed_in_degree, tau] (paper: 50).
     image_dir: folder of the article images (relative to the data folder, or absolute): Wikispeedia's landmark
       photos are `images/landmarks/<stem>.jpg`; an XML infobox image is looked up here by its file name.
@@ -175,11 +175,13 @@ def default_config() -> ml_collections.ConfigDict:
 
 def wikispeedia_walks(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Sets the walk settings of the 4,598-article Wikispeedia graph on a `data` section (and returns it):
-  tau = 300 (in-degree p99 = 294, so the top ~1% are hubs: United_States 1,551, France, Europe, ...) and a seed
-  window [2, 300] that admits all 12 landmark articles with a photo (in-degree 2: Giza_pyramid_complex,
+  tau = 600 (in-degree p99 = 294, p99.7 = 541: the 8 above are hubs, United_States 1,551, France, Europe, ...; at
+  300 the only hop that names a unique referent from Giza_pyramid_complex, Palace_of_Westminster, Stonehenge and
+  most of Toronto's leads to a hub: Egypt 362, London 587, New_Zealand 301, Canada 571) and a seed
+  window [2, 600] that admits all 12 landmark articles with a photo (in-degree 2: Giza_pyramid_complex,
   Leaning_Tower_of_Pisa ... 76: Toronto; the paper's lower end 50 would admit Toronto alone), and anchor images of
   at least 256 pixels a side (the photos are 259-271; D.1's 512 would reject them all)."""
-  config.hub_in_degree = 300
+  config.hub_in_degree = 600
   config.min_seed_in_degree = 2
   config.min_image_side = 256   # the landmark photos are 259-271 pixels a side (D.1's 512 would admit none)
   return config
@@ -375,6 +377,10 @@ def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
               'attributes': {a: sum(r['answer_attribute'] == a for r in ok)
                              for a in sorted({r['answer_attribute'] for r in ok})},
               'distinct_questions': len({r['question'] for r in ok}),
+              'distinct_paths': len({tuple(r['path']) for r in ok}),
+              'distinct_answers': len({r['answers'][0] for r in ok if r['answers']}),
+              'items_per_landmark': {k: sum(r['landmark'] == k for r in ok)
+                                     for k in sorted({r['landmark'] for r in ok})},
               'degraded': sum(bool(r['degradation']) for r in ok),
               'rejected_reasons': _reasons(r['rejected'] for r in rows if r['rejected'])}
     return rows, counts
@@ -407,6 +413,8 @@ def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
   stages.update()
   stages.close()
   stats['summary'] = {'accepted_items': stats['items']['accepted'], 'landmarks': stats['items']['landmarks'],
+                      'distinct_paths': stats['items'].get('distinct_paths'),
+                      'distinct_answers': stats['items'].get('distinct_answers'),
                       'sft_trajectories': stats.get('sft', {}).get('kept', 0), 'rl_prompts': rl_counts['prompts']}
   pipeline_data.write_durably(out / 'stats.json', json.dumps(stats, indent=1, default=str))
   return stats

@@ -1,8 +1,9 @@
 """Stage `paths`: Appendix D.1's constrained random walks on the `wiki` stage's graph (DESIGN.md §7.2).
 
 Walks run on the CSR link graph (`graph.sample_walks`) through the `wiki_graph.WikiGraph` view, for either source:
-  * seeds: `graph.stratified_seeds` over the five domains (`wiki.DOMAINS`, from infobox type and categories)
-    among the articles with an image (`wiki.seed_mask`: XML an infobox + image; Wikispeedia the 12 landmark
+  * seeds: every candidate alike when there are no more candidates than items (`spread_seeds`: Wikispeedia's 12
+    landmarks), else `graph.stratified_seeds` over the five domains (`wiki.DOMAINS`, from infobox type and
+    categories), among the articles with an image (`wiki.seed_mask`: XML an infobox + image; Wikispeedia the 12 landmark
     articles with a photo under images/landmarks), not excluded, in-degree in [`min_seed_in_degree`, tau];
   * h ~ Cat(`hop_choices`; `hop_probs`) = Cat({2, 3, 4}; 0.4, 0.4, 0.2) per item;
   * hubs skipped: a node with in-degree > tau = `hub_in_degree` (10,000 for the full English Wikipedia, the
@@ -16,9 +17,9 @@ Walks run on the CSR link graph (`graph.sample_walks`) through the `wiki_graph.W
     uniform over the edges that can make an item).
 Then the per-path semantic checks (each failure counted by reason, the item retried with a fresh walk, at most
 `max_retries` (10) retries in all, dead ends included; an attempt is a dead end when `DEAD_END_RETRIES` + 1 walks
-died before h hops, and the item's next attempt then starts from another seed candidate, of the same domain when
-one is left: the Great Wall's text names a rival of every class its links could be described by, so no walk
-leaves it):
+died before h hops (that seed is not tried again for h: the Great Wall's text names a rival of every class its
+links could be described by, so no walk leaves it); after a failed attempt the item starts again from the seed
+with the fewest items so far, so the walks spread over every seed that has any left):
   * 'not mentioned': a hop's destination is not named in a sentence of its source (`WikiGraph.link`), so
     neither its relation nor the oracle's search can be read;
   * 'no unique referent: <why>': no descriptor of the destination picks it out (`WikiGraph.referent_check`,
@@ -28,13 +29,17 @@ leaves it):
   * 'descriptor leak': a descriptor names a path node (it would fail the rewrite's leak check);
   * 'no answer': the answer node has no attribute whose value is not a name of a path node ('no answer: a value
     of the past': one it has is refused by `historical`, Söğüt as the Ottoman Empire's capital);
-  * 'duplicate': the same path as an earlier item;
+  * 'duplicate': the same path as an earlier item; 'path used from another seed': the same walk after v0 as an
+    earlier item's from another landmark;
+  * 'answer used': `MAX_PER_ANSWER` (2) items already have the answer (`answer_key`), or one has and the item has
+    attempts left (a second use only on its last attempt, so new answers come first);
   * 'answer chain used': `MAX_PER_CHAIN` (2) items already end with the same last hop v(h-1) -> vh (so at most
     2 items share an answer chain v1..vh, and near-duplicates 'Mars -> Milan' under other starts are capped too).
 Each hop's relation ('designed by', 'located in', or a fallback by domain, `relations.py`) is recorded.
 Wikispeedia figures (4,598 articles, 119,769 edges): in-degree p50 = 10, p95 = 106, p99 = 294, max = 1,551
 (United_States); the landmark articles have in-degree 2 (Giza_pyramid_complex, Leaning_Tower_of_Pisa) to 76
-(Toronto), so configs/data_wikispeedia.py walks with tau = 300 (the top ~1% skipped) and a seed window [2, 300].
+(Toronto), so configs/data_wikispeedia.py walks with tau = 600 (the 8 largest hubs skipped; at 300 four landmarks'
+only uniquely named neighbours, Egypt, London, New Zealand and Canada, were hubs) and a seed window [2, 600].
 """
 
 import re
@@ -48,6 +53,7 @@ from data_pipeline import wiki
 
 
 MAX_PER_CHAIN = 2  # items per answer chain (the last hop v(h-1) -> vh)
+MAX_PER_ANSWER = 2  # items per answer (Havana answered 9 of 75 items before issue 51)
 DEAD_END_RETRIES = 20  # fresh walks after a dead end within one attempt (they cost no check)
 
 
@@ -157,9 +163,10 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
     (records, counts): each record has prompt_id (`wiki-s{seed}-{item:05d}`), landmark (the image file stem),
     image_path (`{image_dir}/{file}`), path, hops, descriptors, relations, domain (of v0); counts has
     attempted, walked, given_up, retries, seed_candidates, seeds_per_domain, walked_per_domain, answer_chains
-    (distinct `answer_chain`s), max_items_per_chain and rejected (reason -> walks: 'dead end', 'not
-    mentioned', 'no unique referent: another of its class in the text', ...). No seed candidate = no item
-    (counted), not an error.
+    (distinct `answer_chain`s), max_items_per_chain, distinct_paths, distinct_answers, max_items_per_answer,
+    seeds_used (candidates with an item), items_per_seed (title -> items), seeds_without_walk (candidates every
+    walk of which died: the Great Wall) and rejected (reason -> walks: 'dead end', 'not mentioned', 'no unique
+    referent: another of its class in the text', ...). No seed candidate = no item (counted), not an error.
   """
   num, tau = int(config.num_items), int(config.hub_in_degree)
   cand = seed_candidates(g, tau, int(config.min_seed_in_degree), config.source != 'wikispeedia')
@@ -169,13 +176,15 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
     counts['rejected']['no seed candidate'] = num
     return [], counts
   rng = np.random.default_rng(config.seed)
-  seeds, seed_domains = graph_lib.stratified_seeds(g.domains, cand, num, rng)
+  seeds, seed_domains = (spread_seeds(g.domains, cand, num, rng) if cand.sum() <= num
+                         else graph_lib.stratified_seeds(g.domains, cand, num, rng))
   hops = graph_lib.draw_hops(num, rng, tuple(config.hop_choices), tuple(config.hop_probs)).astype(np.int64)
   allowed = g.usable & (g.in_degree <= tau)
   final = g.answerable
-  found, seen, chains, pending = {}, set(), {}, np.arange(num)
-  pool, dead = np.flatnonzero(cand).tolist(), set()
-  for attempt in range(int(config.max_retries) + 1):
+  found, pending, last = {}, np.arange(num), int(config.max_retries)
+  seen, suffixes, chains, answers = set(), set(), {}, {}
+  pool, dead, used = np.flatnonzero(cand).tolist(), set(), {}
+  for attempt in range(last + 1):
     if not pending.size:
       break
     if attempt:
@@ -185,24 +194,33 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
                                              final=final, edge_ok=g.walk_edges)
     for k, item in enumerate(pending):
       if not ok[k]:
-        why = 'dead end'
-        dead.add(int(seeds[item]))   # DEAD_END_RETRIES + 1 walks died: the item's next attempt starts elsewhere
-        live = [c for c in pool if c not in dead]
-        same = [c for c in live if g.domains[c] == g.domains[seeds[item]]]
-        if live:
-          seeds[item] = rng.choice(same or live)
+        why = 'dead end'   # DEAD_END_RETRIES + 1 walks of h hops died: no h-hop walk from that seed, most likely
+        dead.add((int(seeds[item]), int(hops[item])))
       else:
         path = [g.titles[int(v)] for v in walks[k, :hops[item] + 1]]
         why = check_path(g, path)
-        if not isinstance(why, str) and tuple(path) in seen:
-          why = 'duplicate'
-        elif not isinstance(why, str) and chains.get(answer_chain(path), 0) >= MAX_PER_CHAIN:
-          why = 'answer chain used'
+        if not isinstance(why, str):
+          answer = answer_key(g, path)
+          if tuple(path) in seen:
+            why = 'duplicate'
+          elif tuple(path[1:]) in suffixes:
+            why = 'path used from another seed'
+          elif chains.get(answer_chain(path), 0) >= MAX_PER_CHAIN:
+            why = 'answer chain used'
+          elif answers.get(answer, 0) >= MAX_PER_ANSWER or (answers.get(answer) and attempt < last):
+            why = 'answer used'   # a second use only on an item's last attempt: new answers first
       if isinstance(why, str):
         counts['rejected'][why] = counts['rejected'].get(why, 0) + 1
+        live = [c for c in pool if (c, int(hops[item])) not in dead]
+        if live:   # the next attempt starts from the least used seed with h-hop walks left (ties drawn)
+          fewest = min(used.get(c, 0) for c in live)
+          seeds[item] = rng.choice([c for c in live if used.get(c, 0) == fewest])
         continue
       seen.add(tuple(path))
+      suffixes.add(tuple(path[1:]))
       chains[answer_chain(path)] = chains.get(answer_chain(path), 0) + 1
+      answers[answer] = answers.get(answer, 0) + 1
+      used[int(seeds[item])] = used.get(int(seeds[item]), 0) + 1
       found[int(item)] = (path, *why)
     pending = np.asarray([i for i in pending if int(i) not in found], np.int64)
   records = []
@@ -213,13 +231,39 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
                     'image_path': f'{image_dir.rstrip("/")}/{image}', 'path': path, 'hops': len(path) - 1,
                     'descriptors': descs, 'relations': rels, 'domain': g.domain(path[0])})
   name = lambda d: wiki.DOMAINS[int(d)]
+  per_seed = {g.titles[c]: sum(r['path'][0] == g.titles[c] for r in records) for c in pool}
   counts.update(walked=len(records), given_up=num - len(records), answer_chains=len(chains),
                 max_items_per_chain=max(chains.values(), default=0),
+                distinct_paths=len(seen), distinct_answers=len(answers),
+                max_items_per_answer=max(answers.values(), default=0),
+                seeds_used=sum(n > 0 for n in per_seed.values()), items_per_seed=per_seed,
+                seeds_without_walk=sorted({g.titles[c] for c, _ in dead if not per_seed[g.titles[c]]}),
                 seeds_per_domain={name(d): int((seed_domains == d).sum()) for d in np.unique(seed_domains)},
-                walked_per_domain={name(d): sum(int(seed_domains[i] == d) for i in found)
+                walked_per_domain={name(d): sum(r['domain'] == name(d) for r in records)
                                    for d in np.unique(seed_domains)})
   counts['rejected'] = dict(sorted(counts['rejected'].items(), key=lambda kv: -kv[1]))
   return records, counts
+
+
+def spread_seeds(domains: np.ndarray, candidates: np.ndarray, num: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+  """`num` seeds over every candidate alike (shuffled passes: each used floor or ceil of num / candidates times),
+  for a graph with no more seed candidates than items (Wikispeedia's 12 landmarks).
+
+  Args:
+    domains: [N] int8 domain per node; candidates: [N] bool seed candidates (at least one); num: seeds to draw.
+  Returns:
+    (seeds [num] int32, their domains [num] int8), the order shuffled.
+  """
+  pool = np.flatnonzero(candidates)
+  seeds = rng.permutation(np.concatenate([rng.permutation(pool) for _ in range(-(-num // len(pool)))])[:num])
+  return seeds.astype(np.int32), np.asarray(domains)[seeds].astype(np.int8)
+
+
+def answer_key(g, path: list[str]) -> str:
+  """The folded answer of a path (`answer_attribute`), the key `MAX_PER_ANSWER` counts ('' when none)."""
+  got = answer_attribute(g, path)
+  return ' '.join(entities.name_tokens(got[1]['answer'])) if got else ''
 
 
 def is_valid_walk(g, path: list[str]) -> bool:

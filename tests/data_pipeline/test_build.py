@@ -20,7 +20,7 @@ from osvl_jax.data import pipeline as pipeline_data
 def test_build_writes_items_and_sft_and_resumes(tmp_path):
   config = build.wikispeedia_walks(build.default_config())
   config.num_items = 3
-  config.rl_fraction = 0.2  # by prompt id: wiki-s0-00001 is held out as an RL prompt, 00000 and 00002 are not
+  config.rl_fraction = 0.3  # by prompt id: wiki-s0-00001 and 00002 are held out as RL prompts, 00000 is not
   stats = build.build_dataset(config, tmp_path)
   items = datasets.load_from_disk(str(tmp_path / 'items'))
   assert len(items) == stats['items']['items'] >= 2
@@ -127,7 +127,7 @@ def test_data_config_and_dataset_dir():
   spec.loader.exec_module(module)
   config = module.get_config()
   assert config.data.num_items == build.default_config().num_items
-  assert (config.data.hub_in_degree, config.data.min_seed_in_degree) == (300, 2)  # the small graph's window
+  assert (config.data.hub_in_degree, config.data.min_seed_in_degree) == (600, 2)  # the small graph's window
   assert (build.default_config().hub_in_degree, build.default_config().min_seed_in_degree) == (10_000, 50)
   assert pipeline_data.dataset_dir(config, '/w') == pathlib.Path('/w/data')
   config.data.dir = '/elsewhere'
@@ -242,7 +242,8 @@ def test_an_xml_dump_with_no_seed_gives_zero_items_with_reasons(tmp_path):
   config.num_items = 5
   stats = build.build_dataset(config, tmp_path)
   assert stats['paths']['rejected'] == {'no seed candidate': 5} and stats['items']['items'] == 0
-  assert stats['summary'] == {'accepted_items': 0, 'landmarks': 0, 'sft_trajectories': 0, 'rl_prompts': 0}
+  assert stats['summary'] == {'accepted_items': 0, 'landmarks': 0, 'distinct_paths': 0, 'distinct_answers': 0,
+                              'sft_trajectories': 0, 'rl_prompts': 0}
   assert set(build.STAGES) <= set(json.loads((tmp_path / 'stats.json').read_text()))
   again = build.build_dataset(config, tmp_path)   # the empty splits resume, and read as empty
   assert all(again[s]['resumed'] for s in build.STAGES) and again['summary'] == stats['summary']

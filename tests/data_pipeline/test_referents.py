@@ -125,8 +125,8 @@ def test_a_garden_path_or_two_relative_clauses_in_a_hop_is_refused():
 
 def test_a_small_build_names_every_hop_uniquely_and_caps_answer_chains(graph, small_config):
   """paths -> qa -> rewrite -> ground on 24 real walks; every accepted hop re-counted independently (each class
-  member's names matched on their own: no place given to a longer name; a person's surname alone counted when it
-  is the short form of that person only): the next node is named more often than
+  member's places, a longer article name winning a place; a person's surname alone counted when it is the short
+  form of that person only): the next node is named more often than
   any other entity of its descriptor's class in the previous article (or in the link sentence, for a read relation)."""
   c = small_config.copy_and_resolve_references()
   c.num_items = 24
@@ -152,8 +152,9 @@ def test_a_small_build_names_every_hop_uniquely_and_caps_answer_chains(graph, sm
 def _places(graph, text, runs, title):
   """Places of `text` naming `title`: its full names, and its short forms standing alone outside any article's
   name and beside no other capitalised word ('Taft'; not 'Vincent' of 'Saint Vincent and the Grenadines')."""
-  full = [(a, b) for k in {mentions.name_key(x) for x in graph.aliases(title)} for a, b in runs.get(k, ())]
-  named = [ab for spans in mentions.mention_spans(text, graph.alias_index).values() for ab in spans]
+  spans = mentions.mention_spans(text, graph.alias_index)   # a longer name wins ('Papua New Guinea')
+  full = spans.get(title, [])
+  named = [ab for t, ss in spans.items() for ab in ss]
   starts = {a for a, _ in full}
   for tok in graph.short_forms.tokens(title):
     if graph.short_forms.people(tok) == [title]:
