@@ -10,13 +10,14 @@ called the cajón" beside the guitar. `read(text, graph)` gives every such menti
     where an article's name stands, leading openers / demonyms / titles stripped ('US President', 'Soviet
     cosmonaut' ...: a title is class evidence), a possessive 's dropped, split before a known given name;
   * surname-only and title forms resolved to the full name the text gives ('Burckhardt' -> the text's 'Jacob
-    Burckhardt'; 'Einstein' -> the text's Albert Einstein), else the corpus's (`ShortForms`: a person article
-    whose first or last name its own text uses alone: 'Eisenhower' -> Dwight_D._Eisenhower, 'Galileo' ->
-    Galileo_Galilei; several -> the one the source links to, else all of their classes);
+    Burckhardt'; 'Einstein' -> the text's Albert Einstein), else the corpus's (`short_forms.ShortForms`: a
+    person article whose first or last name its own text uses alone: 'Eisenhower' -> Dwight_D._Eisenhower,
+    'Galileo' -> Galileo_Galilei; several -> the one the source links to, else all of their classes);
   * class evidence of names without an article (`reader_lexicon`): appositives before ("the historian X",
     "novelists A, B and C", "instrument called the cajón") and after ("X, an Argentine writer", "X was the author
     of"), titles, and, for a person with none of these, the cue words of its sentences (`CUES`); a name classed
-    so is also counted where the text writes it in lower case ('the cajon');
+    so is also counted where the text writes it in lower case ('the cajon'); a name with a place word
+    ('Horseshoe Falls') is a place of the source's own region (`_places`);
   * prominence: places of the text that name the entity, its full and short forms together.
 
 A run with no article, no class evidence and no person evidence is unclassified (`Mention.classes` empty): the
@@ -25,12 +26,12 @@ review lists those it could not class; the build's check counts only classed men
 
 import bisect
 import dataclasses
-import functools
 import re
 
 from data_pipeline import classes, entities
 from data_pipeline import mentions as mentions_lib
 from data_pipeline import reader_lexicon as lex
+
 
 _WORD = re.compile(r"(?:[^\W\d_]\.){1,3}(?![^\W\d_])|[^\W\d_](?:[\w'’-]*[^\W_])?")
 _SENTENCE = re.compile(r'(?<=[.!?])\s+(?=[A-Z0-9"\'(])|\n\s*\n')
@@ -80,73 +81,6 @@ class Mention:
   forms: list = dataclasses.field(default_factory=list)
   first: int = -1
   plain: bool = False
-
-
-class ShortForms:
-  """Surname-only / first-name forms of the person articles: 'eisenhower' -> ('Dwight_D._Eisenhower',).
-
-  A person's last name, or a first name no other person's title starts with (display title without its
-  parenthetical, no particle, >= 3 letters; a title with ' of ' ('Louis XIV of France') by its first name only),
-  is a short form when the person's own text uses it
-  alone, capitalised, at least `MIN_OWN_USES` times (a first name: and more often than the last name, 'Galileo'
-  in Galileo Galilei's text, not 'Jerry' in Jerry Fodor's).
-  """
-  MIN_OWN_USES = 3
-
-  def __init__(self, people: list[str], text_of):
-    self.text_of = text_of
-    self.index: dict[str, list[str]] = {}
-    firsts: dict[str, list[str]] = {}
-    for title in people:
-      toks = self.tokens(title)
-      if toks:
-        firsts.setdefault(entities.fold(toks[0]), []).append(title)
-      for tok in toks[1:]:
-        self.index.setdefault(entities.fold(tok), []).append(title)
-    for tok, titles in firsts.items():   # a first name is a short form of one person only ('Galileo')
-      if len(titles) == 1:
-        self.index.setdefault(tok, []).append(titles[0])
-
-  @staticmethod
-  def tokens(title: str) -> list[str]:
-    words = re.sub(r'\s*\([^)]*\)\s*$', '', entities.display(title)).replace(',', ' ').split()
-    words = [w for w in words if w.lower() not in lex.PARTICLES and not re.fullmatch(r'[IVXL]+\.?|Jr\.?|Sr\.?', w)]
-    if len(words) < 2:
-      return []
-    out = [words[0]] if ' of ' in entities.display(title) else [words[0], words[-1]]
-    return [w for w in out if len(w) >= 3 and not w.endswith('.') and w.lower() not in lex.OPENERS]
-
-  @functools.lru_cache(maxsize=None)
-  def own_uses(self, title: str, token: str) -> int:
-    """Capitalised places where `title`'s own text uses `token` with no other word of the title beside it."""
-    others = {entities.fold(w) for w in entities.display(title).split()} - {entities.fold(token)}
-    text, n = self.text_of(title), 0
-    for m in re.finditer(r'(?<![\w-])' + re.escape(token) + r"(?![\w-])", text):
-      before = re.findall(r"[\w.'’-]+", text[max(0, m.start() - 30):m.start()])[-1:]
-      after = re.findall(r"[\w.'’-]+", text[m.end():m.end() + 30])[:1]
-      if not ({entities.fold(w) for w in before + after} & others):
-        n += 1
-    return n
-
-  def full_name(self, name: str) -> str | None:
-    """The one person article whose first and last names `name` has ('Dwight Eisenhower' ->
-    'Dwight_D._Eisenhower'), or None."""
-    words = name.split()
-    found = [t for t in self.index.get(entities.fold(words[-1]), ())
-             if entities.fold(entities.display(t).split()[0]) == entities.fold(words[0])]
-    return found[0] if len(found) == 1 else None
-
-  def people(self, token: str) -> list[str]:
-    """The person articles `token` (a capitalised word) is a short form of."""
-    token = token if token[:1].isupper() else token.title()
-    out = []
-    for t in self.index.get(entities.fold(token), ()):
-      toks = self.tokens(t)
-      first = len(toks) == 2 and entities.fold(toks[0]) == entities.fold(token)
-      uses = self.own_uses(t, token)
-      if uses >= self.MIN_OWN_USES and (not first or uses > self.own_uses(t, toks[1])):
-        out.append(t)   # a first name only when the person's text calls him so more than by the last name
-    return out
 
 
 def _runs(text: str) -> list[list[tuple[int, int]]]:
@@ -394,7 +328,25 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
       m.classes = m.classes | frozenset(lex.NOUNS[noun])
       m.person |= noun in lex.PERSON_NOUNS
   _finish(text, starts, out, taken, g)
+  _places(out, g, src)
   return out
+
+
+def _places(out: dict[str, Mention], g, src: str | None) -> None:
+  """Names without an article that a place word ends or opens ('Horseshoe Falls', 'Lake Erie') are places of
+  the source's own region: they compete for its regional place classes ('North American place' in the article on
+  Niagara Falls), and a landform for 'geographic feature'."""
+  region = {p for p in g.class_phrases(src) if p.endswith(' place') or p.startswith('place in')} if src else set()
+  for m in out.values():
+    words = [entities.fold(w) for w in m.name.split()]
+    if m.title is not None or m.person or len(words) < 2 or m.classes:
+      continue
+    if words[-1] in lex.PLACE_LAST or words[0] in lex.PLACE_FIRST:
+      land = words[-1] in lex.LANDFORMS or words[0] in lex.PLACE_FIRST
+      m.classes = frozenset(region | ({'geographic feature'} if land else set()))
+      if m.classes:
+        m.evidence.append(f"place word: {m.name.split()[-1 if words[-1] in lex.PLACE_LAST else 0]}"
+                          f" ({', '.join(sorted(m.classes))})")
 
 
 def _finish(text: str, starts: list[int], out: dict[str, Mention], taken: bytearray, g) -> None:

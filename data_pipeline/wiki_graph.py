@@ -33,6 +33,7 @@ from data_pipeline import graph as graph_lib
 from data_pipeline import mentions as mentions_lib
 from data_pipeline import reader
 from data_pipeline import reader_lexicon
+from data_pipeline import short_forms as short_forms_lib
 from data_pipeline import relations
 from data_pipeline import wiki
 
@@ -175,9 +176,9 @@ class WikiGraph:
     return bool(self.class_phrases(title) & reader_lexicon.PERSON_PHRASES)
 
   @functools.cached_property
-  def short_forms(self) -> reader.ShortForms:
-    """The people's surname-only / first-name forms (`reader.ShortForms`)."""
-    return reader.ShortForms([t for t in self.titles if self.is_person(t)], self.text)
+  def short_forms(self) -> short_forms_lib.ShortForms:
+    """The people's surname-only / first-name forms (`short_forms.ShortForms`)."""
+    return short_forms_lib.ShortForms([t for t in self.titles if self.is_person(t)], self.text)
 
   @functools.lru_cache(maxsize=None)
   def out_links_set(self, title: str) -> frozenset[str]:

@@ -99,3 +99,14 @@ def test_read_counts_full_short_and_title_forms_and_leaves_things_unclassified(g
   assert found['?Fenwick Accord'].classes == frozenset() and not found['?Fenwick Accord'].person
   assert [m.key for m in reader.unclassified(found)] == ['?Fenwick Accord']
   assert graph.short_forms.people('Galileo') == ['Galileo_Galilei'] and graph.short_forms.people('Carl') == []
+
+
+def test_a_place_without_an_article_competes_for_the_regional_place_class(graph):
+  # "the North American place mentioned most often in the article on Niagara Falls": Horseshoe Falls (17 places,
+  # no article) is named more often than Canada (11).
+  found = _rivals(graph, 'Niagara_Falls', 'Canada', 'North American place')
+  assert found['?Horseshoe Falls'].count == 17 and found['Canada'].count == 11
+  assert found['?Horseshoe Falls'].evidence == ['place word: Falls (North American place, geographic feature)']
+  assert graph.referent_check('Niagara_Falls', 'Canada') == _REFUSED
+  # Toronto's text names Canada 27 times, its streets and Lake Ontario far less: still the one most mentioned.
+  assert graph.referent_check('Toronto', 'Canada') == ('North American place', 'mentioned most often in', '')
