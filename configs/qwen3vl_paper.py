@@ -194,6 +194,7 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_turns = 50
   c.rollout.max_new_tokens = 4096
+  c.rollout.mesh = ml_collections.ConfigDict()   # the embedded sampler's layout: none (SGLang serves the paper's runs)
   # Table 5: max prompt / response length 4,096 / 70,000 tokens (verl's data.max_prompt_length / max_response_length),
   # checked per trajectory as the official run checks them (osvl_jax/rollout/limits.py): a longer prompt is refused
   # (its group dropped from the update and counted, as verl filters overlong prompts), the response (every turn and
