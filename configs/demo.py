@@ -106,9 +106,11 @@ def get_config() -> ml_collections.ConfigDict:
   # (images included). A slot holds max_total_tokens + max_new_tokens of KV (4.3 MB for the demo model); 32 > the
   # demo's 16 concurrent eval episodes. 0 = off (SGLang servers keep their own, RadixAttention).
   c.rollout.prefix_cache_slots = 32
-  # The embedded sampler's rollout layout (rollout/embedded/layout.py): empty = none (the policy's own placement);
-  # e.g. {'tensor': 2, 'data': -1}: tensor-parallel 2, replicas over the remaining devices (set it in a config file).
-  c.rollout.mesh = ml_collections.ConfigDict()
+  # The embedded sampler's rollout layout (rollout/embedded/layout.py): tensor 0 = none (one device, the policy's own
+  # placement), -1 = auto (the smallest tensor-parallel degree whose replica holds the weights and the KV cache of its
+  # share of max_concurrency rows), T = tensor-parallel T; data = replicas, -1 = the remaining devices. E.g.
+  # --config.rollout.mesh.tensor=2 --config.rollout.mesh.data=-1.
+  c.rollout.mesh = ml_collections.ConfigDict({'tensor': 0, 'data': -1})
   # One URL or a list (either type may be set here or on the command line).
   c.rollout.urls = ml_collections.config_dict.placeholder(object)
   c.rollout.admin_urls = ml_collections.config_dict.placeholder(object)

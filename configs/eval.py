@@ -74,6 +74,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.top_p = 1.0
   # The embedded sampler's prefix cache (slots of max_total_tokens + max_new_tokens of KV; configs/demo.py): 0 = off.
   c.rollout.prefix_cache_slots = 0
+  # The embedded sampler's rollout layout (osvl_jax/rollout/embedded/layout.py; configs/demo.py): tensor 0 = none (one
+  # device), -1 = auto, T = tensor-parallel T; data = replicas (-1 = the remaining devices). E.g. an 8B checkpoint on
+  # 8 chips: --config.rollout.mesh.tensor=-1 (or =2, 4 replicas).
+  c.rollout.mesh = ml_collections.ConfigDict({'tensor': 0, 'data': -1})
   # The engine (osvl_jax/rollout/factory.py): 'embedded' = the JAX sampler over `checkpoint` / `model` in this
   # process; 'sglang' = a model served over SGLang's native API at `urls` (one URL, a list or 'a,b'; SGLang
   # servers, `python -m osvl_jax.serve`, an sglang-router): `image` must then be the servers' pixel budget, or

@@ -75,6 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
   # states which (report.md's `sampling` line).
   c.rollout.temperature = 0.0
   c.rollout.top_p = 1.0
+  # Chosen here: the checkpoint laid out over the chips as the GRPO run files roll out (configs/qwen3vl_paper.py):
+  # tensor-parallel sized to hold the weights and the KV of max_concurrency rows (auto), replicas over the rest.
+  c.rollout.mesh.tensor = -1
 
   # PAPER.md, "The paper's judge and agent protocols": the LLM accuracy judge (the VDR-Bench protocol, Figs. 8 / 10:
   # accuracy_v3; this project's earlier wording, accuracy_v2, one value away), GPT-4o at temperature 0, a failed

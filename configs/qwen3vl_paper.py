@@ -194,7 +194,10 @@ def _trainer_config(stage: str, size: str) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_turns = 50
   c.rollout.max_new_tokens = 4096
-  c.rollout.mesh = ml_collections.ConfigDict()   # the embedded sampler's layout: none (SGLang serves the paper's runs)
+  # The embedded sampler's layout on the run's chips (rollout/embedded/layout.py), chosen here: tensor -1 = auto (the
+  # smallest tensor-parallel degree whose replica holds the weights and its share of max_concurrency rows of KV),
+  # replicas over the remaining chips (data -1); tensor 0 = none. Unused with engine 'sglang'.
+  c.rollout.mesh = ml_collections.ConfigDict({'tensor': -1, 'data': -1})
   # Table 5: max prompt / response length 4,096 / 70,000 tokens (verl's data.max_prompt_length / max_response_length),
   # checked per trajectory as the official run checks them (osvl_jax/rollout/limits.py): a longer prompt is refused
   # (its group dropped from the update and counted, as verl filters overlong prompts), the response (every turn and

@@ -15,8 +15,9 @@ The section's fields (`check_engine_config` checks them; each job's config docum
   engine ('embedded' when unset); max_new_tokens (per turn); max_total_tokens (per trajectory: the embedded
   sampler's context is max_total_tokens + max_new_tokens); temperature, top_p (optional, default 1.0);
   prefix_cache_slots (embedded, optional int >= 0, default 0); mesh (embedded, optional: the rollout layout,
-  `embedded/layout.py`: {'tensor': T, 'data': R (replicas, -1 = the remaining devices, the default)}; unset: one
-  device); urls, admin_urls (sglang; admin_urls: where weight
+  `embedded/layout.py`: {'tensor': T (0 = none: one device, the default; -1 = auto, sized to hold the weights and
+  the KV of max_concurrency rows; T >= 1), 'data': R (replicas, -1 = the remaining devices, the default)}); urls,
+  admin_urls (sglang; admin_urls: where weight
   updates go, default the urls, behind a router its workers); base_url (with '/v1'), model, api_key_env (openai;
   the variable holding the key, default: `$OSVL_API_KEY`, else `$SGLANG_API_KEY`, else none);
   timeout_s (seconds per request, default 600), retries (of a failed request, default 4) and max_concurrency
@@ -97,31 +98,49 @@ def check_engine_config(section: ml_collections.ConfigDict, training: bool = Fal
 
 def check_mesh_config(section: ml_collections.ConfigDict, path: str = 'rollout') -> None:
   """Checks `<path>.mesh` (optional; the embedded sampler's rollout layout) without devices: a mapping of 'tensor'
-  (int >= 1) and 'data' (int >= 1, or -1). Whether the devices fit is checked when the mesh is built
-  (`layout.mesh_sizes`).
+  (0 = no layout, -1 = auto, or an int >= 1) and 'data' (-1 = the remaining devices, or an int >= 1; -1 when
+  tensor is 0). Whether the devices fit is checked when the mesh is built (`layout.rollout_mesh`).
 
   Raises:
-    ValueError: naming `<path>.mesh.<field>`: an unknown field or a size out of range.
+    ValueError: naming `<path>.mesh.<field>`: an unknown field, a size out of range, data set while tensor is 0.
   """
   mesh = section.get('mesh')
   if not mesh:
     return
   if not hasattr(mesh, 'items'):
-    raise ValueError(f"{path}.mesh={mesh!r}: expected a mapping like {{'tensor': 2}} (replicas over the rest)")
+    raise ValueError(f"{path}.mesh={mesh!r}: expected a mapping like {{'tensor': 2, 'data': -1}}")
   unknown = sorted(set(dict(mesh.items())) - {'data', 'tensor'})
   if unknown:
     raise ValueError(f"{path}.mesh.{unknown[0]}: unknown field; the rollout mesh has 'tensor' (tensor-parallel "
-                     "degree) and 'data' (replicas, -1 = the remaining devices)")
-  for axis, low in (('tensor', 1), ('data', -1)):
+                     "degree: 0 = no layout, -1 = auto) and 'data' (replicas, -1 = the remaining devices)")
+  for axis, allowed in (('tensor', (0, -1)), ('data', (-1,))):
     value = mesh.get(axis)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low
-                              or value == 0):
-      raise ValueError(f'{path}.mesh.{axis}={value!r}: expected an int >= 1'
-                       + (', or -1 for the remaining devices' if axis == 'data' else ''))
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or (value < 1 and value not in allowed)):
+      raise ValueError(f'{path}.mesh.{axis}={value!r}: expected an int >= 1, or '
+                       + ('0 (no rollout layout) or -1 (auto)' if axis == 'tensor' else '-1 for the remaining devices'))
+  if mesh.get('tensor') == 0 and mesh.get('data') not in (None, -1):
+    raise ValueError(f'{path}.mesh.data={mesh.get("data")!r} with {path}.mesh.tensor=0 (no rollout layout): set '
+                     f'{path}.mesh.tensor (>= 1, or -1 = auto), or data back to -1')
+
+
+def rollout_mesh(section: ml_collections.ConfigDict, model, path: str = 'rollout'):
+  """The embedded sampler's rollout mesh of a rollout section over `model` (a `Qwen3VLModel`, concrete or
+  `nnx.eval_shape`d), or None (no layout): `layout.rollout_mesh` of `<path>.mesh` with the section's KV budget,
+  max_concurrency rows of max_total_tokens + max_new_tokens tokens, prefix_cache_slots shared rows. Build it once
+  and pass it to `make_engine` (and to `checkpoints.load_policy`, to read the weights into it).
+
+  Raises:
+    ValueError: from `layout.rollout_mesh`, naming `<path>.mesh.<field>` (or `<path>.max_concurrency`).
+  """
+  from osvl_jax.rollout.embedded import layout  # pylint: disable=g-import-not-at-top  # (jax)
+  return layout.rollout_mesh(section.get('mesh'), model, section.get('max_concurrency'),
+                             int(section.max_total_tokens) + int(section.max_new_tokens),
+                             int(section.get('prefix_cache_slots') or 0), path=f'{path}.mesh')
 
 
 def make_engine(section: ml_collections.ConfigDict, tokenizer, *, model=None, processor=None, seed: int = 0,
-                training: bool = False) -> engine_lib.Engine:
+                training: bool = False, mesh=None) -> engine_lib.Engine:
   """The policy engine of a rollout section (module docstring): the one way an engine is built from config.
 
   Args:
@@ -131,10 +150,13 @@ def make_engine(section: ml_collections.ConfigDict, tokenizer, *, model=None, pr
     processor: the `ImageProcessor` of raw image arrays given to the embedded engine.
     seed: the embedded sampler's PRNG seed (servers sample with their own).
     training: the rollouts train a policy (refuses 'openai', see `check_engine_config`).
+    mesh: the embedded sampler's rollout mesh, when the caller built it (`rollout_mesh`, to load the weights into
+      it); None: `rollout_mesh(section, model)`, built here.
   Returns:
     A `JaxSampler` ('embedded'), `SGLangEngine` ('sglang') or `OpenAIEngine` ('openai').
   Raises:
-    ValueError: from `check_engine_config`; 'embedded' without a model; a value out of an engine's range.
+    ValueError: from `check_engine_config`; 'embedded' without a model; a value out of an engine's range; a
+      rollout mesh the devices or the model do not fit (`rollout_mesh`, naming rollout.mesh.<field>).
   """
   name = check_engine_config(section, training)
   # The engine's default sampling; a caller that samples otherwise says so per call (`engine.Sampling`).
@@ -147,11 +169,10 @@ def make_engine(section: ml_collections.ConfigDict, tokenizer, *, model=None, pr
     if model is None:
       raise ValueError("rollout.engine='embedded' samples a model in this process: none was given")
     from osvl_jax.rollout.embedded import jax_sampler  # pylint: disable=g-import-not-at-top  # (jax, the model)
-    from osvl_jax.rollout.embedded import layout  # pylint: disable=g-import-not-at-top
     return jax_sampler.JaxSampler(model, tokenizer, processor, max_new_tokens=max_new, temperature=temperature,
                                   top_p=top_p, seed=seed, max_len=int(section.max_total_tokens) + max_new,
                                   prefix_cache_slots=int(section.get('prefix_cache_slots') or 0),
-                                  mesh=layout.mesh_from_config(section.get('mesh')))
+                                  mesh=rollout_mesh(section, model) if mesh is None else mesh)
   if name == 'sglang':
     from osvl_jax.rollout.remote import sglang_client  # pylint: disable=g-import-not-at-top
     return sglang_client.SGLangEngine(url_list(section, 'urls'), tokenizer, max_new_tokens=max_new,

@@ -173,3 +173,25 @@ def test_weights_on_the_training_layout_are_resharded_and_the_trainer_keeps_its_
   assert embed[...].sharding == before and 'fsdp' in str(before.spec)
   table = sampler._state['language_model']['embed_tokens']['embedding'][...]   # pylint: disable=protected-access
   assert table.sharding.spec == jax.sharding.PartitionSpec('tensor', None)   # vocab over tensor, no fsdp
+
+
+def test_auto_tensor_sizes_the_layout_from_the_model_and_the_kv_budget(model, tokenizer, monkeypatch):
+  """rollout.mesh.tensor=-1: with a device just large enough for (weights + 2 rows of KV) / 2 at 90%, one device
+  cannot hold the weights and a row, so T = 2 (4 replicas of 2 rows); a device too small for any T is refused."""
+  section = ml_collections.ConfigDict({'max_new_tokens': 4, 'max_total_tokens': 60, 'max_concurrency': 8,
+                                       'mesh': {'tensor': -1, 'data': -1}})
+  weights = layout.weight_bytes(model)
+  row = layout.kv_bytes_per_token(model.config.text, model.dtype) * 64
+  assert row == layout.kv_bytes(model.init_cache(1, 64))   # the per-token count is the cache's
+  monkeypatch.setattr(layout, 'device_bytes', lambda: int((weights + 2 * row) / 2 / layout.FIT_FRACTION) + 1)
+  engine = factory.make_engine(section, tokenizer, model=model)
+  assert (engine.layout.tensor, engine.layout.replicas) == (2, 4)
+  section.mesh.data = 2   # 2 replicas of 4 rows: (weights + 4 rows) / 2 no longer fits; the KV heads stop T at 2
+  with pytest.raises(ValueError, match=r'rollout\.mesh\.tensor=-1 \(auto\): no tensor-parallel degree dividing the 8 '
+                                       r'devices and the 2 KV heads'):
+    factory.make_engine(section, tokenizer, model=model)
+  del section['max_concurrency']
+  section.mesh.data = -1
+  with pytest.raises(ValueError, match=r'rollout\.mesh\.tensor=-1 \(auto\) sizes the KV cache for the rollout\'s '
+                                       r'concurrent rows: none given \(rollout\.max_concurrency\)'):
+    factory.make_engine(section, tokenizer, model=model)
