@@ -1,11 +1,20 @@
-"""Compiles the real SFT train step of a config on the local devices from abstract shapes, and reads XLA's memory
-analysis: the check of `estimate` (nothing is allocated; arguments are `jax.ShapeDtypeStruct`s with their
-`NamedSharding`s).
+"""Compiles the real SFT train step of a config, and one decode step of the embedded sampler on a rollout layout, on
+the local devices from abstract shapes, and reads XLA's memory analysis: the check of `estimate` and
+`rollout_phase` (nothing is allocated; arguments are `jax.ShapeDtypeStruct`s with their `NamedSharding`s).
 
 The step is `sft.make_train_step`'s written as a pure function over the `nnx.split` state: `sft.loss_fn`
 (`policy.loss_logprobs` + `losses.sft_loss`, + the MoE router losses where config.sft sets them),
 `jax.value_and_grad`, the optax transform of `policy.make_tx` (AdamW, global-norm clip), parameters and optimizer
 state donated (updated in place, as a trainer that keeps one copy would).
+
+The decode step is `JaxSampler._decode_fn`'s program, built by a real `JaxSampler` whose weights are the abstract
+model's placed on the rollout layout (`AbstractLayout`: `Layout.place_state` giving ShapeDtypeStructs), the KV
+cache donated as the sampler donates it. On CPU, XLA writes a bfloat16 cache through float32: each layer's scatter
+converts the whole k and v buffers to float32 and back (whole-cache `convert`s around the `scatter` in the
+optimized HLO), which `temp` counts (~2 x the KV bytes) and which the estimate does not; a float32 cache compiles
+without them (tests/train/test_plan_rollout.py compares at float32).
+
+This is the planner's one module that imports `osvl_jax.train` (the trainers' steps and their loss chunk).
 """
 
 from __future__ import annotations
@@ -23,7 +32,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.plan import estimate
+from osvl_jax.rollout.embedded import jax_sampler, layout as layout_lib
 from osvl_jax.train import policy, sft
+
+# Loss positions per vocabulary projection of the trainers' loss (`policy.chunked_token_logprobs`), read by `estimate`.
+LOSS_CHUNK = policy.LOSS_CHUNK
 
 
 def batch_shapes(mesh: Mesh, rows: int, seq_len: int, loss_tokens: int, rule_table, packed: bool = False) -> dict:
@@ -77,13 +90,7 @@ def compile_sft_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: int
     step = jax.jit(train_step, out_shardings=(param_sh, opt_sh, NamedSharding(mesh, PartitionSpec())),
                    donate_argnums=(0, 1))
     compiled = step.lower(params_in, opt_in, batch).compile()
-  seconds = time.time() - t0
-  m = compiled.memory_analysis()
-  out = {'argument': m.argument_size_in_bytes, 'output': m.output_size_in_bytes, 'alias': m.alias_size_in_bytes,
-         'temp': m.temp_size_in_bytes, 'generated_code': m.generated_code_size_in_bytes}
-  out['total'] = out['argument'] + out['output'] - out['alias'] + out['temp']
-  out['compile_s'] = seconds
-  return out
+  return _memory(compiled, time.time() - t0)
 
 
 def local_mesh(num_devices: int | None = None) -> tuple[Mesh, dict[str, int]]:
@@ -105,4 +112,81 @@ def report(xla: dict, plan: estimate.Plan) -> str:
   lines.append(f'{"estimate total":<42}{plan.total / gb:>12.3f}')
   lines.append(f'xla_total_gb={xla["total"] / gb:.3f} estimate_gb={plan.total / gb:.3f} '
                f'ratio={xla["total"] / plan.total:.3f}')
+  return '\n'.join(lines)
+
+
+def _memory(compiled, seconds: float) -> dict:
+  m = compiled.memory_analysis()
+  out = {'argument': m.argument_size_in_bytes, 'output': m.output_size_in_bytes, 'alias': m.alias_size_in_bytes,
+         'temp': m.temp_size_in_bytes, 'generated_code': m.generated_code_size_in_bytes}
+  out['total'] = out['argument'] + out['output'] - out['alias'] + out['temp']
+  out['compile_s'] = seconds
+  return out
+
+
+class AbstractLayout(layout_lib.Layout):
+  """A rollout `Layout` whose `place_state` gives ShapeDtypeStructs with the rollout layout's NamedShardings (for
+  an abstract model: nothing is allocated)."""
+
+  def place_state(self, state):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                        sharding.state_shardings(state, self.mesh, self.rules))
+
+
+def rollout_mesh(tensor: int, num_devices: int | None = None) -> Mesh:
+  """The rollout mesh (`layout.mesh_from_config`) of `tensor` over the local devices, replicas over the rest."""
+  devices = jax.devices()[:num_devices] if num_devices else jax.devices()
+  return layout_lib.mesh_from_config({'tensor': tensor}, devices)
+
+
+def compile_decode_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: int, cache_len: int,
+                        arch: config_lib.Qwen3VLConfig | None = None, cache_dtype=None) -> dict:
+  """Lowers and compiles one call of the embedded sampler's decode program (`JaxSampler._decode_fn`: sampling at a
+  temperature, no top-p, the sampler's default `decode_steps` per call) on the rollout mesh `mesh`, for `rows` rows
+  (a multiple of the replicas) and a KV cache of `cache_len` slots in `cache_dtype` (None: the model's compute
+  dtype, as `factory.make_engine` leaves it), the cache donated.
+
+  Returns:
+    XLA's per-device `memory_analysis()` in bytes, as `compile_sft_step`'s (argument, output, alias, temp,
+    generated_code, total = argument + output - alias + temp, compile_s), and cache_dtype (its name).
+  Raises:
+    ValueError: `rows` not a multiple of the replicas; the mesh's tensor size not dividing the KV heads.
+  """
+  arch = arch or estimate.architecture(config)
+  model = estimate.abstract_model(config, arch)
+  sampler = jax_sampler.JaxSampler(model, None, max_len=cache_len, cache_dtype=cache_dtype)
+  sampler.layout = AbstractLayout(mesh)
+  sampler.set_model(model)                     # the weights as ShapeDtypeStructs on the rollout layout
+  lay = sampler.layout
+  if rows % lay.replicas:
+    raise ValueError(f'rows={rows} is not a multiple of the {lay.replicas} rollout replicas')
+  shapes = jax.eval_shape(lambda: model.init_cache(rows, cache_len, cache_dtype))
+  shardings = lay.cache_shardings()
+  cache = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings[k]) for k, x in shapes.items()}
+  row = NamedSharding(mesh, PartitionSpec('data'))
+  carry = tuple(jax.ShapeDtypeStruct((rows,), d, sharding=row) for d in (jnp.int32,) * 4 + (jnp.bool_,))
+  decode = sampler._decode_fn(False, False, sampler.decode_steps)   # pylint: disable=protected-access
+  t0 = time.time()
+  lowered = decode.lower(sampler._state, cache, carry,   # pylint: disable=protected-access
+                         jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=row), jax.random.key(0), jnp.int32(0),
+                         jnp.float32(0.7), jnp.float32(1.0))
+  compiled = lowered.compile()
+  return {**_memory(compiled, time.time() - t0), 'cache_dtype': jnp.dtype(cache['k'].dtype).name}
+
+
+def rollout_report(xla: dict, plan) -> str:
+  """XLA's memory analysis of the decode step beside `rollout_phase.RolloutPlan`'s sampler bytes of the decode
+  (weights + kv + decode temporaries), per device (GB = 1e9 bytes), and their ratio."""
+  gb = estimate.GB
+  guess = plan.weights + plan.kv + plan.decode
+  lines = [f'compiled decode step on the rollout layout tensor={plan.tensor} data={plan.replicas} of the local '
+           f'devices; {plan.rows} rows ({plan.rows_per_replica}/replica); compile {xla["compile_s"]:.1f} s',
+           f"{'per device':<42}{'GB (1e9 B)':>12}"]
+  for name in ('argument', 'output', 'alias', 'temp', 'generated_code', 'total'):
+    lines.append(f'{"xla " + name:<42}{xla[name] / gb:>12.3f}')
+  if jax.default_backend() == 'cpu' and xla.get('cache_dtype') == 'bfloat16':
+    lines.append('(CPU: the bfloat16 cache scatter runs in float32, whole-cache copies in temp; see compile_check)')
+  lines += [f'{"estimate weights + kv + decode":<42}{guess / gb:>12.3f}',
+            f'decode_xla_total_gb={xla["total"] / gb:.3f} decode_estimate_gb={guess / gb:.3f} '
+            f'ratio={xla["total"] / guess:.3f}']
   return '\n'.join(lines)

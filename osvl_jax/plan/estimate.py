@@ -30,7 +30,12 @@ Per chip, for a mesh and the config's sharding rules (`sharding.param_specs` on 
     with remat   = L·residual + layer_saved        (per layer only its input is saved; one layer is recomputed
                                                      at a time in the backward pass)
     without remat= L·(layer_saved)                  (every layer keeps its intermediates)
-    logits       = 2·b·K·V/t_v·4                    (float32 logits at the loss positions only, and their gradient)
+    logits       = 2·b·k·V/t_v·4                    (float32 logits of the live loss chunk and their gradient:
+                                                     the trainers' loss projects k of a row's K loss positions at
+                                                     a time, `policy.chunked_token_logprobs` with chunk C =
+                                                     `compile_check.LOSS_CHUNK` positions per batch shard: per
+                                                     row c = max(1, C // b); k = K when K <= c (or C = 0), else
+                                                     ceil(K / ceil(K / c)), the balanced chunk)
   total = params + optimizer + gradients + gathers + activations; it fits a chip when total <= its HBM.
 """
 
@@ -181,10 +186,19 @@ def _axis_shards(name: str, size: int, mesh, rule_table) -> int:
   return _shards(sharding.logical_to_spec((name,), (size,), mesh, rule_table), mesh)
 
 
+def live_loss_positions(rows: int, loss_tokens: int, chunk: int) -> int:
+  """k: the loss positions per row whose logits are live at once (module docstring `logits`), for `rows` rows per
+  batch shard, K = `loss_tokens` and the trainers' loss chunk `chunk` (0: one projection of all K)."""
+  per_row = max(1, chunk // max(1, rows)) if chunk else 0
+  if not per_row or loss_tokens <= per_row:
+    return loss_tokens
+  return -(-loss_tokens // -(-loss_tokens // per_row))
+
+
 def activation_bytes(arch: config_lib.Qwen3VLConfig, mesh, rule_table, rows: int, seq_len: int, loss_tokens: int,
-                     compute_bytes: int) -> tuple[int, int, int]:
+                     compute_bytes: int, loss_chunk: int = 0) -> tuple[int, int, int]:
   """(with remat, without remat, logits) activation bytes per chip for `rows` rows of `seq_len` tokens (module
-  docstring formulas)."""
+  docstring formulas; `loss_chunk` the trainers' loss chunk, 0 = one projection of every loss position)."""
   t = arch.text
   h, nq, nkv, d, c = t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, compute_bytes
   t_h = _axis_shards('heads', nq * d, mesh, rule_table)
@@ -203,7 +217,7 @@ def activation_bytes(arch: config_lib.Qwen3VLConfig, mesh, rule_table, rows: int
   per_token = c * (4 * h + 3 * nq * d // t_h + 4 * nkv * d // t_kv) + mlp + 4 * nq // t_h
   layer_saved = rows * seq_len * per_token
   residual = rows * seq_len * h * c
-  logits = 2 * rows * loss_tokens * t.table_rows // t_v * 4
+  logits = 2 * rows * live_loss_positions(rows, loss_tokens, loss_chunk) * t.table_rows // t_v * 4
   n = t.num_hidden_layers
   return n * residual + layer_saved + logits, n * layer_saved + logits, logits
 
@@ -250,7 +264,9 @@ def estimate(config: ml_collections.ConfigDict, sizes: dict[str, int], *, seq_le
   batch_shards = _shards(sharding.logical_to_spec(('batch',), None, mesh, rule_table), mesh)
   rows = -(-global_rows // batch_shards)
   loss_tokens = seq_len if loss_tokens is None else loss_tokens
-  remat_b, no_remat_b, _ = activation_bytes(arch, mesh, rule_table, rows, seq_len, loss_tokens, dtype.itemsize)
+  from osvl_jax.plan import compile_check   # pylint: disable=g-import-not-at-top  # (it imports this module)
+  remat_b, no_remat_b, _ = activation_bytes(arch, mesh, rule_table, rows, seq_len, loss_tokens, dtype.itemsize,
+                                            compile_check.LOSS_CHUNK)
   remat = bool(config.model.get('remat', False))
   gathers = gather_bytes(table, arch, mesh, dtype.itemsize, param_dtype.itemsize)
   plan = Plan(mesh=dict(sizes), seq_len=seq_len, loss_tokens=loss_tokens, rows_per_chip=rows, params=params,
