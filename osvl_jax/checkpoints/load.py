@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
@@ -21,9 +22,11 @@ from osvl_jax.models.qwen3_vl import model as model_lib
 from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import weights
 
-def build_model(config: ml_collections.ConfigDict, seed: int = 0,
-                workdir: str | os.PathLike | None = None) -> model_lib.Qwen3VLModel:
+def build_model(config: ml_collections.ConfigDict, seed: int = 0, workdir: str | os.PathLike | None = None,
+                mesh=None, rules=sharding.LOGICAL_RULES) -> model_lib.Qwen3VLModel:
   """The policy named by `config.model`: `hf_path` (an HF Qwen3-VL folder) if set, else `name` ('tiny').
+  With `mesh`, an HF folder's weights are placed in their shardings by `rules` as they are read
+  (`weights.load_hf_folder`); the tiny model is built on the default device either way.
 
   `config.model.text` (optional) overrides fields of the tiny text config, e.g. `num_hidden_layers`.
   `config.model.vocab` (optional) its vocabulary (`vocab_ids`; `workdir` finds the dataset of 'dataset').
@@ -41,7 +44,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0,
   dtypes = model_dtypes(config)
   ids = vocab_ids(config, workdir)
   if config.model.get('hf_path'):
-    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers, **dtypes)
+    model, _ = weights.load_hf_folder(config.model.hf_path, scan_layers=scan_layers, mesh=mesh, rules=rules, **dtypes)
   elif config.model.name != 'tiny':
     raise ValueError(f"config.model.name={config.model.name!r}: only 'tiny' is built in; set model.hf_path")
   else:
@@ -135,6 +138,35 @@ def is_hf_folder(path: str | os.PathLike) -> bool:
   return p.is_dir() and (p / 'config.json').is_file()
 
 
+def _checkpoint(ref: str | os.PathLike, workdir, step: int | None, hf_config):
+  """(folder, step, manager, make) of a checkpoint reference; make() builds its architecture (random init)."""
+  folder, step = resolve_lib.resolve(workdir, str(ref), step)
+  mngr = store.manager(folder.parent, folder.name)
+  saved = store.read_meta(mngr, step)
+  config = resolve_lib.read_config(hf_config, saved)
+  make = lambda: model_lib.Qwen3VLModel(config, nnx.Rngs(0), scan_layers=bool(saved.get('scan_layers', False)))
+  return folder, step, mngr, make
+
+
+def policy_shape(ref: str | os.PathLike, workdir: str | os.PathLike | None = None, step: int | None = None,
+                 hf_config: str | os.PathLike | None = None, **hf_options) -> model_lib.Qwen3VLModel:
+  """The policy `load_policy` would load, abstract (`nnx.eval_shape`: each parameter a `jax.ShapeDtypeStruct`; only
+  the checkpoint's meta or the HF folder's config.json is read): what a layout is sized from before any weight is
+  placed (`rollout.embedded.layout.rollout_mesh`).
+
+  Args:
+    ref, workdir, step, hf_config: as `load_policy`.
+    hf_options: for an HF folder, `dtype` / `param_dtype` / `scan_layers` as given to `weights.load_hf_folder`
+      (default float32, False: `load_policy`'s); a checkpoint records its own.
+  Raises:
+    FileNotFoundError / ValueError: as `load_policy` (no such checkpoint; a named reference without `workdir`).
+  """
+  if is_hf_folder(ref):
+    config = config_lib.Qwen3VLConfig.from_hf_dict(json.loads((pathlib.Path(str(ref)) / 'config.json').read_text()))
+    return nnx.eval_shape(lambda: model_lib.Qwen3VLModel(config, nnx.Rngs(0), **hf_options))
+  return nnx.eval_shape(_checkpoint(ref, workdir, step, hf_config)[3])
+
+
 def load_policy(ref: str | os.PathLike, workdir: str | os.PathLike | None = None, step: int | None = None,
                 hf_config: str | os.PathLike | None = None, mesh=None,
                 rules=None) -> tuple[model_lib.Qwen3VLModel, dict]:
@@ -146,8 +178,10 @@ def load_policy(ref: str | os.PathLike, workdir: str | os.PathLike | None = None
     workdir: the job folder for the named references.
     step: the checkpoint step (None: the latest, or the step folder's).
     hf_config: architecture override (`resolve.read_config`); default: the checkpoint meta's `model_config`.
-    mesh, rules: for an HF folder, place each weight in its sharding on `mesh` as it is read
-      (`weights.load_hf_folder`); a checkpoint is restored unsharded (None: unsharded either way).
+    mesh, rules: place each weight in its `NamedSharding` on `mesh` by `rules` (default `sharding.LOGICAL_RULES`;
+      a rollout layout: `layout.DECODE_RULES`) as it is read, with no whole copy of the model anywhere: an HF
+      folder tensor by tensor (`weights.load_hf_folder`), a checkpoint restored by orbax straight into those
+      shardings (each device reads its shards). None: unsharded, on the default device.
   Returns:
     (model, meta): the checkpoint's meta with 'step', 'path' (`<folder>/<step>`) and 'folder'; {'path'} for an HF
     folder.
@@ -155,14 +189,18 @@ def load_policy(ref: str | os.PathLike, workdir: str | os.PathLike | None = None
     FileNotFoundError: no such checkpoint / folder.
     ValueError: the checkpoint does not fit the architecture; a named reference without `workdir`.
   """
+  rules = rules or sharding.LOGICAL_RULES
   if is_hf_folder(ref):
-    model, _ = weights.load_hf_folder(pathlib.Path(str(ref)), mesh=mesh, rules=rules or sharding.LOGICAL_RULES)
+    model, _ = weights.load_hf_folder(pathlib.Path(str(ref)), mesh=mesh, rules=rules)
     return model, {'path': str(ref)}
-  folder, step = resolve_lib.resolve(workdir, str(ref), step)
-  mngr = store.manager(folder.parent, folder.name)
-  saved = store.read_meta(mngr, step)
-  model = model_lib.Qwen3VLModel(resolve_lib.read_config(hf_config, saved), nnx.Rngs(0),
-                                 scan_layers=bool(saved.get('scan_layers', False)))
+  folder, step, mngr, make = _checkpoint(ref, workdir, step, hf_config)
+  if mesh is None:
+    model = make()
+  else:   # abstract parameters carrying their target shardings: orbax reads each shard onto its device
+    graphdef, state = nnx.split(nnx.eval_shape(make))
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                         sharding.state_shardings(state, mesh, rules))
+    model = nnx.merge(graphdef, state)
   try:
     meta = store.restore(mngr, model, step=step)
   except ValueError as e:   # shape / structure mismatch

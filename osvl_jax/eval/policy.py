@@ -95,20 +95,43 @@ def policy_identity(config: ml_collections.ConfigDict) -> dict:
   return {'model': config.model.to_dict(), 'seed': int(config.seed)}
 
 
-def build(config: ml_collections.ConfigDict, step: int | None = None):
+def shape(config: ml_collections.ConfigDict, step: int | None = None):
+  """The evaluated policy (`build`'s) abstract (`nnx.eval_shape`: shapes and dtypes, no weight read): what the
+  rollout layout is sized from before the weights are placed (`rollout.factory.rollout_mesh`).
+
+  Raises:
+    FileNotFoundError: a checkpoint path without a checkpoint.
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  if config.get('checkpoint'):
+    folder, step, _ = _open(config, step)
+    return checkpoints.policy_shape(str(folder), step=step)
+  if config.model.get('hf_path'):
+    return checkpoints.policy_shape(config.model.hf_path, scan_layers=bool(config.model.get('scan_layers', False)),
+                                    **checkpoints.model_dtypes(config))
+  return nnx.eval_shape(lambda: checkpoints.build_model(config, seed=config.seed))
+
+
+def build(config: ml_collections.ConfigDict, step: int | None = None, mesh=None):
   """(model, description) of the evaluated policy: `config.checkpoint` restored at `step` (default: the latest; the
   evaluator passes the step its fingerprint names, so a checkpoint written meanwhile is not evaluated under it;
   `checkpoints.load_policy`), else `config.model` (`checkpoints.build_model`: an HF folder or the random tiny one).
+  With `mesh` (the rollout mesh, `rollout.factory.rollout_mesh`), a checkpoint or an HF folder is read straight
+  into the rollout layout's shardings (`layout.DECODE_RULES`), with no whole copy of the model; the tiny model is
+  built on one device (the sampler reshards it).
 
   Raises:
     FileNotFoundError: a checkpoint path without a checkpoint.
     ValueError: a checkpoint that does not fit its recorded architecture.
   """
   from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout.embedded import layout  # pylint: disable=g-import-not-at-top
   if not config.get('checkpoint'):
-    model = checkpoints.build_model(config, seed=config.seed)
+    model = checkpoints.build_model(config, seed=config.seed, mesh=mesh, rules=layout.DECODE_RULES)
     return model, (f'hf:{config.model.hf_path}' if config.model.get('hf_path') else
                    f'{config.model.name} (random init, seed {config.seed})')
   folder, step, _ = _open(config, step)
-  model, meta = checkpoints.load_policy(str(folder), step=step)
+  model, meta = checkpoints.load_policy(str(folder), step=step, mesh=mesh, rules=layout.DECODE_RULES)
   return model, f'{folder} step {meta["step"]}'

@@ -111,7 +111,8 @@ class Evaluator:
     config: the eval config (`configs/eval.py`).
     workdir: output folder (results.jsonl, report.json, report.md, budget_sweep.*).
     engine: the policy engine; None = `rollout.factory.make_engine(config.rollout)`: the embedded `JaxSampler` on
-      `eval.policy.build(config)`, or the served model of `rollout.engine` 'sglang' / 'openai'.
+      `eval.policy.build(config)` (on the rollout mesh of `rollout.mesh`, the weights read into its layout), or the
+      served model of `rollout.engine` 'sglang' / 'openai'.
     judge: accuracy judge; None = `judges.registry.get_judge(config.judge)`.
     env: tool environment; None = `tools.env.ToolEnv(config.tools)`.
     tokenizer: None = `trajectory.load_tokenizer()`.
@@ -155,10 +156,11 @@ class Evaluator:
     self.policy_name = 'given engine'
     if served and 'reports' in policy:
       self.policy_name = ', '.join(f'{k}={v}' for k, v in policy.items() if k != 'reports')
-    elif engine is None:
-      model, self.policy_name = policy_lib.build(config, step=policy.get('step'))  # the fingerprinted one
+    elif engine is None:   # the fingerprinted step, read into the rollout layout (`rollout.mesh`) when there is one
+      mesh = factory.rollout_mesh(config.rollout, policy_lib.shape(config, step=policy.get('step')))
+      model, self.policy_name = policy_lib.build(config, step=policy.get('step'), mesh=mesh)
       engine = factory.make_engine(config.rollout, self.tokenizer, model=model, processor=self.processor,
-                                   seed=config.seed)
+                                   seed=config.seed, mesh=mesh)
     self.engine = engine
     self.rejected: dict[str, list[bench_lib.Rejected]] = {}
     self.rejudged = 0

@@ -21,6 +21,12 @@ kept on the device and a new row prefills only what follows its longest cached p
 in a quarter of the device's memory (of the host's RAM where the device reports none), at most 256; an explicit N
 over half of it is refused at startup.
 
+Rollout layout (`--mesh_tensor`, `--mesh_data`: `rollout.mesh`'s tensor / data, `osvl_jax.rollout.embedded.layout`):
+0 (default) = one device; T = the weights tensor-parallel over T devices, the batch and KV cache over --mesh_data
+replicas (-1 = the remaining devices); -1 = auto. The checkpoint is read straight into that layout's shardings;
+/server_info reports the sizes as SGLang's `tp_size` / `dp_size`. E.g. an 8B checkpoint on 8 chips:
+`--mesh_tensor=2` (4 replicas).
+
 Request limits (`osvl_jax.serve.request_limits`, reported by /server_info under `request_limits`):
 --max_new_tokens_limit (default --max_len), --max_image_pixels / --max_request_pixels (refused from the image
 headers, before any decode), --max_concurrent_decodes (image decoding adds at most `decode_memory_bytes` to the
@@ -68,6 +74,11 @@ def _define_flags() -> None:
   flags.DEFINE_integer('prefix_cache_slots', -1, 'rows whose KV (prompt + generated ids, max_len each) are kept '
                        'for reuse by later rows that share a prefix (0: no prefix cache; -1: as many as fit in a '
                        'quarter of the device memory, at most 256); memory: see the module docstring.')
+  flags.DEFINE_integer('mesh_tensor', 0, "the sampler's rollout layout (`rollout.mesh.tensor`): 0 = one device; -1 = "
+                       'auto (the smallest tensor-parallel degree whose replica holds the weights and the KV of its '
+                       'share of --max_batch rows of --max_len tokens); T = tensor-parallel T (KV heads over it).')
+  flags.DEFINE_integer('mesh_data', -1, 'replicas of the rollout layout (`rollout.mesh.data`; the batch over them), '
+                       '-1 = the remaining devices; only with --mesh_tensor != 0.')
   flags.DEFINE_integer('max_new_tokens_limit', None, 'largest max_new_tokens a request may ask for (default: '
                        '--max_len); larger ones are refused (400).')
   flags.DEFINE_integer('max_image_pixels', request_limits.DEFAULT_MAX_IMAGE_PIXELS, 'largest width*height of one '
@@ -96,7 +107,8 @@ def main(argv) -> None:
       FLAGS.max_pixels, FLAGS.served_model_name, FLAGS.weight_version, FLAGS.prefix_cache_slots,
       {k: getattr(FLAGS, k) for k in ('max_new_tokens_limit', 'max_image_pixels', 'max_request_pixels',
                                       'max_concurrent_decodes', 'max_body_bytes')},
-      tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps, FLAGS.patch_bucket)
+      tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps, FLAGS.patch_bucket, FLAGS.mesh_tensor,
+      FLAGS.mesh_data)
   api_key = FLAGS.api_key if FLAGS.api_key is not None else api_key_from_env()
   fastapi_app = create_app(service, FLAGS.host, FLAGS.port, api_key=api_key)
   logging.info('model %s; api key %s; weights roots %s', service.model_path, 'required' if api_key else 'off',

@@ -22,12 +22,20 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
                   min_pixels: int | None = None, max_pixels: int | None = None,
                   served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1,
                   limits: dict | None = None, weights_root: tuple[str, ...] = (),
-                  num_continuous_decode_steps: int = 8, patch_bucket: int = 256):
+                  num_continuous_decode_steps: int = 8, patch_bucket: int = 256, mesh_tensor: int = 0,
+                  mesh_data: int = -1):
   """Loads the policy and returns a running `service.SamplerService` (arguments: the flags of `__main__`; `limits`: the
   `request_limits.RequestLimits` fields but context_length, max_new_tokens_limit None = max_len).
 
+  `mesh_tensor` / `mesh_data` are `rollout.mesh`'s tensor / data (`rollout.embedded.layout`): 0 (default) = one
+  device; -1 = auto, sized for max_batch rows of max_len tokens beside the prefix cache's slots; T = tensor-parallel
+  T with mesh_data replicas (-1 = the remaining devices). A checkpoint or HF folder is read straight into that
+  layout's shardings (no whole copy of the model); --tiny is built on one device and resharded.
+
   Raises:
     FileNotFoundError / ValueError: from `checkpoints.load_policy`, or no pixel budget for a checkpoint without one.
+    ValueError: from `layout.rollout_mesh` (naming rollout.mesh.tensor / data: sizes out of range, the devices or
+      the KV heads not divisible, no tensor size that fits for -1).
     ValueError: from `prefix_cache_size` (a bad `prefix_cache_slots`, or one over half the device's memory); a
       limit < 1, max_new_tokens_limit above max_len or below max_new_tokens; a `weights_root` that is not an
       existing folder or a URL (`auth.WeightsRoots`).
@@ -43,14 +51,19 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   from osvl_jax.models.qwen3_vl import model as model_lib  # pylint: disable=g-import-not-at-top
   from osvl_jax.models.qwen3_vl.config import Qwen3VLConfig  # pylint: disable=g-import-not-at-top
-  from osvl_jax.rollout.embedded import jax_sampler  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout.embedded import jax_sampler, layout  # pylint: disable=g-import-not-at-top
   from osvl_jax.serve import auth, service  # pylint: disable=g-import-not-at-top
   roots = auth.WeightsRoots(weights_root)   # refused before the (slow) model load
-  if tiny:
+  if tiny:   # built on one device (the sampler reshards it)
     model, meta = model_lib.Qwen3VLModel(Qwen3VLConfig.tiny(), nnx.Rngs(seed)), {'path': f'tiny:seed={seed}'}
     recorded = {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}
-  else:
-    model, meta = checkpoints.load_policy(checkpoint, workdir, step, hf_config)
+  # The layout is sized from the policy's shapes; a checkpoint's weights are then read into it.
+  shape = model if tiny else checkpoints.policy_shape(checkpoint, workdir, step, hf_config)
+  prefix_cache_slots = prefix_cache_size(shape, prefix_cache_slots, max_len, bucket)
+  mesh = layout.rollout_mesh({'tensor': mesh_tensor, 'data': mesh_data}, shape, max_batch, max_len,
+                             prefix_cache_slots)
+  if not tiny:
+    model, meta = checkpoints.load_policy(checkpoint, workdir, step, hf_config, mesh=mesh, rules=layout.DECODE_RULES)
     recorded = meta.get('image_processor') or {}
   lo = min_pixels if min_pixels is not None else recorded.get('min_pixels')
   hi = max_pixels if max_pixels is not None else recorded.get('max_pixels')
@@ -61,11 +74,10 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
     processor = tj.ImageProcessor()   # an HF folder: the Qwen3-VL defaults
   else:
     processor = tj.ImageProcessor(min_pixels=int(lo), max_pixels=int(hi))
-  prefix_cache_slots = prefix_cache_size(model, prefix_cache_slots, max_len, bucket)
   tokenizer = tj.load_tokenizer()
   sampler = jax_sampler.JaxSampler(model, tokenizer, image_processor=processor, max_new_tokens=max_new_tokens,
                                    temperature=1.0, seed=seed, max_len=max_len, bucket=bucket,
-                                   prefix_cache_slots=prefix_cache_slots, patch_bucket=patch_bucket)
+                                   prefix_cache_slots=prefix_cache_slots, patch_bucket=patch_bucket, mesh=mesh)
   return service.SamplerService(sampler, tokenizer, processor, model_path=meta['path'],
                                weight_version=weight_version, served_model_name=served_model_name,
                                max_batch=max_batch, batch_window_s=batch_window_s,
@@ -80,7 +92,7 @@ def prefix_cache_size(model, slots: int, max_len: int, bucket: int) -> int:
   """The number of prefix-cache slots to use for `--prefix_cache_slots=slots` (`__main__`'s docstring).
 
   Args:
-    model: the served `Qwen3VLModel` (its text config and dtype size a slot).
+    model: the served `Qwen3VLModel`, concrete or `nnx.eval_shape`d (its text config and dtype size a slot).
     slots: -1 = auto (a quarter of the device memory, at most `AUTO_PREFIX_CACHE_SLOTS`), 0 = off, N > 0 = N.
     max_len, bucket: the sampler's (a slot holds max_len rounded up to the bucket tokens).
   Returns:

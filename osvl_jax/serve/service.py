@@ -287,7 +287,7 @@ class SamplerService:
     return {'version': 'osvl_jax', 'frontend': 'osvl_jax', 'model_path': self.model_path, 'host': host,
             'port': port, 'served_model_name': self.served_model_name, 'weight_version': self.weight_version,
             'max_total_num_tokens': int(s.max_len * self.max_batch), 'max_batch': self.max_batch,
-            'batch_window_s': self.batch_window_s, 'context_length': int(s.max_len), 'dp_size': 1, 'tp_size': 1,
+            'batch_window_s': self.batch_window_s, 'context_length': int(s.max_len), **self.parallel_sizes(),
             'devices': [str(d) for d in jax.devices()], 'startup_time': self.started,
             'image_processor': {'min_pixels': self.image_processor.min_pixels,
                                 'max_pixels': self.image_processor.max_pixels},
@@ -295,6 +295,12 @@ class SamplerService:
                                'waiting_decodes': self.image_gate.waiting},
             'internal_states': [{'stats': dict(self.stats), 'last_batch': dict(s.stats),
                                  'prefix_cache': self.prefix_cache_info()}]}
+
+  def parallel_sizes(self) -> dict:
+    """SGLang's {'dp_size', 'tp_size'}: the sampler's rollout layout (replicas, tensor-parallel degree; 1, 1 on one
+    device)."""
+    layout = self.sampler.layout
+    return {'dp_size': 1, 'tp_size': 1} if layout is None else {'dp_size': layout.replicas, 'tp_size': layout.tensor}
 
   def prefix_cache_info(self) -> dict:
     """{slots, used_slots, slot_tokens} of the sampler's prefix cache ({'slots': 0} without one)."""
