@@ -5,7 +5,10 @@ the sampler fit a chip together; `--compile`'s decode step against the estimate.
 Run with 8 simulated devices: XLA_FLAGS=--xla_force_host_platform_device_count=8 (the compile test needs them).
 """
 
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -191,3 +194,31 @@ def test_auto_tensor_without_a_fitting_degree_plans_the_largest():
   out = plan.run(config).splitlines()
   assert any(line.startswith('rollout layout: tensor=8 data=4; ') for line in out), out
   assert ROLLOUT_LINE.fullmatch(out[-1]).group(4) == 'false'
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
+def test_compile_prints_the_decode_step_beside_its_estimate_before_the_rollout_line():
+  """`plan.run(..., compile_tokens)` on a GRPO config: the SFT step's check inside the training section, the decode
+  step's on the local rollout layout (the configured tensor degree) inside the rollout section, whose line ends the
+  output."""
+  config = kv_heavy_config('float32')
+  config.tpu = 'v5p-8'
+  config.rollout.mesh = {'tensor': 2}
+  out = plan.run(config, compile_tokens=256).splitlines()
+  assert ROLLOUT_LINE.fullmatch(out[-1])
+  decode = next(i for i, line in enumerate(out) if line.startswith('decode_xla_total_gb='))
+  assert out.index(next(line for line in out if line.startswith('rollout: '))) < decode < len(out) - 1
+  assert any(line.startswith('compiled decode step on the rollout layout tensor=2 data=4') for line in out)
+  ratio = float(out[decode].split('ratio=')[1])
+  assert 0.75 <= ratio <= 1.25
+  assert any(line.startswith('xla_total_gb=') for line in out[:decode])   # the SFT step's check
+
+
+def test_the_command_line_prints_the_rollout_section_for_grpo_8b():
+  out = subprocess.run([sys.executable, '-m', 'osvl_jax.plan', '--config=configs/qwen3vl_paper.py:grpo_8b',
+                        '--config.rollout.mesh.tensor=4'], capture_output=True, text=True, check=True, timeout=300,
+                       cwd=pathlib.Path(__file__).resolve().parents[2]).stdout.splitlines()
+  assert out[0].startswith('config: stage=grpo tpu=v5p-64')
+  assert 'rollout layout: tensor=4 data=8; rollout.mesh' in out
+  match = ROLLOUT_LINE.fullmatch(out[-1])
+  assert float(match.group(2)) == _kv_gb_8b(512, 4, 8) and match.group(4) == 'false'
