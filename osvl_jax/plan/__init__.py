@@ -54,25 +54,31 @@ def step_shapes(config: ml_collections.ConfigDict) -> tuple[int, int]:
 
 
 def compile_rollout(config: ml_collections.ConfigDict, tensor: int, rows: int, cache_len: int, training: Plan,
-                    chip: str, arch=None) -> tuple[dict, rollout_phase.RolloutPlan]:
-  """One decode step of the embedded sampler compiled on the local devices' rollout layout (`tensor` x replicas
-  over the rest) for `rows` rows of `cache_len` cache slots (`compile_check.compile_decode_step`), and the
-  `rollout_phase.RolloutPlan` of the same shapes (with `training` live beside it, on `chip`).
+                    chip: str, arch=None, prefill_len: int | None = None
+                    ) -> tuple[dict, dict | None, rollout_phase.RolloutPlan]:
+  """The embedded sampler's decode step (and, with `prefill_len`, its prefill of that many prompt tokens per row)
+  compiled on the local devices' rollout layout (`tensor` x replicas over the rest) for `rows` rows of `cache_len`
+  cache slots (`compile_check.compile_decode_step` / `compile_prefill_step`), and the `rollout_phase.RolloutPlan`
+  of the same shapes (with `training` live beside it, on `chip`).
 
   Returns:
-    (XLA's memory analysis, the plan); compare XLA's total with plan.weights + plan.kv + plan.decode.
+    (XLA's memory analysis of the decode, of the prefill or None, the plan); compare XLA's totals with
+    plan.weights + plan.kv + plan.decode (plan.prefill).
   Raises:
     ValueError: tensor not dividing the local devices or the KV heads; rows not a multiple of the replicas.
   """
   arch = arch or architecture(config)
   mesh = compile_check.rollout_mesh(tensor)
-  shapes = rollout_phase.Shapes(episodes=rows, running=rows, rows=rows, cache_len=cache_len, prefill_len=cache_len,
+  shapes = rollout_phase.Shapes(episodes=rows, running=rows, rows=rows, cache_len=cache_len,
+                                prefill_len=prefill_len or cache_len,
                                 cache_dtype=rollout_phase.rollout_shapes(config).cache_dtype, pool_slots=0,
                                 max_len=cache_len)
   sizes = {'tensor': int(mesh.shape['tensor']), 'data': int(mesh.shape['data'])}
   local = rollout_phase.estimate(config, training, sizes, chip, shapes, arch)
-  xla = compile_check.compile_decode_step(config, mesh, rows=local.rows, cache_len=cache_len, arch=arch)
-  return xla, local
+  decode = compile_check.compile_decode_step(config, mesh, rows=local.rows, cache_len=cache_len, arch=arch)
+  prefill = (compile_check.compile_prefill_step(config, mesh, rows=local.rows, prefill_len=prefill_len,
+                                                cache_len=cache_len, arch=arch) if prefill_len else None)
+  return decode, prefill, local
 
 
 def run(config: ml_collections.ConfigDict, chip: str | None = None, loss_tokens: int | None = None,
@@ -82,9 +88,10 @@ def run(config: ml_collections.ConfigDict, chip: str | None = None, loss_tokens:
   on the local devices vs the estimate for their mesh. For stage 'grpo' the rollout section follows
   (`rollout_phase.report`: the rollout layout, its per-chip bytes, the phases with the trainer's state, the
   smallest tensor degree that fits), ending with `rollout_gb_per_chip=... peak_gb_per_chip=... fits=...`, training
-  and rollouts together; with `compile_tokens`, before that line, one decode step compiled on the local devices'
-  rollout layout (the layout's tensor degree, else the smallest fitting one, capped by the local devices) for one
-  row per device and `compile_tokens` cache slots, vs its estimate.
+  and rollouts together; with `compile_tokens`, before that line, the sampler's prefill (compile_tokens / 2 prompt
+  tokens per row) and one decode step compiled on the local devices' rollout layout (the layout's tensor degree,
+  else the smallest fitting one, capped by the local devices) for one row per device and `compile_tokens` cache
+  slots, vs their estimates.
 
   Raises:
     ValueError: `config.tpu` unset; from `parse_slice` (config.tpu), `sharding.mesh_sizes` (config.mesh),
@@ -117,6 +124,7 @@ def run(config: ml_collections.ConfigDict, chip: str | None = None, loss_tokens:
   section = rollout_phase.report(rollout, shapes, chip, how, best)
   if compile_tokens:
     tensor = math.gcd((rollout if rollout.layout else best or rollout).tensor, n)
-    xla, local = compile_rollout(config, tensor, n, compile_tokens, local_plan, chip, arch)
-    section[-1:-1] = ['', *compile_check.rollout_report(xla, local).splitlines(), '']
+    decode, prefill, local = compile_rollout(config, tensor, n, compile_tokens, local_plan, chip, arch,
+                                             prefill_len=compile_tokens // 2)
+    section[-1:-1] = ['', *compile_check.rollout_report(decode, local, prefill).splitlines(), '']
   return '\n'.join(lines + [''] + section)

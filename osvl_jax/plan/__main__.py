@@ -12,8 +12,8 @@ degree that fits; its last line, the program's last, is
 `--compile` also compiles the SFT step of that config on the local devices (mesh fsdp=<device count>, e.g. 8
 simulated CPU devices with XLA_FLAGS=--xla_force_host_platform_device_count=8) for one row of `--compile_tokens`
 tokens per device, and prints XLA's memory analysis beside the estimate for that mesh and their ratio; for GRPO also
-one decode step of the embedded sampler on a rollout layout of the local devices (one row per device, a cache of
-`--compile_tokens` slots) beside its estimate.
+the embedded sampler's prefill (`--compile_tokens` / 2 prompt tokens per row) and one decode step on a rollout layout
+of the local devices (one row per device, a cache of `--compile_tokens` slots) beside their estimates.
 """
 
 from absl import app, flags

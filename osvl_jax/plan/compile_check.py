@@ -139,6 +139,22 @@ def rollout_mesh(tensor: int, num_devices: int | None = None) -> Mesh:
   return layout_lib.mesh_from_config({'tensor': tensor}, devices)
 
 
+def _abstract_sampler(config: ml_collections.ConfigDict, mesh: Mesh, rows: int, cache_len: int, arch, cache_dtype
+                      ) -> tuple[jax_sampler.JaxSampler, dict]:
+  """A `JaxSampler` over the abstract model of `config` on `mesh` (`AbstractLayout`), and its KV cache of `rows` x
+  `cache_len` as ShapeDtypeStructs on the rollout layout."""
+  arch = arch or estimate.architecture(config)
+  model = estimate.abstract_model(config, arch)
+  sampler = jax_sampler.JaxSampler(model, None, max_len=cache_len, cache_dtype=cache_dtype)
+  sampler.layout = AbstractLayout(mesh)
+  sampler.set_model(model)                     # the weights as ShapeDtypeStructs on the rollout layout
+  if rows % sampler.layout.replicas:
+    raise ValueError(f'rows={rows} is not a multiple of the {sampler.layout.replicas} rollout replicas')
+  shapes = jax.eval_shape(lambda: model.init_cache(rows, cache_len, cache_dtype))
+  shardings = sampler.layout.cache_shardings()
+  return sampler, {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings[k]) for k, x in shapes.items()}
+
+
 def compile_decode_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: int, cache_len: int,
                         arch: config_lib.Qwen3VLConfig | None = None, cache_dtype=None) -> dict:
   """Lowers and compiles one call of the embedded sampler's decode program (`JaxSampler._decode_fn`: sampling at a
@@ -152,17 +168,7 @@ def compile_decode_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: 
   Raises:
     ValueError: `rows` not a multiple of the replicas; the mesh's tensor size not dividing the KV heads.
   """
-  arch = arch or estimate.architecture(config)
-  model = estimate.abstract_model(config, arch)
-  sampler = jax_sampler.JaxSampler(model, None, max_len=cache_len, cache_dtype=cache_dtype)
-  sampler.layout = AbstractLayout(mesh)
-  sampler.set_model(model)                     # the weights as ShapeDtypeStructs on the rollout layout
-  lay = sampler.layout
-  if rows % lay.replicas:
-    raise ValueError(f'rows={rows} is not a multiple of the {lay.replicas} rollout replicas')
-  shapes = jax.eval_shape(lambda: model.init_cache(rows, cache_len, cache_dtype))
-  shardings = lay.cache_shardings()
-  cache = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings[k]) for k, x in shapes.items()}
+  sampler, cache = _abstract_sampler(config, mesh, rows, cache_len, arch, cache_dtype)
   row = NamedSharding(mesh, PartitionSpec('data'))
   carry = tuple(jax.ShapeDtypeStruct((rows,), d, sharding=row) for d in (jnp.int32,) * 4 + (jnp.bool_,))
   decode = sampler._decode_fn(False, False, sampler.decode_steps)   # pylint: disable=protected-access
@@ -174,19 +180,46 @@ def compile_decode_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: 
   return {**_memory(compiled, time.time() - t0), 'cache_dtype': jnp.dtype(cache['k'].dtype).name}
 
 
-def rollout_report(xla: dict, plan) -> str:
-  """XLA's memory analysis of the decode step beside `rollout_phase.RolloutPlan`'s sampler bytes of the decode
-  (weights + kv + decode temporaries), per device (GB = 1e9 bytes), and their ratio."""
+def compile_prefill_step(config: ml_collections.ConfigDict, mesh: Mesh, *, rows: int, prefill_len: int,
+                         cache_len: int, arch: config_lib.Qwen3VLConfig | None = None, cache_dtype=None) -> dict:
+  """Lowers and compiles the embedded sampler's prefill program (`JaxSampler._prefill_fn`: sampling at a
+  temperature, no top-p, no images) on the rollout mesh `mesh` for `rows` rows of `prefill_len` prompt tokens
+  written into a KV cache of `cache_len` slots (the cache donated), as `compile_decode_step`.
+
+  Returns:
+    XLA's per-device memory analysis, as `compile_decode_step`'s.
+  Raises:
+    ValueError: as `compile_decode_step`.
+  """
+  sampler, cache = _abstract_sampler(config, mesh, rows, cache_len, arch, cache_dtype)
+  row, rows2 = NamedSharding(mesh, PartitionSpec('data')), NamedSharding(mesh, PartitionSpec('data', None))
+  sds = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+  prefill = sampler._prefill_fn(False, False)   # pylint: disable=protected-access
+  t0 = time.time()
+  lowered = prefill.lower(sampler._state, sds((rows, prefill_len), jnp.int32, rows2),   # pylint: disable=W0212
+                          sds((3, rows, prefill_len), jnp.int32, NamedSharding(mesh, PartitionSpec(None, 'data'))),
+                          sds((rows, prefill_len), jnp.bool_, rows2), None, sds((rows,), jnp.int32, row),
+                          sds((rows,), jnp.int32, row), cache, jax.random.key(0), jnp.float32(0.7), jnp.float32(1.0))
+  compiled = lowered.compile()
+  return {**_memory(compiled, time.time() - t0), 'cache_dtype': jnp.dtype(cache['k'].dtype).name}
+
+
+def rollout_report(xla: dict, plan, prefill: dict | None = None) -> str:
+  """XLA's memory analysis of the decode step (and of the prefill, when given) beside `rollout_phase.RolloutPlan`'s
+  sampler bytes of the same program (weights + kv + decode, or + prefill, temporaries), per device (GB = 1e9 bytes),
+  and their ratios; the decode's line last."""
   gb = estimate.GB
-  guess = plan.weights + plan.kv + plan.decode
-  lines = [f'compiled decode step on the rollout layout tensor={plan.tensor} data={plan.replicas} of the local '
-           f'devices; {plan.rows} rows ({plan.rows_per_replica}/replica); compile {xla["compile_s"]:.1f} s',
-           f"{'per device':<42}{'GB (1e9 B)':>12}"]
-  for name in ('argument', 'output', 'alias', 'temp', 'generated_code', 'total'):
-    lines.append(f'{"xla " + name:<42}{xla[name] / gb:>12.3f}')
+  lines = [f'compiled rollout steps on the rollout layout tensor={plan.tensor} data={plan.replicas} of the local '
+           f'devices; {plan.rows} rows ({plan.rows_per_replica}/replica)', f"{'per device':<42}{'GB (1e9 B)':>12}"]
   if jax.default_backend() == 'cpu' and xla.get('cache_dtype') == 'bfloat16':
     lines.append('(CPU: the bfloat16 cache scatter runs in float32, whole-cache copies in temp; see compile_check)')
-  lines += [f'{"estimate weights + kv + decode":<42}{guess / gb:>12.3f}',
-            f'decode_xla_total_gb={xla["total"] / gb:.3f} decode_estimate_gb={guess / gb:.3f} '
-            f'ratio={xla["total"] / guess:.3f}']
-  return '\n'.join(lines)
+  summary = []
+  for step, got, temps in (('prefill', prefill, plan.prefill), ('decode', xla, plan.decode)):
+    if got is None:
+      continue
+    guess = plan.weights + plan.kv + temps
+    lines += [f'{f"xla {step} " + name:<42}{got[name] / gb:>12.3f}' for name in ('argument', 'alias', 'temp', 'total')]
+    lines.append(f'{f"estimate weights + kv + {step}":<42}{guess / gb:>12.3f}')
+    summary.append(f'{step}_xla_total_gb={got["total"] / gb:.3f} {step}_estimate_gb={guess / gb:.3f} '
+                   f'ratio={got["total"] / guess:.3f}')
+  return '\n'.join(lines + summary)

@@ -27,13 +27,16 @@ hidden, I the MLP width (MoE: top-k x moe_intermediate_size), V the vocabulary r
                                                                  bool mask [B, C] split over data
   pool     = 2·L·N·(Hkv/T)·S·D·c                                 the prefix cache's pool of N = prefix_cache_slots
                                                                  slots of S = C tokens (whole on every replica)
-  decode   = b·(nq/T)·C·(4 + c) + b·C + 2·b·(V/T)·4              one layer's attention scores (float32) and
-                                                                 probabilities over the cache, the [b, 1, C] mask,
-                                                                 the step's float32 logits (vocabulary over
-                                                                 'tensor') and their sampling copy
-  prefill  = b·P·C·((nq/T)·(4 + c) + 1)                          the dense cache attention of P queries over C
-             + b·P·c·(3H + 2·(nq + nkv)·D/T + 3·I/T) + 2·b·(V/T)·4   slots (scores, probabilities, mask) and one
-                                                                 layer's activations (the vision tower not counted)
+  decode   = b·(nq/T)·C·12 + b·C + 2·b·(V/T)·4                   one layer's attention over the cache (three
+                                                                 float32 buffers per score: scores, exponentials,
+                                                                 probabilities, as XLA's CPU backend holds them for
+                                                                 float32 and bfloat16 alike), the [b, 1, C] mask, the
+                                                                 step's float32 logits (vocabulary over 'tensor')
+                                                                 and their sampling copy
+  prefill  = b·P·C·((nq/T)·12 + 1)                               the dense cache attention of P queries over C
+             + b·P·c·(3H + 2·(nq + nkv)·D/T + 3·I/T) + 2·b·(V/T)·4   slots (`attention.cache_attention`: scores as
+                                                                 above, the [b, P, C] mask) and one layer's
+                                                                 activations (the vision tower not counted)
   reshard  = weights                                             `set_model` places the new copy while the old one
                                                                  is still the sampler's
 Phases (training = `estimate.Plan`; its parameters and AdamW state are live throughout):
@@ -62,6 +65,8 @@ from osvl_jax.rollout.embedded import decode_batch, layout as layout_lib, prefil
 
 # The sampler's prompt and cache bucket: `factory.make_engine` leaves JaxSampler's default.
 BUCKET = 128
+# Bytes live per attention score over the cache: three float32 buffers (module docstring `decode`).
+SCORE_BYTES = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,11 +195,11 @@ def estimate(config: ml_collections.ConfigDict, training: estimate_lib.Plan, siz
   kv = 2 * t.num_hidden_layers * b * kv_heads * cache_len * t.head_dim * c + b * cache_len
   pool = 2 * t.num_hidden_layers * shapes.pool_slots * kv_heads * cache_len * t.head_dim * c
   logits = 2 * b * -(-t.table_rows // tensor) * 4
-  decode = b * heads * cache_len * (4 + c) + b * cache_len + logits
+  decode = b * heads * cache_len * SCORE_BYTES + b * cache_len + logits
   width = t.num_experts_per_tok * t.moe_intermediate_size if arch.is_moe else t.intermediate_size
   layer = c * (3 * t.hidden_size + 2 * (t.num_attention_heads + t.num_key_value_heads) * t.head_dim // tensor
                + 3 * width // tensor)
-  prefill = b * prefill_len * cache_len * (heads * (4 + c) + 1) + b * prefill_len * layer + logits
+  prefill = b * prefill_len * cache_len * (heads * SCORE_BYTES + 1) + b * prefill_len * layer + logits
   live = training.params + training.optimizer
   sampler = weights + kv + pool + gathers + max(decode, prefill)
   return RolloutPlan(layout=sizes is not None, tensor=tensor, replicas=replicas, rows=rows, rows_per_replica=b,

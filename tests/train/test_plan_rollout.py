@@ -176,7 +176,7 @@ def test_compiled_decode_step_is_near_the_estimate(tensor):
   KV cache donated (aliased) and held as a shard per device. In float32: XLA's CPU backend writes a bfloat16 cache
   through whole-cache float32 copies (`compile_check`'s docstring), which a TPU's does not need."""
   config = kv_heavy_config('float32')
-  xla, p = plan.compile_rollout(config, tensor, 32, 4096, _training(config), 'v5p')
+  xla, _, p = plan.compile_rollout(config, tensor, 32, 4096, _training(config), 'v5p')
   assert (p.tensor, p.replicas, p.rows) == (tensor, 8 // tensor, 32)
   assert p.kv > p.weights + p.decode                  # the comparison is about the cache
   assert xla['alias'] >= p.kv - p.rows_per_replica * 4096 - 1024
@@ -197,10 +197,10 @@ def test_auto_tensor_without_a_fitting_degree_plans_the_largest():
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
-def test_compile_prints_the_decode_step_beside_its_estimate_before_the_rollout_line():
-  """`plan.run(..., compile_tokens)` on a GRPO config: the SFT step's check inside the training section, the decode
-  step's on the local rollout layout (the configured tensor degree) inside the rollout section, whose line ends the
-  output."""
+def test_compile_prints_the_rollout_steps_beside_their_estimates_before_the_rollout_line():
+  """`plan.run(..., compile_tokens)` on a GRPO config: the SFT step's check inside the training section, the
+  prefill's and the decode step's on the local rollout layout (the configured tensor degree) inside the rollout
+  section, whose line ends the output."""
   config = kv_heavy_config('float32')
   config.tpu = 'v5p-8'
   config.rollout.mesh = {'tensor': 2}
@@ -208,9 +208,10 @@ def test_compile_prints_the_decode_step_beside_its_estimate_before_the_rollout_l
   assert ROLLOUT_LINE.fullmatch(out[-1])
   decode = next(i for i, line in enumerate(out) if line.startswith('decode_xla_total_gb='))
   assert out.index(next(line for line in out if line.startswith('rollout: '))) < decode < len(out) - 1
-  assert any(line.startswith('compiled decode step on the rollout layout tensor=2 data=4') for line in out)
+  assert any(line.startswith('compiled rollout steps on the rollout layout tensor=2 data=4') for line in out)
   ratio = float(out[decode].split('ratio=')[1])
   assert 0.75 <= ratio <= 1.25
+  assert out[decode - 1].startswith('prefill_xla_total_gb=')   # 128 prompt tokens per row
   assert any(line.startswith('xla_total_gb=') for line in out[:decode])   # the SFT step's check
 
 
@@ -222,3 +223,16 @@ def test_the_command_line_prints_the_rollout_section_for_grpo_8b():
   assert 'rollout layout: tensor=4 data=8; rollout.mesh' in out
   match = ROLLOUT_LINE.fullmatch(out[-1])
   assert float(match.group(2)) == _kv_gb_8b(512, 4, 8) and match.group(4) == 'false'
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason='needs XLA_FLAGS=--xla_force_host_platform_device_count=8')
+@pytest.mark.parametrize('tensor, rows, prompt', [(2, 16, 512), (2, 16, 1024), (8, 8, 1024)])
+def test_compiled_prefill_is_near_the_estimate(tensor, rows, prompt):
+  """The sampler's prefill of `prompt` tokens per row into a 2,048-slot cache, compiled on the local rollout layout:
+  XLA's per-device total within 25% of weights + kv + prefill temporaries, which the dense attention over the
+  cache dominates (scores [rows, heads, P, C]): the term that decides the paper configs' fits=false."""
+  config = kv_heavy_config('float32')
+  _, prefill, p = plan.compile_rollout(config, tensor, rows, 2048, _training(config), 'v5p', prefill_len=prompt)
+  assert p.prefill > p.kv + p.weights
+  ratio = prefill['total'] / (p.weights + p.kv + p.prefill)
+  assert 0.75 <= ratio <= 1.25, (prefill, p)
