@@ -132,6 +132,7 @@ class RolloutPlan:
 
   @property
   def reshard(self) -> int:
+    """Bytes per chip the reshard adds for a moment: the sampler's old copy of the weights beside the new one."""
     return self.weights
 
   @property
@@ -141,10 +142,12 @@ class RolloutPlan:
 
   @property
   def peak(self) -> int:
+    """Bytes per chip of the largest phase (training step, reshard, rollout)."""
     return max(self.train, self.reshard_phase, self.rollout)
 
   @property
   def fits(self) -> bool:
+    """Whether training and rollouts fit the chip together: peak <= hbm."""
     return self.peak <= self.hbm
 
   def rows_that_fit(self) -> int:
@@ -159,6 +162,7 @@ class RolloutPlan:
 
 
 def _per_chip(table: dict) -> int:
+  """Σ per-chip bytes of an `estimate.param_bytes` table."""
   return sum(per_chip for _, per_chip, _ in table.values())
 
 
@@ -276,6 +280,7 @@ def configured_sizes(config: ml_collections.ConfigDict, chips: int, training: es
 
 
 def describe(p: RolloutPlan) -> str:
+  """'tensor=T data=R', or 'one device (no rollout layout)'."""
   return f'tensor={p.tensor} data={p.replicas}' if p.layout else 'one device (no rollout layout)'
 
 
