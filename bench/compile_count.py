@@ -92,6 +92,7 @@ def answer_context(trajectory: tj.Trajectory) -> tuple[np.ndarray, list]:
 
 def config_for(max_side: int):
   config = demo_config.get_config()
+  config.model.vocab = 'full'   # the episodes here are drawn, no dataset lists their ids
   config.image.max_pixels = config.data.max_pixels = max(max_side * max_side, config.image.min_pixels)
   # A fixed patch budget per batch shard (2 rows x 4 images of the largest size): P takes one shape.
   config.grpo.update(prompts_per_step=2, num_generations=2, length_buckets=(1024, 2048), max_loss_tokens=0,

@@ -53,7 +53,6 @@ RESULT = re.compile(r'The value of key (\d) on day (\d) is (\d)\.')
 QUESTIONS = {1: 'Day {day}. What value does the key of the square\'s colour hold?',
              2: 'Day {day}. Look up the key of the square\'s colour, then look up the value it gives as a key. '
                 'What is the final value?'}
-VOCAB_FILE = 'vocab_ids.json'
 STATS_FILE = 'stats.json'   # written last: its presence means the world is built
 GENERATED = pipeline_data.GENERATED_DIR
 SPLIT_TAGS = ('sft', 'rl', 'heldout')
@@ -302,7 +301,7 @@ def _build(c: ml_collections.ConfigDict, out: pathlib.Path, env) -> dict:
   save(rows, out / pipeline_data.ITEMS, {'items': len(rows), 'accepted': len(rows)}, pipeline_data.items_features())
   save([t.to_record() for t in trajectories], out / pipeline_data.SFT, expert_counts, traj_lib.record_features())
   save(rl_rows, out / pipeline_data.RL, {'prompts': len(rl_rows)}, pipeline_data.rl_features())
-  pipeline_data.write_durably(out / VOCAB_FILE, json.dumps(vocab))
+  pipeline_data.write_durably(out / pipeline_data.VOCAB_FILE, json.dumps(vocab))
   combos = split_combos(c.seed, c.rl_combos, c.heldout_combos)
   stats = {'world': 'lookup', 'hops': c.hops, 'items': len(items), 'sft': expert_counts,
            'rl_prompts': len(rl_rows), 'heldout_prompts': sum(it['split'] == 'heldout' for it in items),

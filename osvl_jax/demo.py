@@ -47,25 +47,27 @@ def check_config(config) -> None:
 
   Raises:
     ValueError: naming the field, from `data_pipeline.build.check_config`, `sft.check_config`,
-      `grpo.check_config`, or eval.num_prompts not an int >= 1, eval.temperature < 0, eval.top_p not in (0, 1].
+      `grpo.check_config`, or eval.num_prompts / num_samples not ints >= 1, eval.temperature < 0, eval.top_p not
+      in (0, 1].
   """
   build_lib.check_config(config.data)
   sft.check_config(config)
   checks.positive_int(config, 'eval.num_prompts')
+  checks.positive_int(config, 'eval.num_samples')
   checks.number(config, 'eval.temperature', low=0)
   checks.number(config, 'eval.top_p', low=0, low_open=True, high=1)
   grpo.check_config(config)
 
 
 def evaluate_format(config, workdir: pathlib.Path, model) -> dict:
-  """Samples the policy once on `eval.num_prompts` RL prompts (the `rl` split, disjoint from the SFT items); fraction
-  of steps with r_fmt^(l) = 1."""
+  """Samples the policy `eval.num_samples` times on each of `eval.num_prompts` RL prompts (the `rl` split, disjoint
+  from the SFT items); fraction of steps with r_fmt^(l) = 1."""
   path = workdir / 'eval_sft.json'
   if path.exists():
     return json.loads(path.read_text())
   prompts = data.load_prompts(config, workdir)[:config.eval.num_prompts]
   runner = rollouts.RolloutRunner(config, model)
-  trajectories = runner.run(prompts, num_generations=1, temperature=config.eval.temperature,
+  trajectories = runner.run(prompts, num_generations=config.eval.num_samples, temperature=config.eval.temperature,
                             top_p=config.eval.top_p, seed=config.seed)
   scores = [rollouts.score(t, alpha=config.grpo.alpha) for t in trajectories]
   result = {

@@ -11,7 +11,7 @@
 Used by the trainers, the server, export and evaluation; nothing here imports `osvl_jax.train`.
 """
 
-from osvl_jax.checkpoints.load import (ATTENTION_IMPLS, DTYPES, VOCAB_FILE, build_model, is_hf_folder, load_policy,
+from osvl_jax.checkpoints.load import (ATTENTION_IMPLS, DTYPES, build_model, is_hf_folder, load_policy,
                                       model_dtypes, policy_shape, set_layer_options, vocab_ids)
 from osvl_jax.checkpoints.resolve import CHECKPOINT_CHOICES, CHECKPOINT_DIRS, latest, read_config, resolve
 from osvl_jax.checkpoints.store import directory, manager, read_meta, restore, save

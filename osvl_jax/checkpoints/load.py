@@ -58,7 +58,6 @@ def build_model(config: ml_collections.ConfigDict, seed: int = 0, workdir: str |
   return set_layer_options(model, config)
 
 
-VOCAB_FILE = 'vocab_ids.json'   # in a dataset folder: the Qwen ids its trajectories use, a JSON list of ints
 
 
 def vocab_ids(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None) -> tuple[int, ...] | None:
@@ -81,7 +80,7 @@ def vocab_ids(config: ml_collections.ConfigDict, workdir: str | os.PathLike | No
     data = config.get('data') or {}
     if not data.get('dir') and (workdir is None or storage.is_remote(workdir)):
       raise ValueError("model.vocab='dataset' needs config.data.dir (or a local workdir holding data/)")
-    path = pipeline_data.dataset_dir(config, workdir) / VOCAB_FILE
+    path = pipeline_data.dataset_dir(config, workdir) / pipeline_data.VOCAB_FILE
   else:
     path = pathlib.Path(vocab)
   try:

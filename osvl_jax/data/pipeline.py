@@ -39,6 +39,7 @@ RL = 'rl'
 DEGRADED_DIR = 'degraded'  # `D/degraded/<prompt_id>.png`, the degraded anchor images
 GENERATED_DIR = 'generated'  # `D/generated/...`: images a builder drew (the lookup world's squares)
 COUNTS_FILE = 'counts.json'
+VOCAB_FILE = 'vocab_ids.json'  # the Qwen ids a dataset's trajectories and prompts use (`model.vocab='dataset'`)
 BUILD_COMMAND = 'python -m data_pipeline.build --config=configs/data_wikispeedia.py --workdir=W'
 
 ITEM_COLUMNS = ('prompt_id', 'question', 'canonical_question', 'answers', 'image_path', 'path', 'hops',

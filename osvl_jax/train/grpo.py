@@ -333,8 +333,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
         versions = sorted({int(t.policy_version) for t in trajectories})
         trajectories, stale = drop_stale(trajectories, step, max_staleness)
         trajectories, stale['prompts_over_budget'] = drop_over_budget(trajectories)  # logged in run_episodes too
-        trajectories, masked = policy.mask_trailing_out_of_vocabulary(model, trajectories)
-        stale['out_of_vocabulary_masked'] = masked   # a tool's echo after the last emitted token (compact vocab)
+        trajectories, masked = policy.mask_out_of_vocabulary(model, trajectories)
+        stale['out_of_vocabulary_masked'] = masked   # a tool's text outside a compact vocabulary, as the sampler read it
         t_score = time.time()
         scores = grpo_batch.score_batch(trajectories, cfg, judge)
         rollout_batch = {'trajectories': trajectories, 'scores': scores, 'policy_versions': versions, 'stale': stale,

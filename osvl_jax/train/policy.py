@@ -169,20 +169,22 @@ def check_vocabulary(model: model_lib.Qwen3VLModel, trajectories, stage: str) ->
     config_lib.check_ids(model.config, t.token_ids, f'{stage} trajectory {t.prompt_id!r} (sample {t.sample_index})')
 
 
-def mask_trailing_out_of_vocabulary(model: model_lib.Qwen3VLModel, trajectories: list) -> tuple[list, int]:
-  """(the trajectories with every id after their last emitted token that the model's compact vocabulary lacks
-  replaced by `<|endoftext|>`, how many were changed).
+def mask_out_of_vocabulary(model: model_lib.Qwen3VLModel, trajectories: list) -> tuple[list, int]:
+  """(the trajectories with every id their model's compact vocabulary lacks, at a position the policy did not emit,
+  replaced by `<|endoftext|>`, how many trajectories were changed).
 
-  A compact vocabulary (`model.vocab`) covers what the dataset's tools say, but a tool's error text may echo a
-  malformed call in ids it never listed. The embedded sampler refuses such a context (the episode ends there, an
-  engine error), so those ids only ever follow the policy's last token: under causal attention they change no
-  log-prob the loss reads, and any in-vocabulary id in their place gives the same update. The trajectory (and its
-  reward, usually low) stays in its group; dropping it would hide exactly the failures the advantage must punish.
-  With the full vocabulary nothing changes.
+  A compact vocabulary (`model.vocab`) lists the ids of the dataset, but a tool's text (a search result, an error
+  echoing a malformed call) may hold others. The embedded sampler reads such an id as `<|endoftext|>`, the
+  vocabulary's unknown-token stand-in (`jax_sampler.JaxSampler.generate`); the update reads the same ids here, so
+  its log-probs are the sampler's. The policy can only emit ids of the vocabulary. With the full vocabulary
+  nothing changes.
 
+  Args:
+    model: the policy (its `config.text.vocab_ids`).
+    trajectories: `Trajectory` records (token_ids [T] int, gen_mask [T] bool).
   Raises:
-    ValueError: an id outside the vocabulary before a token the policy emitted (a context the policy never saw
-      this way), naming the trajectory (`config.check_ids`).
+    ValueError: an emitted id outside the vocabulary (a trajectory this policy cannot have sampled), naming the
+      trajectory (`config.check_ids`).
   """
   vocab = model.config.text.vocab_ids
   if vocab is None:
@@ -191,10 +193,10 @@ def mask_trailing_out_of_vocabulary(model: model_lib.Qwen3VLModel, trajectories:
   for t in trajectories:
     ids = np.asarray(t.token_ids)
     bad = ~np.isin(ids, np.asarray(vocab))
-    emitted = np.flatnonzero(np.asarray(t.gen_mask))
-    after = np.arange(len(ids)) > (emitted[-1] if emitted.size else -1)
     if bad.any():
-      config_lib.check_ids(model.config, ids[~after], f'trajectory {t.prompt_id!r} (sample {t.sample_index})')
+      emitted = np.asarray(t.gen_mask, bool)
+      config_lib.check_ids(model.config, ids[emitted], f'trajectory {t.prompt_id!r} (sample {t.sample_index}), '
+                           'its emitted ids')
       t = dataclasses.replace(t, token_ids=np.where(bad, tokens_lib.ENDOFTEXT_ID, ids).astype(ids.dtype))
       changed += 1
     out.append(t)

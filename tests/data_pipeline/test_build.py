@@ -65,6 +65,12 @@ def test_build_writes_items_and_sft_and_resumes(tmp_path):
                              traj_lib.ImageProcessor(min_pixels=config.min_pixels, max_pixels=config.max_pixels),
                              profile='osvl')
   assert [t.token_ids.tolist() for t in shared] == [t.token_ids.tolist() for t in trajectories]
+  # The compact vocabulary (model.vocab='dataset'): every id of the trajectories and of the RL questions.
+  vocab = json.loads((tmp_path / pipeline_data.VOCAB_FILE).read_text())
+  assert vocab == sorted(set(vocab)) and stats['vocab_ids'] == len(vocab)
+  assert {traj_lib.ENDOFTEXT_ID, traj_lib.IMAGE_PAD_ID} <= set(vocab)
+  assert all(set(t.token_ids.tolist()) <= set(vocab) for t in trajectories)
+  assert set(traj_lib.load_tokenizer().encode(prompts[0]['question'])) <= set(vocab)
   again = build.build_dataset(config, tmp_path)
   assert all(again[s]['resumed'] for s in build.STAGES)
   assert again['sft_sharegpt'] == {'written': len(sft), 'resumed': True}

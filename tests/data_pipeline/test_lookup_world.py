@@ -92,7 +92,7 @@ def test_every_copied_value_is_one_token_with_the_same_id_at_source_and_target(w
     src, tgt = text_ids(source), text_ids(target)
     assert set(src) & set(tgt) & digit_ids, (source, target)       # the digit is the same id in both
   assert answer.action.kind == 'response' and str(value) == trajectory.answers[0]
-  vocab = json.loads((out / lookup_world.VOCAB_FILE).read_text())
+  vocab = json.loads((out / pipeline_data.VOCAB_FILE).read_text())
   assert set(ids) <= set(vocab) and digit_ids <= set(vocab) and set(traj_lib.EOS_IDS) <= set(vocab)
   assert vocab == sorted(set(vocab)) and len(vocab) < 400
 

@@ -47,6 +47,7 @@ import ml_collections
 def get_config():
   c = demo.get_config()
   c.model.text = ml_collections.ConfigDict()  # the server's architecture (`serve --tiny`): it refuses others
+  c.model.vocab = 'full'
   c.data.dir = {data!r}
   c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64  # the tiny server's image processor
   c.tools.enabled = ('text_search',)

@@ -16,7 +16,8 @@ import pytest
 from tests.distributed import conftest
 
 STEPS = 4
-ARGS = ['-m', 'osvl_jax.train.sft', '--config=configs/demo.py', '--config.sft.batch_size=8',
+ARGS = ['-m', 'osvl_jax.train.sft', '--config=configs/demo.py', '--config.model.vocab=full',
+        '--config.sft.batch_size=8',
         f'--config.sft.steps={STEPS}', '--config.sft.log_every=1', '--config.sft.ckpt_every=2',
         '--config.sft.warmup_steps=0', '--config.model.text.num_hidden_layers=1', '--config.mesh.fsdp=-1']
 

@@ -87,9 +87,10 @@ def test_model_vocab_full_and_a_valid_file_pass_the_checks(tmp_path):
   assert checkpoints.vocab_ids(config) == (3, 5, 151935)   # sorted, unique
 
 
-def test_grpo_keeps_a_trajectory_whose_last_observation_leaves_the_vocabulary(trajectories):
-  """A tool's echo after the last emitted token: the trajectory stays (its reward counts in its group), those ids
-  become <|endoftext|>; an unknown id before an emitted token is refused, naming the trajectory."""
+def test_grpo_reads_observation_ids_outside_the_vocabulary_as_endoftext(trajectories):
+  """A tool's text outside the vocabulary, after the last emitted token or before one: the trajectory stays (its
+  reward counts in its group), those ids become <|endoftext|> as the sampler read them; an emitted id outside the
+  vocabulary is refused, naming the trajectory."""
   import dataclasses
   from osvl_jax import trajectory as tj
   from osvl_jax.models.qwen3_vl import config as config_lib
@@ -106,21 +107,28 @@ def test_grpo_keeps_a_trajectory_whose_last_observation_leaves_the_vocabulary(tr
   last_emitted = len(t.token_ids) - 1 + 2   # the index of `outside`
   text = dataclasses.replace(config_lib.Qwen3VLConfig.tiny().text, vocab_ids=tuple(vocab))
   model = type('M', (), {'config': dataclasses.replace(config_lib.Qwen3VLConfig.tiny(), text=text)})()
-  kept, changed = policy.mask_trailing_out_of_vocabulary(model, [trajectories[0], echo])
+  kept, changed = policy.mask_out_of_vocabulary(model, [trajectories[0], echo])
   assert changed == 1 and [t.prompt_id for t in kept] == ['q0', 'q1']
   assert kept[0] is trajectories[0] and kept[1].token_ids[last_emitted] == tj.ENDOFTEXT_ID
   np.testing.assert_array_equal(np.delete(kept[1].token_ids, last_emitted), np.delete(echo.token_ids, last_emitted))
+  gen = np.asarray(t.gen_mask, bool)
+  before = int(np.flatnonzero(~gen & (np.arange(len(gen)) < np.flatnonzero(gen)[-1]))[-1])
   seen = dataclasses.replace(t, token_ids=t.token_ids.copy())
-  seen.token_ids[int(np.flatnonzero(t.gen_mask)[-1]) - 1] = outside   # an id the policy would have seen: refused
-  with pytest.raises(ValueError, match=rf"trajectory 'q1' \(sample 0\): token id {outside}"):
-    policy.mask_trailing_out_of_vocabulary(model, [seen])
+  seen.token_ids[before] = outside   # an observation id the policy read before emitting: <|endoftext|>
+  (masked,), changed = policy.mask_out_of_vocabulary(model, [seen])
+  assert changed == 1 and masked.token_ids[before] == tj.ENDOFTEXT_ID
+  np.testing.assert_array_equal(np.delete(masked.token_ids, before), np.delete(t.token_ids, before))
+  emitted = dataclasses.replace(t, token_ids=t.token_ids.copy())
+  emitted.token_ids[int(np.flatnonzero(t.gen_mask)[-1])] = outside   # an id the policy cannot have emitted: refused
+  with pytest.raises(ValueError, match=rf"trajectory 'q1' \(sample 0\), its emitted ids: token id {outside}"):
+    policy.mask_out_of_vocabulary(model, [emitted])
   full = type('M', (), {'config': config_lib.Qwen3VLConfig.tiny()})()
-  assert policy.mask_trailing_out_of_vocabulary(full, trajectories) == (list(trajectories), 0)
+  assert policy.mask_out_of_vocabulary(full, trajectories) == (list(trajectories), 0)
 
 
 def test_a_batch_that_failed_after_policy_turns_is_trained_on_one_with_no_policy_token_is_refused(trajectories):
-  """A malformed call whose echo leaves a compact vocabulary ends its episode on an engine error after a policy turn:
-  a batch of those is still a batch to train on (low rewards); only a batch without any policy token is refused."""
+  """Episodes that ended on an engine error after a policy turn are still a batch to train on (low rewards); only a
+  batch without any policy token is refused."""
   import dataclasses
   from osvl_jax.train import rollouts
   failed = [dataclasses.replace(t, stop_reason='error', error='engine failed at step 1') for t in trajectories]

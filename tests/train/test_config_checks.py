@@ -50,6 +50,7 @@ def _set(config, path, value):
 ])
 def test_sft_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   sft.check_config(c)  # the neighbour: the demo config passes
   _set(c, path, value)
   with pytest.raises(ValueError, match=match):
@@ -60,6 +61,7 @@ def test_sft_pack_rows_refuses_micro_batches_beside_it_and_rows_that_do_not_spli
   """sft.pack_rows sets the packed micro-batch's rows: an sft.micro_batch_size beside it is refused (one meaning of
   a micro-batch), and so are rows that do not split over the mesh's batch shards; its neighbours pass."""
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.sft.pack_rows = 3
   sft.check_config(c)                 # one device: any row count splits
   c.sft.micro_batch_size = 1
@@ -75,6 +77,7 @@ def test_sft_pack_rows_refuses_micro_batches_beside_it_and_rows_that_do_not_spli
 
 def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.data = build.default_config()   # no longer references image.min_pixels / max_pixels
   sft.check_config(c)                # the same values: fine
   c.data.max_pixels = 256 * 256
@@ -104,6 +107,7 @@ def test_sft_check_config_refuses_data_rendered_with_another_pixel_budget():
 ])
 def test_grpo_check_config_names_the_field(path, value, match):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   grpo.check_config(c)
   _set(c, path, value)
   with pytest.raises(ValueError, match=match):
@@ -112,6 +116,7 @@ def test_grpo_check_config_names_the_field(path, value, match):
 
 def test_grpo_pack_rows_refuses_micro_batches_beside_it_and_rows_that_do_not_split():
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.grpo.pack_rows = 3
   grpo.check_config(c)
   c.grpo.micro_batch_size = 4
@@ -148,6 +153,7 @@ def test_demo_checks_every_stage_before_the_first_and_writes_nothing(tmp_path, p
   written: no workdir, no data, checkpoints, metrics.jsonl or tb/."""
   monkeypatch.setattr(build, 'build_dataset', lambda *a, **k: pytest.fail('the data stage ran'))
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   demo.check_config(c)
   _set(c, path, value)
   with pytest.raises(ValueError, match=match):
@@ -172,6 +178,7 @@ def test_mesh_sizes_resolve_one_minus_one_and_refuse_what_does_not_fit_the_devic
 
 def test_sharding_rules_override_the_logical_rules_by_name():
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.sharding_rules = (('embed', None), ('mlp', ('fsdp', 'tensor')))
   rules = dict(sharding.rules_from_config(c))
   assert rules['embed'] is None and rules['mlp'] == ('fsdp', 'tensor') and rules['batch'] == ('data', 'fsdp')
@@ -183,11 +190,13 @@ def test_sharding_rules_override_the_logical_rules_by_name():
 
 def test_sft_with_batch_size_zero_names_the_field_and_writes_nothing(tmp_path):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.sft.batch_size = 0
   with pytest.raises(ValueError, match='sft.batch_size=0'):
     sft.train(c, tmp_path)
   assert list(tmp_path.iterdir()) == []
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.grpo.num_generations = 1
   with pytest.raises(ValueError, match='grpo.num_generations=1'):
     grpo.train(c, tmp_path)
@@ -226,6 +235,7 @@ def test_grpo_policy_with_one_step_takes_its_update(tmp_path, monkeypatch):
   parameters (and without warmup the first update is not at lr = 0)."""
   small = _small_vocab_policy(monkeypatch)
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.grpo.steps = 1
   c.model.hf_path = ''
   from osvl_jax import checkpoints
@@ -244,8 +254,10 @@ def test_grpo_refuses_an_sft_checkpoint_of_another_system_prompt_and_rolls_out_w
   another config.system_prompt stops at initialisation, naming the field; its rollouts render config's prompt."""
   small = _small_vocab_policy(monkeypatch)
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.model.hf_path = ''
   trained = demo_config.get_config()
+  trained.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   trained.system_prompt = 'agent_system_v2'
   from osvl_jax import trajectory as traj_lib
   from osvl_jax.train import rollouts
@@ -271,6 +283,7 @@ def test_grpo_rollouts_parse_and_run_a_call_in_the_official_tool_schema_profile(
   from osvl_jax.rollout import engine as engine_lib
   from osvl_jax.train import rollouts
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.model.hf_path = ''
   c.tools.enabled, c.tools.tool_schema = ('text_search',), 'official'
   runner = rollouts.RolloutRunner(c, model_lib.Qwen3VLModel(config_lib.Qwen3VLConfig.tiny(), rngs=nnx.Rngs(0)))
@@ -292,6 +305,7 @@ def test_sft_length_buckets_may_be_empty_and_grpo_reads_them_back():
   """The neighbours of the refusals: sft.length_buckets () is one bucket (the longest trajectory); a list is read
   as the tuple of its ints."""
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.sft.length_buckets = ()
   sft.check_config(c)
   c.grpo.length_buckets = [2048, 4096]

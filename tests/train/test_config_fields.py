@@ -129,6 +129,7 @@ def _tiny_sft(workdir):
 
 def test_a_missing_init_from_fails_at_once_naming_the_field_and_writes_nothing(tmp_path):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.grpo.init_from = str(tmp_path / 'no_such_sft_run')
   work = tmp_path / 'grpo'
   with pytest.raises(FileNotFoundError, match='grpo.init_from=.*no_such_sft_run'):
@@ -143,6 +144,7 @@ def test_a_missing_init_from_fails_at_once_naming_the_field_and_writes_nothing(t
 
 def test_the_init_checkpoint_is_found_in_init_from_the_workdir_or_a_resume(tmp_path):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   _tiny_sft(tmp_path / 'sft_run')
   c.grpo.init_from = str(tmp_path / 'sft_run')
   assert preflight.check_init_checkpoint(c, tmp_path / 'grpo') == 'sft'
@@ -190,6 +192,7 @@ def _closed_port_url() -> str:
 def test_unreachable_rollout_servers_fail_at_once_naming_the_field_and_write_nothing(tmp_path, health_server):
   handler, url = health_server
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.rollout.engine, c.rollout.urls = 'sglang', [url]
   assert preflight.check_servers(c) == [url]                    # the neighbour: a server that answers
   dead = _closed_port_url()

@@ -65,6 +65,7 @@ def test_plot_panels_and_histogram_write_images(tmp_path):
 
 def test_the_demo_summary_reports_the_first_and_last_grpo_rewards_and_plots_them(tmp_path):
   config = demo_config.get_config()
+  config.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   rewards = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1]   # 12 steps: windows of 3
   line = demo.summary(config, {'sft_format_ok': 0.9}, _records(rewards), tmp_path)
   assert demo.report_window(12) == 3 and demo.report_window(2) == 1 and demo.report_window(100) == 5

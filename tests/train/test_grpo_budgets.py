@@ -27,6 +27,7 @@ def _config() -> ml_collections.ConfigDict:
   """The demo config on the tiny model; 2 prompts x G = 2 per step; 3 turns of 8 tokens; a prompt budget between
   the short prompt's and the long one's, a response budget of 200 tokens."""
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.model.text = ml_collections.ConfigDict()   # Qwen3VLConfig.tiny()
   c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64
   c.tools.enabled = ('crop',)
@@ -59,6 +60,7 @@ def test_a_prompt_over_its_budget_is_dropped_from_the_update_and_counted(tmp_pat
 
 def test_the_response_budget_bounds_the_loss_positions_the_update_needs():
   c = demo_config.get_config()    # 10 turns x 128 new tokens, T = 4096: K >= 1280 without a response budget
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.grpo.max_loss_tokens = 1024
   with pytest.raises(ValueError, match=r'grpo.max_loss_tokens=1024 is below .* = 1280'):
     grpo.check_config(c)
@@ -78,9 +80,11 @@ def test_the_response_budget_bounds_the_loss_positions_the_update_needs():
 ])
 def test_check_config_names_the_bad_budget(fields, match):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.rollout.update(fields)
   with pytest.raises(ValueError, match=match):
     grpo.check_config(c)
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.rollout.update(max_prompt_tokens=1000, max_response_tokens=3096)   # the neighbour: both fit T = 4096
   grpo.check_config(c)

@@ -63,6 +63,7 @@ def _cfg(**overrides):
 
 def test_demo_config_names_every_choice():
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   assert (c.grpo.fatal_mode, c.rollout.fatal_index, c.grpo.estimator, c.grpo.aggregation) == (
       'mask_clamp', 'first', 'grpo', 'seq_mean_token_mean')
   assert (c.grpo.eps_low, c.grpo.eps_high, c.grpo.beta, c.grpo.micro_batch_size) == (0.2, 0.28, 0.0, 0)
@@ -78,6 +79,7 @@ def test_demo_config_names_every_choice():
 ])
 def test_check_config_rejects_unknown_choices(path, value, match):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   section, field = path.split('.')
   c[section][field] = value
   with pytest.raises(ValueError, match=match):
@@ -88,6 +90,7 @@ def test_check_config_rejects_micro_batches_that_do_not_shard():
   if len(jax.devices()) < 8:
     pytest.skip('needs 8 (simulated) devices')
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.grpo.update(prompts_per_step=2, micro_batch_size=4)  # batch 2 x 4 = 8 rows, micro-batches of 4
   c.mesh.fsdp = 8
   with pytest.raises(ValueError, match='not a multiple of the 8 data x fsdp devices'):
@@ -152,6 +155,7 @@ def test_reference_policy_is_the_frozen_sft_checkpoint_only_when_beta_positive(t
   sft_model = _small_model(0)
   checkpoints.save(checkpoints.manager(tmp_path, 'sft_ckpt'), 7, sft_model, None, {'stage': 'sft'})
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   mesh = sharding.mesh_from_config(c.mesh)   # the run's mesh (grpo.train builds it once and passes it down)
   assert grpo.init_reference(c, tmp_path, mesh) is None  # beta = 0: no second model
   c.grpo.beta = 0.04

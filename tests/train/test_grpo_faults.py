@@ -33,6 +33,7 @@ LENGTH_BUCKETS = (64, 128, 256, 512, 1024)
 def _config() -> ml_collections.ConfigDict:
   """The demo config on the tiny model, 1 prompt x G = 2 per step, the embedded engine."""
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.model.text = ml_collections.ConfigDict()   # Qwen3VLConfig.tiny()
   c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64
   c.tools.enabled = ('text_search',)

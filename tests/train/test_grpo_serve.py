@@ -31,6 +31,7 @@ SERVER_FLAGS = ('--max_len=512', '--bucket=64')  # after conftest's TINY_FLAGS: 
 def _config(url: str = 'http://127.0.0.1:9', max_staleness: int = 0) -> ml_collections.ConfigDict:
   """The demo config shrunk to `osvl_jax.serve --tiny`'s model and pixel budget: 1 prompt x G = 2 per step."""
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.model.text = ml_collections.ConfigDict()  # exactly Qwen3VLConfig.tiny(), the server's architecture
   c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64
   c.tools.enabled = ('text_search',)
@@ -152,6 +153,7 @@ def test_drop_stale_drops_whole_groups_older_than_max_staleness():
 ])
 def test_check_config_names_the_bad_rollout_engine_field(fields, workdir, match):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.rollout.update(fields)
   with pytest.raises(ValueError, match=match):
     grpo.check_config(c, workdir)
@@ -159,6 +161,7 @@ def test_check_config_names_the_bad_rollout_engine_field(fields, workdir, match)
 
 def test_check_config_accepts_servers_with_a_local_weights_dir():
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   grpo.check_config(c, 'gs://bkt/run')  # the embedded engine exports nothing
   c.rollout.update(engine='sglang', urls=('http://h:1', 'http://h:2'), admin_urls=('http://w:1',))
   grpo.check_config(c, '/tmp/w')

@@ -30,6 +30,7 @@ def _config(steps: int, val_every: int) -> ml_collections.ConfigDict:
   """The demo config on the tiny model: 1 prompt x G = 2 per step, 3 turns of 8 tokens, injected backend errors
   (so fatal cascades happen), 2 held-out prompts, validation sampling 0.7 / 0.95."""
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.model.text = ml_collections.ConfigDict()   # Qwen3VLConfig.tiny()
   c.image.min_pixels, c.image.max_pixels = 32 * 32, 64 * 64
   c.tools.enabled = ('crop',)
@@ -126,6 +127,7 @@ def test_due_steps_and_seeds():
 ])
 def test_check_config_names_the_bad_validation_field(fields, match):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   for path, value in fields.items():
     section, name = path.split('.')
     c[section][name] = value
@@ -135,6 +137,7 @@ def test_check_config_names_the_bad_validation_field(fields, match):
 
 def test_check_config_accepts_validation_on_held_out_prompts():
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.grpo.val_every, c.grpo.heldout_prompts = 5, 3
   grpo.check_config(c)
   assert validation.check_config(c) == 5

@@ -32,6 +32,7 @@ def _placed_on(model, mesh) -> bool:
 
 def test_checking_a_config_builds_no_mesh(built):
   config = test_train.demo_config.get_config()
+  config.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   config.mesh.fsdp = -1   # every device: the demo's batches split over them
   config.sft.batch_size = config.grpo.num_generations = len(jax.devices())
   sft.check_config(config)

@@ -21,6 +21,7 @@ import demo as demo_config  # noqa: E402
 
 def _config(slots: int):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.model.hf_path = ''
   c.tools.enabled = ('crop',)
   c.rollout.update(max_turns=3, max_new_tokens=12, prefix_cache_slots=slots)

@@ -88,6 +88,7 @@ def _write_sft_dataset(trajectories, out: pathlib.Path):
 
 def _config(data_dir, steps):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   c.data.dir = str(data_dir)
   c.sft.update(steps=steps, batch_size=2, lr=3e-3, warmup_steps=1, log_every=1, ckpt_every=2)
   return c

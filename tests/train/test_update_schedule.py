@@ -315,6 +315,7 @@ def test_mismatch_metrics_and_tis_weights_on_hand_made_logprobs():
 ])
 def test_check_update_config_names_the_field(field, value, match):
   c = demo_config.get_config()
+  c.model.vocab = 'full'   # the tests' datasets list no vocab_ids.json
   grpo_update.check_update_config(c)  # the demo passes
   c.grpo.prompts_per_step, c.grpo.num_generations, c.grpo.mini_batch_prompts = 4, 4, 2
   grpo_update.check_update_config(c)  # 2 mini-batches of 2 prompts × 4 samples
