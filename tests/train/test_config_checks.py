@@ -31,7 +31,7 @@ def _set(config, path, value):
 @pytest.mark.parametrize('path, value, match', [
     ('sft.steps', 0, 'sft.steps=0'), ('sft.steps', -3, 'sft.steps=-3'), ('sft.batch_size', 0, 'sft.batch_size=0'),
     ('sft.lr', 0.0, 'sft.lr=0.0'), ('sft.lr', float('nan'), 'sft.lr'),
-    ('sft.warmup_steps', 450, 'sft.warmup_steps=450 must be < sft.steps=450'),
+    ('sft.warmup_steps', 650, 'sft.warmup_steps=650 must be < sft.steps=650'),
     ('sft.warmup_steps', -1, 'sft.warmup_steps=-1'), ('sft.grad_clip', 0.0, 'sft.grad_clip'),
     ('sft.weight_decay', -0.1, 'sft.weight_decay'), ('sft.log_every', 0, 'sft.log_every'),
     ('sft.ckpt_every', 0, 'sft.ckpt_every'), ('image.min_pixels', 0, 'image.min_pixels=0'),

@@ -107,7 +107,7 @@ def test_weight_decay_is_set_from_the_command_line(monkeypatch):
 
 def test_fewer_sft_steps_scale_the_default_warmup_and_an_explicit_one_names_the_fix(monkeypatch):
   from osvl_jax.train import sft
-  assert parse_flags(monkeypatch).sft.warmup_steps == 20            # the demo's 20 of 450
+  assert parse_flags(monkeypatch).sft.warmup_steps == 28            # the demo's 28 of 650
   config = parse_flags(monkeypatch, '--config.sft.steps=5')
   assert config.sft.warmup_steps == 0
   sft.check_config(config)
