@@ -72,7 +72,7 @@ import tqdm
 from absl import app, flags
 from ml_collections import config_flags
 
-from data_pipeline import clip_ground, dataset_folder, experts, llm, llm_descriptors, llm_questions, splits
+from data_pipeline import clip_ground, dataset_folder, experts, llm, llm_descriptors, llm_questions, splits, vocab
 from data_pipeline import filter as filter_lib
 from data_pipeline import merge as merge_lib
 from osvl_jax import config_checks as checks
@@ -410,7 +410,7 @@ def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
   if not resumed:   # recomputed from the sft split each build (a later build may have added it)
     dataset_folder.save_split(rl_rows, out / 'rl', rl_counts, pipeline_data.rl_features())
   stats['rl'] = dict(rl_counts, resumed=resumed)
-  stats['vocab_ids'] = write_vocab(out, sft if config.synthesize.enabled else [], items, system)
+  stats['vocab_ids'] = vocab.write_wikipedia(out, sft if config.synthesize.enabled else [], items, system)
   stages.update()
   stages.close()
   stats['summary'] = {'accepted_items': stats['items']['accepted'], 'landmarks': stats['items']['landmarks'],
@@ -419,22 +419,6 @@ def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
                       'sft_trajectories': stats.get('sft', {}).get('kept', 0), 'rl_prompts': rl_counts['prompts']}
   pipeline_data.write_durably(out / 'stats.json', json.dumps(stats, indent=1, default=str))
   return stats
-
-
-def write_vocab(out: pathlib.Path, sft: list[dict], items: list[dict], system: str) -> int:
-  """Writes `<out>/vocab_ids.json` (`pipeline_data.VOCAB_FILE`, what `model.vocab='dataset'` reads): the sorted Qwen
-  ids of the expert trajectories, the system prompt, every accepted item's question and the added tokens (the
-  chat template's and the vision ones). A tool text outside it reads as `<|endoftext|>` in a compact-vocabulary
-  rollout (`train.policy.mask_out_of_vocabulary`). Returns the number of ids."""
-  from osvl_jax import trajectory as traj_lib  # pylint: disable=g-import-not-at-top
-  tokenizer = traj_lib.load_tokenizer()
-  ids = set(traj_lib.ADDED_TOKENS) | set(traj_lib.EOS_IDS)
-  for t in sft:
-    ids.update(int(i) for i in t['token_ids'])
-  for text in [system] + [r['question'] for r in items if not r.get('rejected')]:
-    ids.update(tokenizer.encode(text))
-  pipeline_data.write_durably(out / pipeline_data.VOCAB_FILE, json.dumps(sorted(ids)))
-  return len(ids)
 
 
 def main(argv) -> None:

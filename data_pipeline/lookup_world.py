@@ -38,6 +38,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from data_pipeline import dataset_folder
+from data_pipeline import vocab as vocab_lib
 from osvl_jax import trajectory as traj_lib
 from osvl_jax.data import pipeline as pipeline_data
 from osvl_jax.rollout import agent_loop, factory
@@ -223,8 +224,8 @@ def expert_trajectories(c: ml_collections.ConfigDict, items: list[dict], tokeniz
 def world_vocab(trajectories, prompts_ids, tokenizer, env) -> list[int]:
   """The Qwen ids the world can produce: every id of the expert trajectories and the RL prompts, the end-of-sequence
   ids, and the ids of the error texts of calls a policy may get wrong (an out-of-range digit, a missing or unexpected
-  argument, an unknown tool, malformed turns). An error text that echoes other ids ends its episode: GRPO drops it
-  (`policy.drop_out_of_vocabulary`)."""
+  argument, an unknown tool, malformed turns). Another id of an error text reads as <|endoftext|>
+  (`policy.mask_out_of_vocabulary`)."""
   ids = set(traj_lib.EOS_IDS)
   for t in trajectories:
     ids.update(int(i) for i in t.token_ids)
@@ -301,7 +302,7 @@ def _build(c: ml_collections.ConfigDict, out: pathlib.Path, env) -> dict:
   save(rows, out / pipeline_data.ITEMS, {'items': len(rows), 'accepted': len(rows)}, pipeline_data.items_features())
   save([t.to_record() for t in trajectories], out / pipeline_data.SFT, expert_counts, traj_lib.record_features())
   save(rl_rows, out / pipeline_data.RL, {'prompts': len(rl_rows)}, pipeline_data.rl_features())
-  pipeline_data.write_durably(out / pipeline_data.VOCAB_FILE, json.dumps(vocab))
+  vocab = vocab_lib.write(out, [vocab])   # with the added tokens
   combos = split_combos(c.seed, c.rl_combos, c.heldout_combos)
   stats = {'world': 'lookup', 'hops': c.hops, 'items': len(items), 'sft': expert_counts,
            'rl_prompts': len(rl_rows), 'heldout_prompts': sum(it['split'] == 'heldout' for it in items),
