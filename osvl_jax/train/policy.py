@@ -30,7 +30,6 @@ from osvl_jax.models.qwen3_vl import sharding
 from osvl_jax.models.qwen3_vl import vision as vision_lib
 from osvl_jax.models.qwen3_vl import weights
 from osvl_jax.rl import losses
-from osvl_jax.trajectory import tokens as tokens_lib
 
 
 SCHEDULES = ('cosine', 'constant')
@@ -192,12 +191,11 @@ def mask_out_of_vocabulary(model: model_lib.Qwen3VLModel, trajectories: list) ->
   out, changed = [], 0
   for t in trajectories:
     ids = np.asarray(t.token_ids)
-    bad = ~np.isin(ids, np.asarray(vocab))
-    if bad.any():
-      emitted = np.asarray(t.gen_mask, bool)
-      config_lib.check_ids(model.config, ids[emitted], f'trajectory {t.prompt_id!r} (sample {t.sample_index}), '
-                           'its emitted ids')
-      t = dataclasses.replace(t, token_ids=np.where(bad, tokens_lib.ENDOFTEXT_ID, ids).astype(ids.dtype))
+    read = config_lib.read_unknown_as_endoftext(model.config, ids)
+    if (read != ids).any():
+      config_lib.check_ids(model.config, ids[np.asarray(t.gen_mask, bool)],
+                           f'trajectory {t.prompt_id!r} (sample {t.sample_index}), its emitted ids')
+      t = dataclasses.replace(t, token_ids=read)
       changed += 1
     out.append(t)
   return out, changed

@@ -246,6 +246,17 @@ def check_ids(model_config: Qwen3VLConfig, ids, what: str) -> None:
   raise ValueError(f'{what}: token id {int(ids[k])}{_id_text(int(ids[k]))} at position {k} is outside {vocabulary}')
 
 
+def read_unknown_as_endoftext(model_config: Qwen3VLConfig, ids) -> np.ndarray:
+  """`ids` (int array-like, any shape) with every id outside a compact vocabulary (`TextConfig.vocab_ids`) replaced
+  by `<|endoftext|>`, the vocabulary's unknown-token stand-in for context ids (a tool's text); unchanged (as an
+  array) with the full vocabulary. The embedded sampler and the GRPO update read contexts through this."""
+  ids = np.asarray(ids)
+  vocab = model_config.text.vocab_ids
+  if vocab is None:
+    return ids
+  return np.where(np.isin(ids, np.asarray(vocab)), ids, tokens_lib.ENDOFTEXT_ID).astype(ids.dtype)
+
+
 def _id_text(token_id: int) -> str:
   """' (<text>)' of a Qwen id when the tokenizer is at hand (`tokens.load_tokenizer`, cached), else ''."""
   if not 0 <= token_id < tokens_lib.VOCAB_SIZE:

@@ -51,13 +51,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from osvl_jax.models.qwen3_vl import config as config_lib
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout.embedded import decode_batch
 from osvl_jax.rollout.embedded import layout as layout_lib
 from osvl_jax.rollout.embedded import prefill_inputs
 from osvl_jax.rollout.embedded import prefix_cache as prefix_cache_lib
 from osvl_jax.rollout.embedded import sampling
-from osvl_jax.trajectory.tokens import ENDOFTEXT_ID
 
 _STOP_CHUNK = decode_batch.STOP_CHUNK  # decode steps per device call at most, with stop strings.
 
@@ -373,11 +373,10 @@ class JaxSampler(engine_lib.Engine):
     stop = self.stop if stop is None else _check_stop('stop', stop)
     sampling = None if sampling is None else engine_lib.Sampling(*sampling).checked()
     prefill_inputs.check_image_pads(contexts, self._rope_kw().get('image_token_id', prefill_inputs.IMAGE_PAD_ID))
-    vocab = getattr(getattr(getattr(self._model, 'config', None), 'text', None), 'vocab_ids', None)
-    if vocab is not None:   # ids outside a compact vocabulary read as <|endoftext|> (module docstring)
-      known = np.asarray(vocab)
-      contexts = [c._replace(prompt_ids=np.where(np.isin(ids, known), ids, ENDOFTEXT_ID).astype(np.int32))
-                  for c in contexts for ids in (np.asarray(c.prompt_ids),)]
+    config = getattr(self._model, 'config', None)
+    if getattr(getattr(config, 'text', None), 'vocab_ids', None) is not None:   # module docstring
+      contexts = [c._replace(prompt_ids=config_lib.read_unknown_as_endoftext(config, c.prompt_ids))
+                  for c in contexts]
     results: list[engine_lib.Generation | None] = [None] * len(contexts)
     self.cached_tokens = [0] * len(contexts)
 
