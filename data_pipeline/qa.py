@@ -20,7 +20,8 @@ Typed answers: every answered item's answer must be a well-formed value of its a
   currency               the same, but lower-case allowed (`rouble`), or an ISO 4217 code (`USD`);
   year                   3-4 digits (+ ` BC`), AD <= `MAX_YEAR`, BC <= `MAX_BC_YEAR`, stated exactly: an infobox
                          value qualified as approximate or uncertain (`c. 1451`, `circa 1810 BC`, `before 1020`,
-                         `1030x1038`, `1336 BC or 1334 BC`, `1483?`, a decade `c. 1450s`) is rejected, since no
+                         `1030x1038`, `1336 BC or 1334 BC`, `1483?`, a decade `c. 1450s`) or dated by a season
+                         only (`Spring 1480`: Magellan's birth, c. 1480 in other sources) is rejected, since no
                          single year is the answer and a judge could not tell a right reply from a wrong one;
   calling_code / tld     `+<1-4 digits>` / `.<2-3 lower-case letters>`.
 Each descriptor must also be one of its own node's category descriptors (else `descriptor:<title>`).
@@ -50,8 +51,10 @@ _CONNECTIVES = _LEADING_BAD | frozenset('the de la le du des del da di do dos da
 _VAGUE = frozenset(('many', 'none', 'n/a', 'unknown', 'various', 'several', 'see below', 'disputed', 'de facto',
                     'other', 'others', 'multiple', 'tbd', 'na'))
 _MARKUP = re.compile(r'[\[\]{}|=<>*#^_~@\\/"]|&\w+;|https?:')
-_UNCERTAIN = re.compile(r'(?<![.\w])ca?\.|(?i:\b(?:circa|about|around|approx|approximately|before|after|'
-                        r'probably|possibly|between|early|late|mid|or)\b)|~|\?|\d\s*(?:x|–|—|/)\s*\d|\d0s\b')
+_SEASONS = 'spring|summer|autumn|fall|winter|midsummer|midwinter'
+_UNCERTAIN = re.compile(r'(?<![.\w])(?:ca?|est)\.|(?i:\b(?:circa|about|around|approx|approximately|before|after|'
+                        r'probably|possibly|perhaps|likely|presumably|reportedly|traditionally|allegedly|estimated|'
+                        r'between|early|late|mid|or|' + _SEASONS + r')\b)|~|\?|\d\s*(?:x|–|—|/)\s*\d|\d0s\b')
 
 
 def _name_error(answer: str, lower_ok: bool = False) -> str | None:
@@ -119,7 +122,7 @@ def answer_type_error(attribute: str, answer: str, raw: str = '') -> str | None:
   return ANSWER_VALIDATORS[entities.ATTRIBUTE_BY_NAME[attribute].answer_type](answer, raw)
 
 
-def _raw_value(attribute: str, line: str) -> str:
+def raw_value(attribute: str, line: str) -> str:
   """The infobox value of `line` (`Born c. 1451` -> `c. 1451`)."""
   spec = entities.ATTRIBUTE_BY_NAME[attribute]
   return re.sub(r'^(?:- )?' + spec.key + r'(?:\s*\(\d{4}\))?', '', line).strip()
@@ -172,7 +175,7 @@ def add_qa(records: list[dict], graph, seed: int) -> tuple[list[dict], dict]:
                answer_evidence=f"{rec['path'][-1]}: {val['line']}",
                canonical_question=canonical_question(rec['path'], name, rng), rejected=None)
     counts['answered'] += 1
-    why = answer_type_error(name, val['answer'], _raw_value(name, val['line'].split(' / ')[-1]))
+    why = answer_type_error(name, val['answer'], raw_value(name, val['line'].split(' / ')[-1]))
     wrong = [t for t, d in zip(rec['path'][1:], rec.get('descriptors') or ()) if d not in graph.descriptors(t)]
     if why is not None:
       rec['rejected'] = f'answer_type:{name} ({why})'

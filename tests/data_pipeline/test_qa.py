@@ -75,11 +75,24 @@ def test_approximate_or_implausible_years_are_rejected(corpus):
   # Decision: a year the infobox qualifies as approximate is not an answer (no single year is right).
   assert qa.answer_type_error('born', '1450', 'c. 1450s').startswith('approximate')
   born = _attrs(corpus, 'Christopher_Columbus')['born']  # "Born c. 1451"
-  assert qa.answer_type_error('born', born['answer'], qa._raw_value('born', born['line'])).startswith('approximate')
+  assert qa.answer_type_error('born', born['answer'], qa.raw_value('born', born['line'])).startswith('approximate')
   for raw in ('1030x1038', '1336 BC or 1334 BC', '1483?', 'Before 879', 'circa 1810 BC', '~406'):
     assert qa.answer_type_error('born', raw.split()[0].lstrip('~')[:4].rstrip('x?'), raw) is not None, raw
   assert qa.answer_type_error('born', '2950') == 'implausible year 2950'
   assert qa.answer_type_error('born', '18') == 'not a 3-4 digit year'
+
+
+def test_a_year_dated_by_a_season_only_is_rejected(corpus, graph):
+  # Magellan's infobox: "Born Spring 1480" (c. 1480 in other sources): as vague as 'c. 1451'.
+  born = _attrs(corpus, 'Ferdinand_Magellan')['born']
+  assert born['answer'] == '1480' and qa.raw_value('born', born['line']) == 'Spring 1480'
+  assert qa.answer_type_error('born', '1480', 'Spring 1480') == "approximate or uncertain ('Spring 1480')"
+  for raw in ('Summer 1480', 'autumn 1480', 'Fall 1480', 'Winter 1480', 'est. 1480', 'reportedly 1480'):
+    assert qa.answer_type_error('born', '1480', raw) is not None, raw
+  assert qa.answer_type_error('born', '1480', 'March 1480') is None   # a month is no vaguer than the year
+  recs, counts = qa.add_qa([_record(graph, ['Chile', 'Ferdinand_Magellan'])], graph, seed=0)
+  assert recs[0]['rejected'].startswith('answer_type:born (approximate') and counts['rejected_answer_type'] == {
+      'born': 1}
 
 
 def test_other_types_and_the_doubled_flag_caption(corpus):
