@@ -18,8 +18,9 @@ Walks run on the CSR link graph (`graph.sample_walks`) through the `wiki_graph.W
 Then the per-path semantic checks (each failure counted by reason, the item retried with a fresh walk, at most
 `max_retries` (10) retries in all, dead ends included; an attempt is a dead end when `DEAD_END_RETRIES` + 1 walks
 died before h hops (that seed is not tried again for h: the Great Wall's text names a rival of every class its
-links could be described by, so no walk leaves it); after a failed attempt the item starts again from the seed
-with the fewest items so far, so the walks spread over every seed that has any left):
+links could be described by, so no walk leaves it, nor Stonehenge's, where New Zealand has Wairarapa beside it);
+after a failed attempt the item starts again from the seed with the fewest items so far, so the walks spread over
+every seed that has any left):
   * 'not mentioned': a hop's destination is not named in a sentence of its source (`WikiGraph.link`), so
     neither its relation nor the oracle's search can be read;
   * 'no unique referent: <why>': no descriptor of the destination picks it out (`WikiGraph.referent_check`,
@@ -165,7 +166,7 @@ def sample_paths(g, config, image_dir: str) -> tuple[list[dict], dict]:
     attempted, walked, given_up, retries, seed_candidates, seeds_per_domain, walked_per_domain, answer_chains
     (distinct `answer_chain`s), max_items_per_chain, distinct_paths, distinct_answers, max_items_per_answer,
     seeds_used (candidates with an item), items_per_seed (title -> items), seeds_without_walk (candidates every
-    walk of which died: the Great Wall) and rejected (reason -> walks: 'dead end', 'not mentioned', 'no unique
+    walk of which died: the Great Wall, Stonehenge) and rejected (reason -> walks: 'dead end', 'not mentioned', 'no unique
     referent: another of its class in the text', ...). No seed candidate = no item (counted), not an error.
   """
   num, tau = int(config.num_items), int(config.hub_in_degree)

@@ -16,8 +16,13 @@ called the cajón" beside the guitar. `read(text, graph)` gives every such menti
   * class evidence of names without an article (`reader_lexicon`): appositives before ("the historian X",
     "novelists A, B and C", "instrument called the cajón") and after ("X, an Argentine writer", "X was the author
     of"), titles, and, for a person with none of these, the cue words of its sentences (`CUES`); a name classed
-    so is also counted where the text writes it in lower case ('the cajon'); a name with a place word
-    ('Horseshoe Falls') is a place of the source's own region (`_places`);
+    so is also counted where the text writes it in lower case ('the cajon'); where a name stands
+    (`reader_context`): a place word ('Horseshoe Falls'), a place around it ('in Puebla, Mexico'), a sentence on
+    fiction ('Froggo' in an episode);
+  * a name after '<thing or place word> of' is part of that thing's name ('Strait of Magellan': no mention of
+    Ferdinand Magellan) or a place ('the state of Hidalgo': not Miguel Hidalgo); a first name alone counts for
+    the text's person only when the corpus knows the person by it ('Galileo'; not 'Ferdinand', heir to a king,
+    for Ferdinand Magellan);
   * prominence: places of the text that name the entity, its full and short forms together.
 
 A run with no article, no class evidence and no person evidence is unclassified (`Mention.classes` empty): the
@@ -30,11 +35,12 @@ import re
 
 from data_pipeline import classes, entities
 from data_pipeline import mentions as mentions_lib
+from data_pipeline import reader_context
 from data_pipeline import reader_lexicon as lex
 
 
 _WORD = re.compile(r"(?:[^\W\d_]\.){1,3}(?![^\W\d_])|[^\W\d_](?:[\w'’-]*[^\W_])?")
-_SENTENCE = re.compile(r'(?<=[.!?])\s+(?=[A-Z0-9"\'(])|\n\s*\n')
+_SENTENCE = re.compile(r'(?<=[.!?])\s+(?=[A-Z0-9"\'(])|\n\s*\n|\n(?=[*+#•]\s)')   # a list item opens one
 _NOUN_BEFORE = re.compile(r'(?<![\w-])(' + lex.noun_pattern() + r')(?![\w-])(?P<gap>[^.;()!?"]*)$', re.I)
 _NOUN_AFTER = re.compile(r"^(?:,\s+(?:the|a|an)\s+|\s+(?:is|was)\s+(?:also\s+)?(?:the|a|an|one of the|"
                          r"[A-Z][\w'’.-]*['’]s)\s+)((?:[\w-]+\s+){0,4}?)(" + lex.noun_pattern() + r')(?![\w-])',
@@ -46,6 +52,7 @@ _GAP_STOP = frozenset('the a an of in on to by with from for at as who which tha
 _LIST_GAP = re.compile(r'^(?:\s*,\s*(?:and\s+)?|\s+and\s+|\s*;\s*)$')
 # A surname before these is the name of a thing ('the Nobel committee'), no mention of the person.
 _ATTRIBUTIVE = re.compile(r'\s+(?:prizes?|committee|laureates?|awards?|medals?|foundation|institute|lectures?)\b')
+_OF_GAP = re.compile(r'\s+of\s+(?:the\s+)?')
 _WINDOW = 90  # characters before a run the appositive is looked for in
 CUE_WINDOW = 60  # characters either side of a person's name its sentence cues are looked for in
 
@@ -187,14 +194,16 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
   """
   starts = [0] + [m.end() for m in _SENTENCE.finditer(text)]
   out: dict[str, Mention] = {}
+  at: dict[int, tuple[Mention, int]] = {}   # start offset -> (mention, end offset) of each place a name stands
 
   def get(key, name, title):
     if key not in out:
       out[key] = Mention(key, name, title)
     return out[key]
 
-  def place(m: Mention, a: int, form: str, why: str = ''):
+  def place(m: Mention, a: int, form: str, why: str = '', end: int | None = None):
     m.count += 1
+    at[a] = (m, a + len(form) if end is None else end)
     if m.first < 0 or a < m.first:
       m.first, m.sentence = a, _sentence_at(text, starts, a)
     if form not in m.forms:
@@ -226,6 +235,7 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
     for part in free:   # a piece beside an article's name in one run ('Jerry' of 'Jerry Seinfeld') is no short form
       pieces += [(spans, titles, len(free) > 1 or len(part) < len(run))
                  for spans, titles in _strip(text, part, g.given_names)]
+  pieces = _merge_of(text, pieces)
   # Pass 1: each piece's name and class evidence (titles, appositives, lists).
   read_pieces, list_class, prev_end = [], None, -1
   for spans, titles, fragment in pieces:
@@ -265,7 +275,12 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
       is_person[name] = is_person.get(name, False) or person or (_no_thing(name) and (
           entities.fold(name.split()[0]) in g.given_names or bool(re.search(r'^(?:[^\W\d_]\.\s*)+\s[A-Z]', name))))
   lower = {entities.fold(w) for w in re.findall(r"(?<![\w'’-])[^\W\d_A-Z][\w'’-]*", text)}
-  people_here = {entities.fold(tok): t for t, mm in out.items() if mm.person for tok in g.short_forms.tokens(t)}
+  people_here = {}   # surname (or a first name the person goes by) -> the text's person article
+  for t, mm in out.items():
+    toks = g.short_forms.tokens(t) if mm.person else []
+    for k, tok in enumerate(toks):
+      if k or len(toks) == 1 or t in g.short_forms.people(tok):
+        people_here[entities.fold(tok)] = t
   singles = {entities.fold(name) for spans, name, *_ in read_pieces if len(spans) == 1}
   canon = {}
   for last, names in fulls.items():
@@ -279,23 +294,26 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
           (reused or again) and _person_shape(n, g, lower))
   # Pass 3: places, resolved (module docstring).
   for spans, name, ev, phrases, person, fragment in read_pieces:
-    a = spans[0][0]
+    a, end = spans[0][0], spans[-1][1]
     tok = entities.fold(name)
     if len(spans) >= 2 and (full := g.short_forms.full_name(name)):   # 'Dwight Eisenhower'
       m = get(full, entities.display(full), full)
-      place(m, a, name, f'other form of {full} (corpus)')
+      place(m, a, name, f'other form of {full} (corpus)', end=end)
     elif len(spans) >= 2:
       home = canon[name]
       m = get('?' + home, home, None)
-      place(m, a, name)
+      place(m, a, name, end=end)
       m.person |= is_person[home]
+    elif reader_context.place_of(text, a):           # 'the state of Hidalgo': a place, no person
+      m = get('?' + name, name, None)
+      place(m, a, name, end=end)
     elif tok in people_here:                         # 'Einstein' beside the text's Albert Einstein
       m = out[people_here[tok]]
-      place(m, a, name, 'surname in the text')
-    elif tok in fulls and is_person[canon[max(fulls[tok], key=lambda n: len(n.split()))]]:
-      home = canon[max(fulls[tok], key=lambda n: len(n.split()))]   # 'Burckhardt': the text's Jacob Burckhardt
+      place(m, a, name, 'surname in the text', end=end)
+    elif tok in fulls and (named := [n for n in fulls[tok] if is_person[canon[n]]]):
+      home = canon[max(named, key=lambda n: len(n.split()))]   # 'Burckhardt': the text's Jacob Burckhardt
       m = get('?' + home, home, None)
-      place(m, a, name, 'surname in the text')
+      place(m, a, name, 'surname in the text', end=end)
       m.person = True
     elif (not fragment and name[:1].isupper() and len(name) >= 3 and not _ATTRIBUTIVE.match(text, spans[-1][1])
           and (people := g.short_forms.people(name))):
@@ -303,15 +321,15 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
       pick = linked if len(linked) == 1 else people
       if len(pick) == 1:                             # 'President Eisenhower', 'Galileo'
         m = get(pick[0], entities.display(pick[0]), pick[0])
-        place(m, a, name, f'short form of {pick[0]} (corpus)')
+        place(m, a, name, f'short form of {pick[0]} (corpus)', end=end)
       else:
         m = get('?' + name, name, None)
-        place(m, a, name, 'short form of ' + ' / '.join(pick) + ' (corpus)')
+        place(m, a, name, 'short form of ' + ' / '.join(pick) + ' (corpus)', end=end)
         phrases = phrases | {p for t in pick for p in g.class_phrases(t)}
       m.person = True
     else:
       m = get('?' + name, name, None)
-      place(m, a, name)
+      place(m, a, name, end=end)
       m.person |= person
       m.plain = m.plain or (len(spans) == 1 and tok in lower)   # 'Construction' opening a sentence
     if m.person:   # a person takes no thing's class ('the novel Napoleon' is about him, he is no novel)
@@ -328,25 +346,28 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
       m.classes = m.classes | frozenset(lex.NOUNS[noun])
       m.person |= noun in lex.PERSON_NOUNS
   _finish(text, starts, out, taken, g)
-  _places(out, g, src)
+  reader_context.places(out, g, src)
+  reader_context.nested_places(text, at, g, src)
+  reader_context.fiction(out)
   return out
 
 
-def _places(out: dict[str, Mention], g, src: str | None) -> None:
-  """Names without an article that a place word ends or opens ('Horseshoe Falls', 'Lake Erie') are places of
-  the source's own region: they compete for its regional place classes ('North American place' in the article on
-  Niagara Falls), and a landform for 'geographic feature'."""
-  region = {p for p in g.class_phrases(src) if p.endswith(' place') or p.startswith('place in')} if src else set()
-  for m in out.values():
-    words = [entities.fold(w) for w in m.name.split()]
-    if m.title is not None or m.person or len(words) < 2 or m.classes:
-      continue
-    if words[-1] in lex.PLACE_LAST or words[0] in lex.PLACE_FIRST:
-      land = words[-1] in lex.LANDFORMS or words[0] in lex.PLACE_FIRST
-      m.classes = frozenset(region | ({'geographic feature'} if land else set()))
-      if m.classes:
-        m.evidence.append(f"place word: {m.name.split()[-1 if words[-1] in lex.PLACE_LAST else 0]}"
-                          f" ({', '.join(sorted(m.classes))})")
+def _merge_of(text: str, pieces: list) -> list:
+  """Pieces joined across '<thing or place word> of (the)': 'Strait' + 'Magellan' -> 'Strait of Magellan', the
+  name of a thing, no mention of the person its last word names."""
+  out = []
+  for spans, titles, fragment in pieces:
+    if out:
+      prev, ptitles, pfragment = out[-1]
+      gap = text[prev[-1][1]:spans[0][0]]
+      head = entities.fold(text[prev[-1][0]:prev[-1][1]])
+      if _OF_GAP.fullmatch(gap) and (head in lex.THING_WORDS | lex.PLACE_LAST
+                                     or head.rstrip('s') in lex.THING_WORDS | lex.PLACE_LAST):
+        mid = [(prev[-1][1] + w.start(), prev[-1][1] + w.end()) for w in _WORD.finditer(gap)]
+        out[-1] = (prev + mid + spans, ptitles, pfragment or fragment)
+        continue
+    out.append((spans, titles, fragment))
+  return out
 
 
 def _finish(text: str, starts: list[int], out: dict[str, Mention], taken: bytearray, g) -> None:

@@ -145,7 +145,7 @@ PERSON_PHRASES = frozenset(p for ps in list(PERSON_NOUNS.values()) + list(TITLES
 # its class from the sentence cues too.
 NARROW_PERSON = frozenset(CUES) | frozenset(p for ps in PERSON_NOUNS.values() for p in ps) - frozenset(
     ('political figure', 'historical figure', 'religious figure', 'military leader', 'celebrity', 'media figure'))
-# Words that end (or open) the name of a place: a name without an article with one is a place (`reader._places`).
+# Words that end (or open) the name of a place: a name without an article with one is a place (`reader_context.places`).
 LANDFORMS = frozenset('''falls lake lakes river island islands mountain mountains plateau bay valley canyon peninsula
 desert sea gulf strait glacier volcano hills hill forest reef lagoon cape coast basin delta gorge'''.split())
 PLACE_LAST = LANDFORMS | frozenset('''county province city town village district region park square street avenue

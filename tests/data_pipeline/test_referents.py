@@ -46,6 +46,18 @@ def test_a_destination_named_far_more_often_than_the_rest_of_its_class_is_the_mo
   assert not dominates('Copper', [('Gold', 7), ('Copper', 2)]) and dominates('Mars', [('Mars', 2)])
 
 
+@pytest.mark.parametrize('leader, second, holds', [
+    (4, 2, True), (3, 1, True), (6, 3, True), (2, 0, True),      # at least twice as often and 2 places more
+    (3, 2, False), (2, 1, False), (5, 3, False), (1, 0, False), (3, 3, False),
+])
+def test_most_often_needs_a_margin_of_twice_the_runner_up_and_two_places(leader, second, holds):
+  from data_pipeline import wiki_graph
+  assert (wiki_graph.MOST_OFTEN_RATIO, wiki_graph.MOST_OFTEN_LEAD) == (2, 2)
+  found = [('A', leader)] + ([('B', second)] if second else [])
+  assert wiki_graph.dominates('A', found) is holds
+  assert not wiki_graph.dominates('B', found)
+
+
 def test_every_person_a_text_names_competes_for_the_broad_person_classes(graph):
   # "the political figure named in the article on the structure" (Great Wall -> Mao Zedong): the text also names
   # Qin Shi Huang, the First Emperor, filed as a historical figure only; a US president is a political figure too.
@@ -57,8 +69,8 @@ def test_every_person_a_text_names_competes_for_the_broad_person_classes(graph):
   assert 'Richard_Nixon' in graph.class_members('political figure')
   # People without an article compete too: Mexico's text names Miguel Hidalgo and Benito Juárez beside Cortés.
   found = dict(graph.competitors('Mexico', 'Hernán_Cortés', 'historical figure'))
-  # ('Hidalgo' alone counted too)
-  assert found['Hernán_Cortés'] == 2 and found['?Miguel Hidalgo'] == 3 and found['?Benito Juárez'] == 2
+  # ('Hidalgo' alone counted too, but not in "the state of Hidalgo": a place)
+  assert found['Hernán_Cortés'] == 2 and found['?Miguel Hidalgo'] == 2 and found['?Benito Juárez'] == 2
   assert graph.referent_check('Mexico', 'Hernán_Cortés') == (None, '', 'another of its class in the text')
   assert 'miguel' in graph.given_names and 'the' not in graph.given_names
   # "the mathematician named in the article on the tower" (Pisa -> Archimedes): the text names Galileo too.
