@@ -7,19 +7,22 @@ it prints (and writes as `<dataset>/review.html`, the anchor image shown) the pa
 relation, every mention of the descriptor's class the previous article's text names (`reader.read`, the way a
 reader counts them: surname-only and title forms, entities without an article classed from their context; the
 link sentence for a read relation), each with its count, how it was classed and its sentence, the mentions it
-could not class, the descriptor's evidence (the node's defining sentence, `classes.definition`), the answer with
-its aliases and infobox line, the image, and its own verdicts (not the build's: an item built by another check
-is judged the same way):
+could not class (every one, most named first), the descriptor's evidence (the node's defining sentence,
+`classes.definition`), the answer with its aliases and infobox line, the image, and its own verdicts (not the
+build's: an item built by another check is judged the same way):
 
   referent   per hop: 'unique' (the only one of its class named), 'most often' (the relation says so and
-             `wiki_graph.dominates` holds), else 'AMBIGUOUS'; SERIOUS when another mention of the class is named
-             as often as the hop's entity or more (the item is then SERIOUS);
+             `wiki_graph.dominates` holds), else 'AMBIGUOUS'; SERIOUS (the item is then SERIOUS) when the hop's
+             entity is not named, when a hop that says it is the one ('mentioned in', 'named in', a relation)
+             has another mention of its class beside it (Froggo beside Superman, Puebla beside Mexico), or when
+             a 'most often' hop has another named as often or more (Taft x34 beside McKinley x16);
   descriptor per hop: 'fits' when it is one of the node's evidence-backed descriptors (`WikiGraph.descriptors`)
              or an LLM's more specific phrase ending with one (`llm_descriptors.class_of`: its class is then
              the one the competitors are counted in), else 'NO EVIDENCE';
   reading    `rewrite.reading_error` (garden path, two relative clauses in a hop, 'X or Y');
   leak       `rewrite.find_leaks` over the whole path and the answer;
-  answer     `paths.historical` (a value of the past) on the answer's infobox line;
+  answer     `paths.historical` (a value of the past) on the answer's infobox line, and
+             `qa.answer_type_error` (a value not of its type, a year not stated exactly: 'Spring 1480'; SERIOUS);
   chain      how many accepted items share the item's answer chain (`paths.answer_chain`, at most 2).
 The summary line (stderr) counts the items reviewed, flagged and serious.
 """
@@ -33,12 +36,11 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from data_pipeline import classes, llm_descriptors, paths, reader, reader_lexicon, relations, rewrite, wiki_graph
+from data_pipeline import classes, llm_descriptors, paths, qa, reader, reader_lexicon, relations, rewrite, wiki_graph
 from osvl_jax import paths as osvl_paths
 from osvl_jax.data import pipeline as pipeline_data
 
 REVIEW_FILE = 'review.html'
-MAX_UNCLASSIFIED = 10  # mentions it could not class, shown per hop
 MAX_SENTENCE = 300  # characters of a mention's sentence shown
 
 
@@ -63,9 +65,9 @@ def hop_review(g, src: str, dst: str, descriptor: str, rel: str) -> dict:
   Returns:
     {'competitors': [mention dicts of the descriptor's class besides src, dst among them when named: key, name,
     article (bool), count, evidence, sentence], 'unclassified': [mention dicts the reader could not class that
-    may be of the class: people for a person class, other names for the rest; most named first, at most
-    `MAX_UNCLASSIFIED`], 'referent': 'unique' | 'most often' | 'AMBIGUOUS', 'serious': another mention of the
-    class named as often as dst or more (or dst not named), 'class': the class counted}.
+    may be of the class: people for a person class, other names for the rest; every one, most named first],
+    'referent': 'unique' | 'most often' | 'AMBIGUOUS', 'serious': dst not named, or another mention of the class
+    beside it (a 'most often' hop: one named as often as dst or more), 'class': the class counted}.
   """
   cls = llm_descriptors.class_of(descriptor, g.descriptors(dst)) or descriptor
   text = g.competitor_text(src, dst)
@@ -82,11 +84,23 @@ def hop_review(g, src: str, dst: str, descriptor: str, rel: str) -> dict:
   person = cls in reader_lexicon.PERSON_PHRASES
   reading = g.reading(text, src)
   unclassed = [m for m in reader.unclassified(reading, person if person else None)
-               if m.key != src and (person or not m.person)][:MAX_UNCLASSIFIED]
+               if m.key != src and (person or not m.person)]
   as_dict = lambda m: {'key': m.key, 'name': m.name, 'article': m.title is not None, 'count': m.count,
                        'evidence': list(m.evidence), 'sentence': m.sentence[:MAX_SENTENCE]}
   return {'class': cls, 'competitors': [as_dict(m) for m in found], 'unclassified': [as_dict(m) for m in unclassed],
-          'referent': referent, 'serious': not mine or any(m.count >= mine for m in others)}
+          'referent': referent, 'serious': not mine or any(
+              rel != relations.MOST_OFTEN or m.count >= mine for m in others)}
+
+
+def answer_error(item: dict) -> str | None:
+  """Why the item's answer is no well-formed value of its attribute (`qa.answer_type_error` on the infobox value of
+  `answer_evidence`: 'Born Spring 1480' is no exact year), or None."""
+  if not item['answers']:
+    return 'no answer'
+  line = item['answer_evidence'].split(': ', 1)[-1].split(' / ')[-1]
+  why = qa.answer_type_error(item['answer_attribute'], item['answers'][0],
+                             qa.raw_value(item['answer_attribute'], line))
+  return f'answer type: {why}' if why else None
 
 
 def review_item(g, item: dict, chain_counts: dict) -> dict:
@@ -112,16 +126,18 @@ def review_item(g, item: dict, chain_counts: dict) -> dict:
   persons = [g.domain(t) == 'Person' for t in path[1:]]
   leaks = rewrite.find_leaks(item['question'], path, g, item['answers'])
   line = item['answer_evidence'].split(': ', 1)[-1]
+  answer = answer_error(item)
   checks = {'reading': rewrite.reading_error(descs, rels, persons) or 'ok',
             'leak': '; '.join(leaks) or 'ok',
-            'answer': paths.historical(g, path[-1], item['answer_attribute'], line) or 'ok',
+            'answer': answer or paths.historical(g, path[-1], item['answer_attribute'], line) or 'ok',
             'chain': f"{chain_counts[paths.answer_chain(path)]} item(s) end with {' -> '.join(path[-2:])}"}
   ok = (all(h['referent'] != 'AMBIGUOUS' and h['descriptor_check'] == 'fits' for h in hops)
         and all(checks[k] == 'ok' for k in ('reading', 'leak', 'answer'))
         and chain_counts[paths.answer_chain(path)] <= paths.MAX_PER_CHAIN)
   return {'prompt_id': item['prompt_id'], 'question': item['question'], 'path': path,
           'image_path': item['image_path'], 'hops': hops, 'answers': item['answers'],
-          'evidence': item['answer_evidence'], 'checks': checks, 'serious': any(h['serious'] for h in hops),
+          'evidence': item['answer_evidence'], 'checks': checks,
+          'serious': any(h['serious'] for h in hops) or bool(answer),
           'ok': ok}
 
 

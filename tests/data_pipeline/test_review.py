@@ -87,6 +87,58 @@ def test_the_review_lists_the_people_it_could_not_class(graph):
   assert 'Ponting' in unclassed['Herbert Ponting']['sentence']
 
 
+def _item(pid, path, descriptors, relations, answer, attribute, evidence):
+  return {'prompt_id': pid, 'path': path, 'descriptors': descriptors, 'relations': relations,
+          'question': f'What is the {attribute} of the {descriptors[-1]} in the image?', 'answers': [answer],
+          'answer_attribute': attribute, 'answer_evidence': evidence, 'image_path': 'images/landmarks/x.jpg'}
+
+
+# The serious items of the round-2 review (issue 51; builds of seeds 31 and 73 before its fixes), one per kind:
+# the hop, and the competitor the reviewer found.
+_ROUND2 = [
+    (_item('wiki-s31-00040', ['Grand_Canyon', 'Theodore_Roosevelt', 'William_McKinley'],
+           ['US president', 'US president'], ['named in', 'mentioned most often in'], '1843', 'born',
+           'William_McKinley: Born January 29, 1843'), 1, 'William_Howard_Taft'),
+    (_item('wiki-s31-00001', ['Great_Pyramid_of_Giza', 'Mexico', 'Himno_Nacional_Mexicano', 'Japan'],
+           ['North American place', 'musical work', 'Asian country'], ['mentioned in'] * 3, 'Tokyo', 'capital',
+           'Japan: Capital Tokyo'), 0, '?Puebla'),
+    (_item('wiki-s31-00021', ['Stonehenge', 'New_Zealand', 'Chile'], ['place in Oceania', 'Latin American country'],
+           ['mentioned in', 'mentioned in'], 'Santiago', 'capital', 'Chile: Capital Santiago'), 0, '?Wairarapa'),
+    (_item('wiki-s31-00003', ['Leaning_Tower_of_Pisa', 'Superman', 'Earth', 'Ecuador'],
+           ['fictional character', 'planet', 'Latin American country'],
+           ['mentioned in', 'mentioned most often in', 'mentioned in'], 'Quito', 'capital',
+           'Ecuador: Capital        Quito'), 0, '?Froggo'),
+    (_item('wiki-s31-00004', ['Easter_Island', 'Chile', 'Ferdinand_Magellan'], ['Latin American country', 'explorer'],
+           ['mentioned most often in', 'mentioned most often in'], '1480', 'born',
+           'Ferdinand_Magellan: Born Spring 1480'), 1, '?Diego de Almagro'),
+]
+
+
+@pytest.mark.parametrize('item, hop, rival', _ROUND2, ids=[i['prompt_id'] for i, _, _ in _ROUND2])
+def test_the_round_2_reviews_serious_items_are_serious_with_the_reviewers_competitor(graph, item, hop, rival):
+  rec = review.review_item(graph, item, {tuple(item['path'][-2:]): 1})
+  h = rec['hops'][hop]
+  assert rec['serious'] and h['serious'] and h['referent'] == 'AMBIGUOUS' and not rec['ok']
+  found = _names(h)
+  assert found[rival] >= 1 and found[item['path'][hop + 1]] >= 1
+  assert f"{h['competitors'][0]['key']} x{h['competitors'][0]['count']}" in review.as_text(
+      dict(rec, image_file='/x.jpg'))
+
+
+def test_a_season_only_answer_is_serious_and_every_unclassified_name_is_listed(graph):
+  rec = review.review_item(graph, _ROUND2[-1][0], {('Chile', 'Ferdinand_Magellan'): 1})
+  assert rec['checks']['answer'] == "answer type: approximate or uncertain ('Spring 1480')"
+  # The tower's text names dozens of things the reader cannot class: all are listed, most named first (the
+  # list was cut at 10, which hid Froggo and Fry before they were classed).
+  rec = review.review_item(graph, _ROUND2[3][0], {('Earth', 'Ecuador'): 1})
+  unclassed = rec['hops'][0]['unclassified']
+  assert len(unclassed) > 50 and [(m['name'], m['count']) for m in unclassed[:2]] == [('Pisa', 5), ('Tower of Pisa', 4)]
+  assert [m['count'] for m in unclassed] == sorted((m['count'] for m in unclassed), reverse=True)
+  assert {'Chit Chatterson', 'Meloria', 'Vincenzo Possenti'} <= {m['name'] for m in unclassed}
+  text = review.as_text(dict(rec, image_file='/x.jpg'))
+  assert 'could not classify: ' + ', '.join(f"{m['name']} x{m['count']}" for m in unclassed) in text
+
+
 def test_a_good_item_passes_every_check_and_renders_as_html(graph, tmp_path):
   rec = review.review_item(graph, _GOOD, {('Peru', 'Lima'): 1})
   assert rec['ok'] and not rec['serious'] and [h['referent'] for h in rec['hops']] == ['most often', 'most often']
