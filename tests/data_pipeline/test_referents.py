@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from data_pipeline import classes, entities, ground, mentions, paths, qa, relations, rewrite
+from data_pipeline import classes, ground, mentions, paths, qa, relations, rewrite
 from osvl_jax import paths as osvl_paths
 
 # (title, descriptor) pairs a reviewer found wrong in the build before these rules (issue 25).
@@ -155,16 +155,16 @@ def test_a_small_build_names_every_hop_uniquely_and_caps_answer_chains(graph, sm
     for src, dst, d, rel in zip(r['path'], r['path'][1:], r['descriptors'], r['relations']):
       assert ' or ' not in d and bad.get(dst) != d and d in graph.descriptors(dst)
       text = graph.link(src, dst)[1] if rel in relations.RELATIONS else graph.text(src)
-      runs = entities.name_runs(text)
-      n = {t: _places(graph, text, runs, t) for t in graph.class_members(d) if t != src}
+      spans = mentions.mention_spans(text, graph.alias_index)   # a longer name wins ('Papua New Guinea')
+      n = {t: _places(graph, text, spans, t) for t in graph.class_members(d) if t != src}
       rivals = {t: k for t, k in n.items() if t != dst and k >= n[dst]}
       assert n[dst] >= 1 and not rivals, (r['path'], src, dst, d, rivals)
 
 
-def _places(graph, text, runs, title):
-  """Places of `text` naming `title`: its full names, and its short forms standing alone outside any article's
-  name and beside no other capitalised word ('Taft'; not 'Vincent' of 'Saint Vincent and the Grenadines')."""
-  spans = mentions.mention_spans(text, graph.alias_index)   # a longer name wins ('Papua New Guinea')
+def _places(graph, text, spans, title):
+  """Places of `text` naming `title`: its full names (`spans`: `mentions.mention_spans` of `text`), and its short
+  forms standing alone outside any article's name and beside no other capitalised word ('Taft'; not 'Vincent' of
+  'Saint Vincent and the Grenadines')."""
   full = spans.get(title, [])
   named = [ab for t, ss in spans.items() for ab in ss]
   starts = {a for a, _ in full}
@@ -174,7 +174,6 @@ def _places(graph, text, runs, title):
                  if not any(a <= m.start() < b for a, b in full + named)
                  and not re.search(r"[A-Z][\w'’.-]*\s+$", text[max(0, m.start() - 40):m.start()])
                  and not re.match(r'\s+[A-Z]', text[m.end():m.end() + 3])}   # alone: not 'Harrison Pierce'
-
   return len(starts)
 
 
