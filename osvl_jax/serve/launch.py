@@ -59,7 +59,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
     recorded = {'min_pixels': 32 * 32, 'max_pixels': 64 * 64}
   # The layout is sized from the policy's shapes; a checkpoint's weights are then read into it.
   shape = model if tiny else checkpoints.policy_shape(checkpoint, workdir, step, hf_config)
-  prefix_cache_slots = prefix_cache_size(shape, prefix_cache_slots, max_len, bucket)
+  prefix_cache_slots = prefix_cache_size(shape, prefix_cache_slots, max_len, bucket, tensor=max(mesh_tensor, 1))
   mesh = layout.rollout_mesh({'tensor': mesh_tensor, 'data': mesh_data}, shape, max_batch, max_len,
                              prefix_cache_slots)
   if not tiny:
@@ -88,13 +88,15 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
 AUTO_PREFIX_CACHE_SLOTS = 256  # the most slots `--prefix_cache_slots=-1` picks
 
 
-def prefix_cache_size(model, slots: int, max_len: int, bucket: int) -> int:
+def prefix_cache_size(model, slots: int, max_len: int, bucket: int, tensor: int = 1) -> int:
   """The number of prefix-cache slots to use for `--prefix_cache_slots=slots` (`__main__`'s docstring).
 
   Args:
     model: the served `Qwen3VLModel`, concrete or `nnx.eval_shape`d (its text config and dtype size a slot).
     slots: -1 = auto (a quarter of the device memory, at most `AUTO_PREFIX_CACHE_SLOTS`), 0 = off, N > 0 = N.
     max_len, bucket: the sampler's (a slot holds max_len rounded up to the bucket tokens).
+    tensor: the rollout mesh's tensor size (`--mesh_tensor`; 1 for none or auto, which is sized after the slots):
+      the pool's KV heads are split over it (`prefix_cache`), so a slot holds 1 / tensor of its bytes per device.
   Returns:
     The slot count (>= 0).
   Raises:
@@ -109,15 +111,15 @@ def prefix_cache_size(model, slots: int, max_len: int, bucket: int) -> int:
   text = model.config.text
   tokens = prefill_inputs.round_up(max_len, bucket)   # the sampler's slot length
   per_slot = (2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * tokens
-              * np.dtype(model.dtype).itemsize)
+              * np.dtype(model.dtype).itemsize) // tensor   # per device
   limit = ((jax.devices()[0].memory_stats() or {}).get('bytes_limit')
            or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))
   if slots == -1:
     slots = int(min(AUTO_PREFIX_CACHE_SLOTS, limit // 4 // per_slot))
   elif slots * per_slot > limit // 2:
-    raise ValueError(f'--prefix_cache_slots={slots} needs {slots * per_slot / 2**30:.1f} GiB, more than half of the '
-                     f'{limit / 2**30:.1f} GiB of device memory: lower it (0 = no prefix cache, -1 = auto)')
-  logging.info('prefix cache: %d slots of %d tokens, %.2f GiB', slots, tokens, slots * per_slot / 2**30)
+    raise ValueError(f'--prefix_cache_slots={slots} needs {slots * per_slot / 2**30:.1f} GiB per device, more than half of the '
+                     f'{limit / 2**30:.1f} GiB of its memory: lower it (0 = no prefix cache, -1 = auto)')
+  logging.info('prefix cache: %d slots of %d tokens, %.2f GiB per device', slots, tokens, slots * per_slot / 2**30)
   return slots
 
 

@@ -187,3 +187,9 @@ def test_prefix_cache_size_auto_explicit_and_refused(tiny_model, monkeypatch):
   assert launch.prefix_cache_size(tiny_model, 50, 200, 128) == 50
   with pytest.raises(ValueError, match='prefix_cache_slots=51 needs'):
     launch.prefix_cache_size(tiny_model, 51, 200, 128)
+  # KV heads split over tensor 2 (the tiny model's 2 KV heads): a slot is half the bytes on each device.
+  assert t.num_key_value_heads == 2
+  assert launch.prefix_cache_size(tiny_model, -1, 200, 128, tensor=2) == 50
+  assert launch.prefix_cache_size(tiny_model, 100, 200, 128, tensor=2) == 100
+  with pytest.raises(ValueError, match='prefix_cache_slots=101 needs'):
+    launch.prefix_cache_size(tiny_model, 101, 200, 128, tensor=2)
