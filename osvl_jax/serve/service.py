@@ -61,6 +61,7 @@ A per-request `sampling_seed` is accepted and ignored (the worker's PRNG stream 
 
 
 import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -107,7 +108,8 @@ class SamplerService:
       batch_window_s: the worker keeps collecting jobs for a batch while they arrive less than this apart
         (seconds; at most 20 windows per batch; 0: only the jobs already waiting).
       default_max_new_tokens: max_new_tokens of a request that gives none.
-      loader: `path -> model` for /update_weights_from_disk (default `weight_receive.load_model`).
+      loader: `path -> model` for /update_weights_from_disk (default `weight_receive.load_model` into the
+        sampler's rollout layout).
       weights_roots: the folders updates may load from (`auth.WeightsRoots`; None: any path).
       decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
         and waiting rows enter a running batch between chunks (`scheduler`).
@@ -125,7 +127,7 @@ class SamplerService:
     self.limits = limits or request_limits.RequestLimits(int(sampler.max_len), int(sampler.max_len))
     self.limits.check_max_new_tokens(self.default_max_new_tokens, '--max_new_tokens')
     self.image_gate = request_limits.ImageGate(self.limits)
-    self.loader = loader or weight_receive.load_model
+    self.loader = loader or functools.partial(weight_receive.load_model, layout=getattr(sampler, 'layout', None))
     self.weights_roots = weights_roots or auth.WeightsRoots()
     if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or decode_steps < 1:
       raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')

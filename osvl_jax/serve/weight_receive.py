@@ -141,8 +141,10 @@ def check_update(served, new) -> None:
     raise UpdateRefused(smoke)
 
 
-def load_model(path: str):
-  """The server's weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint). An HF
+def load_model(path: str, layout=None):
+  """The server's weight loader: `checkpoints.load_policy(path)`'s model (an HF folder or a checkpoint), read
+  straight into the rollout `layout`'s shardings when the server runs on one (`rollout.embedded.layout.Layout`;
+  None: unsharded, on the default device): no whole copy of the update on one device. An HF
   folder is first copied file by file into a private temporary folder and loaded from there (its safetensors are
   memory-mapped, and the served arrays may alias the mapping): a file rewritten in place while, or after, it
   loads can neither crash the server (SIGBUS) nor change the served weights. Needs the folder's size free in
@@ -153,8 +155,9 @@ def load_model(path: str):
     FileNotFoundError / ValueError: from `checkpoints.load_policy`.
   """
   from osvl_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  placed = {} if layout is None else {'mesh': layout.mesh, 'rules': layout.rules}
   if not checkpoints.is_hf_folder(path):
-    return checkpoints.load_policy(path)[0]
+    return checkpoints.load_policy(path, **placed)[0]
   with tempfile.TemporaryDirectory(prefix='osvl-weights-') as private:
     for name in sorted(os.listdir(path)):
       src = os.path.join(path, name)
@@ -165,4 +168,4 @@ def load_model(path: str):
           after, copied = os.fstat(f.fileno()), out.tell()
         if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or copied != after.st_size:
           raise ValueError(f'{src} changed while it was read (written in place?): not loaded')
-    return checkpoints.load_policy(private)[0]   # the mapped copy's pages outlive its deletion
+    return checkpoints.load_policy(private, **placed)[0]   # the mapped copy's pages outlive its deletion

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import httpx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -163,3 +164,30 @@ def test_a_file_that_changes_while_it_is_copied_is_refused(tiny_model, tmp_path,
   monkeypatch.setattr(weight_receive.shutil, 'copyfileobj', appending)
   with pytest.raises(ValueError, match='changed while it was read'):
     weight_receive.load_model(str(folder))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (simulated) devices')
+def test_an_update_on_a_rollout_mesh_is_read_straight_into_its_shardings(tiny_model, tokenizer, processor,
+                                                                          tmp_path):
+  """A server on tensor 2 x 4 replicas: its default loader reads the update into the layout's shardings (each
+  weight's NamedSharding under DECODE_RULES, no single-device copy), with the published values."""
+  from osvl_jax.models.qwen3_vl import sharding  # pylint: disable=g-import-not-at-top
+  from osvl_jax.rollout.embedded import layout as layout_lib  # pylint: disable=g-import-not-at-top
+  mesh = layout_lib.rollout_mesh({'tensor': 2, 'data': -1}, tiny_model, None, MAX_LEN)
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, max_new_tokens=NEW,
+                                   max_len=MAX_LEN, bucket=BUCKET, mesh=mesh)
+  service = service_lib.SamplerService(sampler, tokenizer, processor, model_path='tiny', default_max_new_tokens=NEW)
+  folder = weight_publish.export_version(tiny_model, tmp_path, 1, 32 * 32, 64 * 64, dtype='float32')
+  try:
+    model = service.loader(str(folder))
+  finally:
+    service.close()
+  state = nnx.state(model, nnx.Param)
+  want = sharding.state_shardings(state, mesh, layout_lib.DECODE_RULES)
+  leaves, targets = jax.tree.leaves(state), jax.tree.leaves(want)
+  assert len(leaves) == len(targets) > 0
+  assert any(len(t.device_set) == 8 and not t.is_fully_replicated for t in targets)   # the rules shard some
+  for got, target in zip(leaves, targets):
+    assert got.sharding.is_equivalent_to(target, got.ndim), (got.sharding, target)
+  np.testing.assert_array_equal(np.asarray(model.language_model.layers[1].mlp.down_proj.kernel[...]),
+                                np.asarray(tiny_model.language_model.layers[1].mlp.down_proj.kernel[...]))
