@@ -43,12 +43,17 @@ def grounded_items(graph, small_config):
 
 
 @pytest.fixture(scope='session')
-def solvable_items(graph, grounded_items):
+def accepted_items(grounded_items):
+  """The grounded items no stage rejected (qa refuses, e.g., the first walk's 'Born Spring 1480')."""
+  return [r for r in grounded_items if not r['rejected']]
+
+
+@pytest.fixture(scope='session')
+def solvable_items(graph, accepted_items):
   """The accepted grounded items the offline oracle expert solves undegraded (its text_search does not find every
   hop: 'the Caribbean country mentioned in the article on Iran' is no query that retrieves Cuba)."""
   from data_pipeline import synthesize
   from osvl_jax import paths as osvl_paths
-  ok = [r for r in grounded_items if not r['rejected']]
-  records, _ = synthesize.synthesize(ok, graph, osvl_paths.data_dir())
+  records, _ = synthesize.synthesize(accepted_items, graph, osvl_paths.data_dir())
   kept = {r['prompt_id'] for r in records}
-  return [r for r in ok if r['prompt_id'] in kept]
+  return [r for r in accepted_items if r['prompt_id'] in kept]

@@ -52,8 +52,8 @@ def _engine(scripts, tokenizer):
 
 
 @pytest.fixture(scope='module')
-def item(grounded_items):
-  return grounded_items[0]
+def item(accepted_items):
+  return accepted_items[0]
 
 
 @pytest.mark.parametrize('keep_per_item, kept', [(1, ['once']), (0, ['twice', 'once'])])
@@ -191,11 +191,11 @@ def tiny_server(tmp_path_factory):
 
 
 @pytest.mark.parametrize('expert', ['model', 'openai'])
-def test_model_expert_against_a_real_server_rejects_garbage_with_reasons(graph, grounded_items, tiny_server, expert):
+def test_model_expert_against_a_real_server_rejects_garbage_with_reasons(graph, accepted_items, tiny_server, expert):
   """K = 5 episodes per item from SGLang's /generate API ('model', token-exact) or the same server's
   /v1/chat/completions ('openai', text rendered by the builder); the random model answers nothing right."""
   from osvl_jax import trajectory as traj_lib
-  items = grounded_items[:2]
+  items = accepted_items[:2]
   url = tiny_server if expert == 'model' else f'{tiny_server}/v1'
   config = model_config(expert=expert, base_url=url, model='osvl-jax', num_samples=5, max_turns=2,
                         max_new_tokens=8, temperature=1.0, max_concurrency=10, timeout_s=120.0, retries=1)

@@ -10,16 +10,16 @@ from osvl_jax import paths as osvl_paths
 
 
 @pytest.fixture(scope='module')
-def oracle_run(graph, grounded_items):
-  records, counts = synthesize.synthesize(grounded_items[:3], graph, osvl_paths.data_dir())
+def oracle_run(graph, accepted_items):
+  records, counts = synthesize.synthesize(accepted_items[:3], graph, osvl_paths.data_dir())
   return records, counts
 
 
-def test_oracle_trajectory_searches_the_image_then_the_text_and_answers(oracle_run, grounded_items):
+def test_oracle_trajectory_searches_the_image_then_the_text_and_answers(oracle_run, accepted_items):
   from osvl_jax import trajectory as traj_lib
   records, counts = oracle_run
   assert counts['kept'] >= 1 and counts['kept'] + counts['rejected'] == counts['in']
-  by_id = {r['prompt_id']: r for r in grounded_items}
+  by_id = {r['prompt_id']: r for r in accepted_items}
   for rec in records:
     traj = traj_lib.Trajectory.from_record(rec)
     item = by_id[traj.prompt_id]
@@ -33,10 +33,10 @@ def test_oracle_trajectory_searches_the_image_then_the_text_and_answers(oracle_r
     assert traj.question == item['question']
 
 
-def test_process_check_each_hop_is_found_in_the_tool_results(oracle_run, grounded_items):
+def test_process_check_each_hop_is_found_in_the_tool_results(oracle_run, accepted_items):
   from osvl_jax import trajectory as traj_lib
   records, _ = oracle_run
-  by_id = {r['prompt_id']: r for r in grounded_items}
+  by_id = {r['prompt_id']: r for r in accepted_items}
   for rec in records:
     traj = traj_lib.Trajectory.from_record(rec)
     path = by_id[traj.prompt_id]['path']
@@ -77,13 +77,13 @@ def test_observations_and_question_are_read_back_from_the_context():
   assert synthesize.observations(builder.prompt_ids(), tokenizer) == [(texts[0], ('img_2',)), (texts[1], ())]
 
 
-def test_one_oracle_engine_serves_a_batch_of_items_and_generations(oracle_run, grounded_items, graph):
+def test_one_oracle_engine_serves_a_batch_of_items_and_generations(oracle_run, accepted_items, graph):
   """Batched through `run_episodes` (G=2), the oracle writes the same trajectories as one item at a time."""
   from osvl_jax import trajectory as traj_lib
   from osvl_jax.rollout import agent_loop
   from tools import env as env_lib
   records, _ = oracle_run
-  items = grounded_items[:3]
+  items = accepted_items[:3]
   data_dir = osvl_paths.data_dir()
   tokenizer = traj_lib.load_tokenizer(data_dir)
   env = env_lib.ToolEnv()
@@ -105,11 +105,11 @@ def test_one_oracle_engine_serves_a_batch_of_items_and_generations(oracle_run, g
       assert traj.final_response == synthesize.GIVE_UP_RESPONSE
 
 
-def test_oracle_gives_up_with_the_reason(graph, grounded_items):
+def test_oracle_gives_up_with_the_reason(graph, accepted_items):
   from osvl_jax import trajectory as traj_lib
   from tools import env as env_lib
   data_dir = osvl_paths.data_dir()
-  item = dict(grounded_items[0], path=['No_Such_Article_Anywhere'] + list(grounded_items[0]['path'][1:]))
+  item = dict(accepted_items[0], path=['No_Such_Article_Anywhere'] + list(accepted_items[0]['path'][1:]))
   tokenizer = traj_lib.load_tokenizer(data_dir)
   env = env_lib.ToolEnv()
   make_builder = lambda: traj_lib.TrajectoryBuilder(tokenizer, traj_lib.ImageProcessor(), env.schemas())
@@ -154,9 +154,9 @@ def test_a_degraded_item_is_repaired_before_the_image_search(graph, solvable_ite
   assert len(traj.steps) <= synthesize.max_oracle_steps(item)
 
 
-def test_a_repair_tool_that_is_not_enabled_is_not_called(graph, grounded_items):
+def test_a_repair_tool_that_is_not_enabled_is_not_called(graph, accepted_items):
   """A degraded item whose repair tool the environment does not offer is searched as it is (img_1)."""
-  item = dict(grounded_items[0], degradation={'kind': 'downsample', 'params': '{"factor": 2}',
+  item = dict(accepted_items[0], degradation={'kind': 'downsample', 'params': '{"factor": 2}',
                                               'repair_tool': 'super_resolution'})
   plan = synthesize.oracle_plan(item, graph, tools=('text_search', 'image_search', 'sharpen'))
   assert next(plan).tool_call == {'name': 'image_search', 'arguments': {'image': 'img_1'}}
