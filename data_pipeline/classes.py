@@ -230,7 +230,9 @@ _REGIONS_THEMSELVES = ('Latin_America South_America Central_America North_Americ
                        'Oceania Australasia Antarctica Caribbean Sub-Saharan_Africa Horn_of_Africa Northwest_Africa '
                        'Southeast_Asia East_Asia South_Asia Central_Asia Western_Europe Eastern_Europe ')
 NOT_CLASS: dict[str, frozenset[str]] = {k: frozenset((_REGIONS_THEMSELVES + v).split()) for k, v in {
-    'place in the British Isles': 'Isle_of_Man Faroe_Islands Rock_of_Gibraltar Channel_Islands Jersey Guernsey '
+    # Wikispeedia files Gibraltar (on the Iberian peninsula), Moscow and Stuttgart under Geography_of_Great_Britain.
+    'place in the British Isles': 'Gibraltar Moscow Stuttgart '
+                                  'Isle_of_Man Faroe_Islands Rock_of_Gibraltar Channel_Islands Jersey Guernsey '
                                   'British_Isles British_Isles_(terminology) City_status_in_the_United_Kingdom '
                                   'National_parks_of_England_and_Wales Geology_of_Dorset Jersey_Zoological_Park '
                                   'London_Zoo',
