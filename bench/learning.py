@@ -23,7 +23,7 @@ one line per mode:
 
 delta = last-10 minus first-10 mean batch reward of each seed, averaged over seeds; delta_se its standard error
 over the seeds (0 with one seed). With fewer than 20 steps the windows are half the steps each. A smoke run:
---steps=2 --seeds=1 --modes=mask_clamp --heldout=2. Its figures: docs/benchmarks_history.md, "Learning (demo data)".
+--steps=2 --seeds=1 --modes=mask_clamp --heldout=2. Feeds BENCHMARKS.md, "Learning (demo data, history)".
 """
 
 import json
