@@ -45,7 +45,8 @@ _NOUN_BEFORE = re.compile(r'(?<![\w-])(' + lex.noun_pattern() + r')(?![\w-])(?P<
 _NOUN_AFTER = re.compile(r"^(?:,\s+(?:the|a|an)\s+|\s+(?:is|was)\s+(?:also\s+)?(?:the|a|an|one of the|"
                          r"[A-Z][\w'’.-]*['’]s)\s+)((?:[\w-]+\s+){0,4}?)(" + lex.noun_pattern() + r')(?![\w-])',
                          re.I)
-_CALLED = re.compile(r'(?<![\w-])(' + lex.noun_pattern() + r')\s+(?:called|named|known\s+as)\s+(?:the\s+)?'
+_CALLED = re.compile(r'(?<![\w-])(' + lex.noun_pattern() + r')\s+(?:[—–]\s+)?(?:(?:later|also|now|locally|simply)\s+)?'
+                     r'(?:called|named|known\s+as)\s+(?:the\s+)?'
                      r"([^\W\d_][\w'’-]*)", re.I)
 _GAP_STOP = frozenset('the a an of in on to by with from for at as who which that whom whose is was were are had has '
                       'have be been his her their its this these when while after before not than'.split())
@@ -339,7 +340,13 @@ def read(text: str, g, src: str | None = None) -> dict[str, Mention]:
     m.classes = m.classes | frozenset(phrases)
   for c in _CALLED.finditer(text):                   # 'an instrument called the cajón'
     noun, word = lex.noun_of(c.group(1)), c.group(2)
-    if noun and not any(taken[c.start(2):c.end(2)]) and entities.fold(word) not in lex.OPENERS:
+    article, end = at.get(c.start(2), (None, 0))
+    if (noun and article is not None and article.title and (noun in lex.PERSON_NOUNS) == article.person
+            and not re.match(r"\s+[A-Z0-9]", text[end:end + 2])):   # not 'a team named Manchester United'
+      # 'an alien planet — later named Krypton' (Superman's; Krypton's article is the element's): the text's class
+      article.evidence += [f'named: {noun}'] if f'named: {noun}' not in article.evidence else []
+      article.classes = article.classes | frozenset(lex.NOUNS[noun])
+    elif noun and not any(taken[c.start(2):c.end(2)]) and entities.fold(word) not in lex.OPENERS:
       m = next((v for k, v in out.items() if v.title is None and entities.fold(v.name) == entities.fold(word)),
                None) or get('?' + word, word, None)
       m.evidence += [f'named: {noun}'] if f'named: {noun}' not in m.evidence else []
