@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Data pipeline (DESIGN §7), embedded offline defaults; short paths and 3 hits per search keep the
   # expert trajectories (and so SFT on CPU) short. `dir` = '' builds/reads `<workdir>/data`.
   c.data = build.wikispeedia_walks(build.default_config())  # tau = 600, seed in-degree window [2, 600]
-  c.data.num_items = 200  # walks attempted: 37 items accepted (31 SFT trajectories, 6 RL prompts; BENCHMARKS.md)
+  c.data.num_items = 600  # walks attempted: 34 items accepted (26 SFT trajectories, 8 RL prompts; BENCHMARKS.md)
   c.data.hop_probs = (0.7, 0.3, 0.0)
   c.data.top_k = 3
   c.data.min_pixels = c.image.get_ref('min_pixels')
