@@ -347,8 +347,9 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
       the prompt of each row, ref_model π_ref (needed when beta > 0). The model
       and optimizer are updated in place.
       step_metrics: one dict per optimizer step (`grpo_loss`'s metrics + grad_norm, before clipping);
-      metrics: those reduced by `STEP_REDUCTIONS` (+ grad_norm_max), `mismatch_metrics`, optimizer_steps,
-      mini_batches, micro_batches (per mini-batch, the largest).
+      metrics: those reduced by `STEP_REDUCTIONS` (+ grad_norm_max), `mismatch_metrics`, optimizer_steps (the
+      mini-batches with a token in the loss: one without takes no step), mini_batches, micro_batches (per
+      mini-batch, the largest).
   Raises (from update):
     ValueError: prompt_ids not [B]; beta > 0 without ref_model; a rollout log-prob that is not finite on a
       completion token (`check_rollout_logprobs`, before any optimizer step).
@@ -388,7 +389,7 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
     if tis_cap:
       batch['tis_weights'] = tis_weights(batch['old_logprobs'], rollout, known, batch['loss_mask'], tis_cap)
     minis = update_rows.mini_batch_rows(prompt_ids, mini_prompts)
-    steps, micro_batches = [], 0
+    steps, micro_batches, applied = [], 0, 0
     for _ in range(epochs):
       for mini_rows in minis:
         n = len(mini_rows)
@@ -400,12 +401,16 @@ def make_update_fn(cfg: ml_collections.ConfigDict, place: Callable[[dict], dict]
                    for b, g in update_rows.split_micro_batches(part, part_grid, math.gcd(n, micro or n))]
         micro_batches = max(micro_batches, len(parts))
         sequences = n if loss_rows is None else float(np.sum(np.asarray(loss_rows)[mini_rows]))
-        grads, step = accumulate_grads(model, parts, grad_fn, sequences, float(np.sum(batch['loss_mask'][mini_rows])),
-                                       None if loss_rows is None else n)
-        step['grad_norm'] = float(distributed.to_host(policy.apply_grads(model, optimizer, grads)))
+        tokens = float(np.sum(batch['loss_mask'][mini_rows]))
+        grads, step = accumulate_grads(model, parts, grad_fn, sequences, tokens, None if loss_rows is None else n)
+        if tokens:
+          step['grad_norm'] = float(distributed.to_host(policy.apply_grads(model, optimizer, grads)))
+          applied += 1
+        else:   # no token in the loss (every rollout cut, e.g. past rollout.max_seconds): a zero gradient would still
+          step['grad_norm'] = 0.0   # move the weights (Adam's momentum, weight decay), so no optimizer step is taken
         steps.append(step)
     out.update(metrics.reduce_metrics([dict(s, grad_norm_max=s['grad_norm']) for s in steps], STEP_REDUCTIONS))
-    out.update(optimizer_steps=len(steps), mini_batches=len(minis), micro_batches=micro_batches)
+    out.update(optimizer_steps=applied, mini_batches=len(minis), micro_batches=micro_batches)
     return out, steps
 
   return update

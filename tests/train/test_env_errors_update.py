@@ -134,3 +134,18 @@ def test_the_lookup_world_and_the_paper_files_take_each_mode_on_the_command_line
   config.rollout.env_errors = 'skip'
   with pytest.raises(ValueError, match=r"rollout.env_errors='skip': expected one of \('count', 'retry', 'exclude'\)"):
     grpo.check_config(config)
+
+
+def test_a_batch_with_no_token_in_the_loss_takes_no_optimizer_step(trajectories):
+  """Every row cut (a host stalled past rollout.max_seconds leaves no token either): AdamW with weight decay would
+  still move the weights on a zero gradient (its momentum, the decay), so the update takes no step."""
+  batch, grid, _, _ = grpo_batch.prepare_batch(trajectories, _cfg(), exclude=np.ones(len(trajectories), bool))
+  assert not batch['loss_mask'].any()
+  model = model_lib.Qwen3VLModel(config_lib.Qwen3VLConfig.tiny(), rngs=nnx.Rngs(0))
+  before = jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param)))
+  opt = nnx.Optimizer(model, optax.adamw(1e-2, weight_decay=0.1), wrt=nnx.Param)
+  b = {k: v for k, v in batch.items() if k not in ('rewards', 'fatal_steps')}
+  out, steps = grpo_update.make_update_fn(_cfg())(model, opt, b, grid, [t.prompt_id for t in trajectories])
+  assert out['optimizer_steps'] == 0 and [s['grad_norm'] for s in steps] == [0.0] and int(opt.step[...]) == 0
+  for a, c in zip(jax.tree.leaves(jax.device_get(nnx.state(model, nnx.Param))), before):
+    np.testing.assert_array_equal(a, c)
