@@ -32,7 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Data pipeline (DESIGN §7), embedded offline defaults; short paths and 3 hits per search keep the
   # expert trajectories (and so SFT on CPU) short. `dir` = '' builds/reads `<workdir>/data`.
   c.data = build.wikispeedia_walks(build.default_config())  # tau = 600, seed in-degree window [2, 600]
-  c.data.num_items = 600  # walks attempted: 34 items accepted (26 SFT trajectories, 8 RL prompts; BENCHMARKS.md)
+  c.data.num_items = 600  # walks attempted: 34 accepted walks
+  c.data.attributes_per_path = 2  # 64 items (44 SFT trajectories, 14 RL prompts; BENCHMARKS.md)
   c.data.hop_probs = (0.7, 0.3, 0.0)
   c.data.top_k = 3
   c.data.min_pixels = c.image.get_ref('min_pixels')
@@ -106,7 +107,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The embedded sampler's prefix cache (osvl_jax/rollout/embedded/prefix_cache.py): each turn of an episode re-sends
   # its whole context; with slots the sampler prefills only what follows the longest prefix an earlier turn computed
   # (images included). A slot holds max_total_tokens + max_new_tokens of KV (4.3 MB for the demo model); 32 > the
-  # demo's 16 concurrent eval episodes. 0 = off (SGLang servers keep their own, RadixAttention).
+  # demo's 32 concurrent eval episodes. 0 = off (SGLang servers keep their own, RadixAttention).
   c.rollout.prefix_cache_slots = 32
   # The embedded sampler's rollout layout (rollout/embedded/layout.py): tensor 0 = none (one device, the policy's own
   # placement), -1 = auto (the smallest tensor-parallel degree whose replica holds the weights and the KV cache of its
@@ -125,7 +126,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.retries = 4
 
   c.sft = ml_collections.ConfigDict()
-  # 650 steps x 2 of the 31 trajectories: sft_format_ok 0.927 (450 steps: 0.768; BENCHMARKS.md, `make demo`).
+  # 650 steps x 2 of the 44 trajectories: sft_format_ok 0.86 (26 trajectories, one per walk: 0.66; BENCHMARKS.md).
   c.sft.steps = 650
   c.sft.batch_size = 2
   c.sft.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the batch (one fused step)
@@ -165,7 +166,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Sampling the SFT'd policy on the RL prompts (sft_format_ok).
   c.eval = ml_collections.ConfigDict()
-  c.eval.num_prompts = 16  # at most: the demo's build holds 6 RL prompts (BENCHMARKS.md)
+  # The first 8 of the build's 14 RL prompts: 32 episodes, as many as rollout.prefix_cache_slots (all 14: 56
+  # episodes, the cache thrashes and the eval takes 270 s instead of ~75; sft_format_ok 0.87 either way).
+  c.eval.num_prompts = 8
   # Samples per prompt: sft_format_ok over ~150 steps instead of ~35 (its standard error ~0.03, not ~0.07).
   c.eval.num_samples = 4
   # Qwen3-VL-Instruct's generation_config defaults (temperature 0.7, top_p 0.8).

@@ -88,7 +88,7 @@ SHAREGPT_FILE = 'sft_sharegpt.jsonl'  # the `sft` split in the official release'
 # needs the `sft` folder and sft_sharegpt.jsonl deleted to be redone).
 _NOT_RECORDED = ('dir', 'data_dir', 'synthesize')
 # A field added since, whose default is not what a build from before it was made with: that value instead.
-_BEFORE_RECORDED = {'min_image_side': 0, 'rl_fraction': 0.0}
+_BEFORE_RECORDED = {'min_image_side': 0, 'rl_fraction': 0.0, 'attributes_per_path': 1}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -101,6 +101,7 @@ def default_config() -> ml_collections.ConfigDict:
     seed: every random choice derives from it and the item index.
     hop_choices, hop_probs: h ~ Cat(hop_choices; hop_probs).
     max_retries: fresh walks per item before it is dropped.
+    attributes_per_path: items per accepted walk, each asking another attribute of its answer node (`qa.add_qa`).
     hub_in_degree: tau, in-degree above which a node is a hub and skipped (10,000: full English Wikipedia;
       configs/data_wikispeedia.py uses 600, see `paths.py` for the in-degree figures).
     min_seed_in_degree: lower end of the seed in-degree window [min_seed_in_degree, tau] (paper: 50).
@@ -145,6 +146,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.hop_choices = (2, 3, 4)
   c.hop_probs = (0.4, 0.4, 0.2)
   c.max_retries = 10
+  c.attributes_per_path = 1
   c.hub_in_degree = 10_000
   c.min_seed_in_degree = 50
   c.image_dir = 'images/landmarks'
@@ -198,7 +200,7 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
       < 0, hop_choices empty or not ints >= 1, hop_probs not one probability >= 0 per choice summing to 1, pixel
       limits not ints >= 1 with min <= max, min_seed_in_degree not an int >= 1 or above hub_in_degree, image_dir not a string, anchor
       not 'source' / 'answer', rewrite not a bool, source neither 'wikispeedia' nor an existing .bz2 file,
-      degrade_fraction outside [0, 1], rl_fraction outside [0, 1), min_image_side not an int >= 0,
+      degrade_fraction outside [0, 1], rl_fraction outside [0, 1), min_image_side (attributes_per_path) not int >= 0 (1),
       an unknown system_prompt, a bad `filter`, `llm_questions`, `llm_descriptors`, `clip_ground` or `synthesize`
       section (their `check_config`), unknown merge_sources or merge_holdout outside [0, 1) (`merge.check_settings`).
   """
@@ -232,6 +234,7 @@ def check_config(config: ml_collections.ConfigDict, prefix: str = 'data') -> Non
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
     raise ValueError(f'{prefix}.degrade_fraction={fraction!r}: expected a fraction in [0, 1]')
   checks.number(root, f'{prefix}.rl_fraction', low=0, high=1, high_open=True, optional=True)
+  checks.number(root, f'{prefix}.attributes_per_path', integer=True, low=1, optional=True)
   checks.number(root, f'{prefix}.min_image_side', integer=True, low=0, optional=True)
   from osvl_jax import trajectory as traj_lib
   try:
@@ -341,7 +344,8 @@ def _build(config: ml_collections.ConfigDict, out: pathlib.Path) -> dict:
     return records, counts
 
   llm_cfg = config.llm_questions
-  recs = stage('qa', lambda: then(qa.add_qa(recs, graph, config.seed), 'llm_questions',
+  per_path = config.get('attributes_per_path', 1)
+  recs = stage('qa', lambda: then(qa.add_qa(recs, graph, config.seed, per_path), 'llm_questions',
                                   lambda r: llm_questions.canonical_questions(r, llm_cfg, aliases=graph.aliases)))
   stages.update()
   def rewrite_stage():  # the descriptors chosen first, their counts beside the rewrite's

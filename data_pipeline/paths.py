@@ -102,23 +102,31 @@ def historical(g, title: str, attribute: str, line: str) -> str | None:
   return None
 
 
-def answer_attribute(g, path: list[str]) -> tuple[str, dict] | None:
-  """The first typed attribute of the last node whose answer is not a name of a path node nor a value of the past
-  (`historical`), its aliases extended with the names of the article it names ('Moscow' -> the article's).
+def answer_attributes(g, path: list[str]) -> list[tuple[str, dict]]:
+  """The typed attributes of the last node, in `entities.ATTRIBUTES` order, whose answer is not a name of a path
+  node nor a value of the past (`historical`), each answer's aliases extended with the names of the article it
+  names ('Moscow' -> the article's).
 
   Args:
     g: the `wiki_graph.WikiGraph`; path: titles v0..vh.
   Returns:
-    (attribute name, {'answer', 'aliases', 'line'}) or None.
+    [(attribute name, {'answer', 'aliases', 'line'})], possibly empty.
   """
   names = [n for t in path for n in g.aliases(t)]
+  out = []
   for name, val in g.attributes(path[-1]).items():
     if entities.names_in_text(val['answer'], names) or historical(g, path[-1], name, val['line']):
       continue
     title = val['answer'].replace(' ', '_')
     more = [a for a in (g.aliases(title) if title in g else ()) if a != val['answer'] and a not in val['aliases']]
-    return name, dict(val, aliases=list(val['aliases']) + more)
-  return None
+    out.append((name, dict(val, aliases=list(val['aliases']) + more)))
+  return out
+
+
+def answer_attribute(g, path: list[str]) -> tuple[str, dict] | None:
+  """The first of `answer_attributes` (the item's answer), or None."""
+  got = answer_attributes(g, path)
+  return got[0] if got else None
 
 
 def check_path(g, path: list[str]) -> tuple[list[str], list[str]] | str:

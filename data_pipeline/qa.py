@@ -144,36 +144,40 @@ def canonical_question(path: list[str], attribute: str, rng: np.random.Generator
   return f'{capitalize(chain)}. {capitalize(ask)}'
 
 
-def add_qa(records: list[dict], graph, seed: int) -> tuple[list[dict], dict]:
+def add_qa(records: list[dict], graph, seed: int, attributes_per_path: int = 1) -> tuple[list[dict], dict]:
   """Adds answer_attribute, answers, answer_evidence and canonical_question to each walk record.
 
   Args:
     records: output of `paths.sample_paths`.
     graph: the `wiki_graph.WikiGraph` the walks came from.
     seed: template choices are drawn from `default_rng([seed, 1, item index])`.
+    attributes_per_path: items per accepted walk (`data.attributes_per_path`): the first answerable attribute's,
+      then up to this - 1 more of the next well-typed attributes of vh with new answers (Egypt: capital Cairo, then
+      currency Egyptian pound), each `'<prompt_id>-<attribute>'` (`splits.walk_id` keeps them in one split).
   Returns:
     (records with QA, counts {'in', 'answered', 'no_answer', 'accepted', 'rejected_answer_type' (attribute ->
-    n), 'rejected_descriptor'}); a walk whose answer node lost its attribute is kept with
+    n), 'rejected_descriptor', 'more_attributes'}); a walk whose answer node lost its attribute is kept with
     `rejected='qa: no answerable attribute'`, one whose answer is not a value of its type with
     `'answer_type:<attribute> (<why>)'`, one with a descriptor not of its node with `'descriptor:<title>'`.
   """
   out = []
   counts = {'in': len(records), 'answered': 0, 'no_answer': 0, 'accepted': 0, 'rejected_answer_type': {},
-            'rejected_descriptor': 0}
+            'rejected_descriptor': 0, 'more_attributes': 0}
+
+  def with_answer(rec, name, val, rng):
+    return dict(rec, answer_attribute=name, answers=[val['answer']] + list(val['aliases']),
+                answer_evidence=f"{rec['path'][-1]}: {val['line']}",
+                canonical_question=canonical_question(rec['path'], name, rng), rejected=None)
+
   for i, rec in enumerate(records):
-    rec = dict(rec)
-    got = paths_lib.answer_attribute(graph, rec['path'])
-    if got is None:
+    got = paths_lib.answer_attributes(graph, rec['path'])
+    if not got:
       counts['no_answer'] += 1
-      rec.update(answer_attribute='', answers=[], answer_evidence='', canonical_question='',
-                 rejected='qa: no answerable attribute')
-      out.append(rec)
+      out.append(dict(rec, answer_attribute='', answers=[], answer_evidence='', canonical_question='',
+                      rejected='qa: no answerable attribute'))
       continue
-    name, val = got
-    rng = np.random.default_rng([seed, 1, i])
-    rec.update(answer_attribute=name, answers=[val['answer']] + list(val['aliases']),
-               answer_evidence=f"{rec['path'][-1]}: {val['line']}",
-               canonical_question=canonical_question(rec['path'], name, rng), rejected=None)
+    (name, val), more = got[0], got[1:]
+    rec = with_answer(rec, name, val, np.random.default_rng([seed, 1, i]))
     counts['answered'] += 1
     why = answer_type_error(name, val['answer'], raw_value(name, val['line'].split(' / ')[-1]))
     wrong = [t for t, d in zip(rec['path'][1:], rec.get('descriptors') or ()) if d not in graph.descriptors(t)]
@@ -186,4 +190,16 @@ def add_qa(records: list[dict], graph, seed: int) -> tuple[list[dict], dict]:
     else:
       counts['accepted'] += 1
     out.append(rec)
+    used = {entities.fold(val['answer'])}
+    for j, (name, val) in enumerate(more):
+      if rec['rejected'] or len(used) >= attributes_per_path:
+        break
+      if (entities.fold(val['answer']) in used
+          or answer_type_error(name, val['answer'], raw_value(name, val['line'].split(' / ')[-1]))):
+        continue
+      used.add(entities.fold(val['answer']))
+      out.append(with_answer(dict(rec, prompt_id=f"{rec['prompt_id']}-{name}"), name, val,
+                             np.random.default_rng([seed, 1, i, j + 1])))
+      counts['accepted'] += 1
+      counts['more_attributes'] += 1
   return out, counts

@@ -108,7 +108,7 @@ def review_item(g, item: dict, chain_counts: dict) -> dict:
 
   Args:
     g: the dataset's `wiki_graph.WikiGraph`; item: a row of the `items` split;
-    chain_counts: `paths.answer_chain` -> accepted items with it.
+    chain_counts: `paths.answer_chain` -> distinct paths of the accepted items with it.
   Returns:
     {'prompt_id', 'question', 'path', 'image_path', 'hops': [{'src', 'dst', 'descriptor', 'relation', 'class',
     'competitors', 'unclassified', 'referent', 'serious' (`hop_review`), 'descriptor_check', 'definition'}],
@@ -130,7 +130,7 @@ def review_item(g, item: dict, chain_counts: dict) -> dict:
   checks = {'reading': rewrite.reading_error(descs, rels, persons) or 'ok',
             'leak': '; '.join(leaks) or 'ok',
             'answer': answer or paths.historical(g, path[-1], item['answer_attribute'], line) or 'ok',
-            'chain': f"{chain_counts[paths.answer_chain(path)]} item(s) end with {' -> '.join(path[-2:])}"}
+            'chain': f"{chain_counts[paths.answer_chain(path)]} path(s) end with {' -> '.join(path[-2:])}"}
   ok = (all(h['referent'] != 'AMBIGUOUS' and h['descriptor_check'] == 'fits' for h in hops)
         and all(checks[k] == 'ok' for k in ('reading', 'leak', 'answer'))
         and chain_counts[paths.answer_chain(path)] <= paths.MAX_PER_CHAIN)
@@ -156,9 +156,9 @@ def review(dataset: str | os.PathLike, sample: int, seed: int, data_dir: str | o
   dataset = pathlib.Path(dataset)
   items, _ = pipeline_data.read_split(dataset / 'items')
   ok = [r for r in items if not r['rejected']]
-  chain_counts = {}
-  for r in ok:
-    chain_counts[paths.answer_chain(r['path'])] = chain_counts.get(paths.answer_chain(r['path']), 0) + 1
+  chain_counts = {}  # distinct paths per chain (the items asking other attributes of a walk count once)
+  for path in {tuple(r['path']) for r in ok}:
+    chain_counts[paths.answer_chain(list(path))] = chain_counts.get(paths.answer_chain(list(path)), 0) + 1
   picked = sorted(np.random.default_rng(seed).choice(len(ok), min(sample, len(ok)), replace=False).tolist())
   g = wiki_graph.WikiGraph.open(dataset / 'wiki')
   root = pathlib.Path(data_dir) if data_dir else osvl_paths.data_dir()

@@ -13,7 +13,7 @@ import datasets
 import ml_collections
 import pytest
 
-from data_pipeline import build, dataset_folder, graph, llm, wiki
+from data_pipeline import build, dataset_folder, graph, llm, splits, wiki
 from osvl_jax.data import pipeline as pipeline_data
 
 
@@ -172,6 +172,24 @@ def test_degrade_and_filter_switches_and_their_counts(tmp_path):
     build.build_dataset(config, tmp_path / 'bad')
 
 
+def test_more_attributes_per_path_make_items_of_one_split_with_their_own_answers(tmp_path):
+  config = build.wikispeedia_walks(build.default_config())
+  config.num_items, config.attributes_per_path, config.rl_fraction = 4, 2, 0.3
+  stats = build.build_dataset(config, tmp_path)
+  items = {r['prompt_id']: r for r in datasets.load_from_disk(str(tmp_path / 'items')) if not r['rejected']}
+  more = [p for p in items if p != splits.walk_id(p)]
+  assert more and stats['qa']['more_attributes'] == len(more) and len(items) == stats['items']['accepted']
+  for p in more:   # the walk's path, another attribute, another answer
+    first, other = items[splits.walk_id(p)], items[p]
+    assert other['path'] == first['path'] and p == f"{first['prompt_id']}-{other['answer_attribute']}"
+    assert other['answer_attribute'] != first['answer_attribute'] and other['answers'][0] != first['answers'][0]
+  trajectories = pipeline_data.load_sft(tmp_path)
+  for t in trajectories:   # each expert answers its own item's attribute
+    assert list(t.answers) == list(items[t.prompt_id]['answers']) and t.final_response in t.answers, t.prompt_id
+  rl_walks = {splits.walk_id(p['prompt_id']) for p in pipeline_data.load_prompts(tmp_path)}
+  assert rl_walks and trajectories and not rl_walks & {splits.walk_id(t.prompt_id) for t in trajectories}
+
+
 def test_a_bad_source_is_refused_naming_the_field(tmp_path):
   config = build.default_config()
   config.source = str(tmp_path / 'missing.xml.bz2')
@@ -263,12 +281,14 @@ def test_an_xml_dump_with_no_seed_gives_zero_items_with_reasons(tmp_path):
     ('anchor', 'image', "data.anchor='image'"), ('rewrite', 'no', "data.rewrite='no'"),
     ('image_dir', '', "data.image_dir=''"), ('min_seed_in_degree', 0, 'data.min_seed_in_degree'),
     ('min_seed_in_degree', 20_000, 'seed in-degree window is empty'),
+    ('attributes_per_path', 0, 'data.attributes_per_path=0'),
 ])
 def test_walk_and_ablation_switches_are_checked_and_recorded(tmp_path, field, value, match):
   settings = build.build_settings(build.default_config())
-  assert {k: settings[k] for k in ('anchor', 'rewrite', 'hub_in_degree', 'min_seed_in_degree', 'image_dir')} == {
+  assert {k: settings[k] for k in ('anchor', 'rewrite', 'hub_in_degree', 'min_seed_in_degree', 'image_dir',
+                                   'attributes_per_path')} == {
       'anchor': 'source', 'rewrite': True, 'hub_in_degree': 10_000, 'min_seed_in_degree': 50,
-      'image_dir': 'images/landmarks'}   # content settings: a rerun with another value is refused
+      'image_dir': 'images/landmarks', 'attributes_per_path': 1}   # content settings: a rerun with another value is refused
   config = ml_collections.ConfigDict({**build.default_config().to_dict(), field: value})  # any type, as a flag
   with pytest.raises(ValueError, match=match):
     build.build_dataset(config, tmp_path / 'out')

@@ -108,3 +108,25 @@ def test_every_accepted_item_has_a_well_formed_answer(grounded_items):
   for r in grounded_items:
     if r['rejected'] is None:
       assert qa.answer_type_error(r['answer_attribute'], r['answers'][0]) is None
+
+
+def test_more_attributes_per_path_ask_the_next_attributes_of_the_answer_node(corpus, graph):
+  # Egypt.txt's infobox: capital Cairo, currency Egyptian pound, calling code +20, TLD .eg (a path ending in Egypt).
+  path = ['Great_Pyramid_of_Giza', 'Egypt']
+  one, counts_one = qa.add_qa([_record(graph, path)], graph, seed=0)
+  recs, counts = qa.add_qa([_record(graph, path)], graph, seed=0, attributes_per_path=3)
+  assert one == recs[:1] and counts_one['more_attributes'] == 0
+  assert [(r['prompt_id'], r['answer_attribute'], r['answers'][0]) for r in recs] == [
+      ('x', 'capital', 'Cairo'), ('x-currency', 'currency', 'Egyptian pound'), ('x-calling_code', 'calling_code', '+20')]
+  assert recs[1]['canonical_question'].endswith('What is the currency of Egypt?')
+  assert all(r['rejected'] is None and r['path'] == path for r in recs)
+  assert counts['accepted'] == 3 and counts['more_attributes'] == 2 and counts['answered'] == 1
+  # A walk whose first answer is malformed gives no item at all (Mexico City's capital 'of the Nation').
+  bad, _ = qa.add_qa([_record(graph, ['Toronto', 'Mexico_City'])], graph, seed=0, attributes_per_path=3)
+  assert len(bad) == 1 and bad[0]['rejected'].startswith('answer_type:capital')
+
+
+def test_an_attribute_repeating_an_earlier_answer_adds_no_item(graph):
+  # Israel: capital Jerusalem, currency New Israeli sheqel, largest city Jerusalem (skipped), TLD .il.
+  recs, _ = qa.add_qa([_record(graph, ['Egypt', 'Israel'])], graph, seed=0, attributes_per_path=3)
+  assert [r['answer_attribute'] for r in recs] == ['capital', 'currency', 'tld']

@@ -156,7 +156,7 @@ def test_a_season_only_answer_is_serious_and_every_unclassified_name_is_listed(g
 def test_a_good_item_passes_every_check_and_renders_as_html(graph, tmp_path):
   rec = review.review_item(graph, _GOOD, {('Peru', 'Lima'): 1})
   assert rec['ok'] and not rec['serious'] and [h['referent'] for h in rec['hops']] == ['most often', 'most often']
-  assert rec['checks'] == {'reading': 'ok', 'leak': 'ok', 'answer': 'ok', 'chain': '1 item(s) end with Peru -> Lima'}
+  assert rec['checks'] == {'reading': 'ok', 'leak': 'ok', 'answer': 'ok', 'chain': '1 path(s) end with Peru -> Lima'}
   rec['image_file'] = str(tmp_path / 'images' / 'machu-picchu.jpg')
   page = review.as_html([rec], tmp_path / 'data')
   assert '<img src="../images/machu-picchu.jpg"' in page and '<li>Peru x11 (article' in page

@@ -45,3 +45,18 @@ def test_rl_prompts_are_the_accepted_items_with_no_trajectory(fraction):
 def test_without_synthesis_every_accepted_item_is_an_rl_prompt():
   rows, counts = splits.rl_split(_items(5), [], 0.5, 0)
   assert [r['prompt_id'] for r in rows] == [f'wiki-{i}' for i in range(5)] and counts['prompts'] == 5
+
+
+def test_the_items_of_one_walk_share_a_split():
+  # qa.add_qa's attributes_per_path: 'wiki-s0-00012' asks Egypt's capital, 'wiki-s0-00012-currency' its currency.
+  assert splits.walk_id('wiki-s0-00012-currency') == splits.walk_id('wiki-s0-00012-calling_code') == 'wiki-s0-00012'
+  assert splits.walk_id('wiki-s0-00012') == 'wiki-s0-00012' and splits.walk_id('vqa-0-capitals') == 'vqa-0-capitals'
+  walks = [f'wiki-s0-{i:05d}' for i in range(200)]
+  items = [{'prompt_id': p + suffix, 'rejected': None} for p in walks for suffix in ('', '-currency', '-tld')]
+  held = [[splits.rl_held_out(p + s, 0.3, 0) for s in ('', '-currency', '-tld')] for p in walks]
+  assert all(len(set(h)) == 1 for h in held) and 30 < sum(h[0] for h in held) < 90   # ~ 0.3 x 200 walks
+  # An item the expert failed on (no trajectory) is no RL prompt when another item of its walk is an SFT item.
+  sft = [{'prompt_id': r['prompt_id']} for r in splits.synthesis_items(items, 0.3, 0) if r['prompt_id'][-4:] != '-tld']
+  rows, _ = splits.rl_split(items, sft, 0.3, 0)
+  rl_walks, sft_walks = {splits.walk_id(r['prompt_id']) for r in rows}, {splits.walk_id(r['prompt_id']) for r in sft}
+  assert not rl_walks & sft_walks and len(rows) == 3 * len(rl_walks) == 3 * sum(h[0] for h in held)
