@@ -33,6 +33,7 @@ import numpy as np
 
 from data_pipeline import entities
 from data_pipeline import paths as paths_lib
+from data_pipeline import splits
 
 # Hop clause templates: {a} = source article name, {b} = the article it mentions.
 HOP_TEMPLATES = (
@@ -153,7 +154,8 @@ def add_qa(records: list[dict], graph, seed: int, attributes_per_path: int = 1) 
     seed: template choices are drawn from `default_rng([seed, 1, item index])`.
     attributes_per_path: items per accepted walk (`data.attributes_per_path`): the first answerable attribute's,
       then up to this - 1 more of the next well-typed attributes of vh with new answers (Egypt: capital Cairo, then
-      currency Egyptian pound), each `'<prompt_id>-<attribute>'` (`splits.walk_id` keeps them in one split).
+      currency Egyptian pound), each `splits.item_id` ('<prompt_id>-<attribute>'; `splits.walk_id` keeps them in
+      one split).
   Returns:
     (records with QA, counts {'in', 'answered', 'no_answer', 'accepted', 'rejected_answer_type' (attribute ->
     n), 'rejected_descriptor', 'more_attributes'}); a walk whose answer node lost its attribute is kept with
@@ -163,6 +165,9 @@ def add_qa(records: list[dict], graph, seed: int, attributes_per_path: int = 1) 
   out = []
   counts = {'in': len(records), 'answered': 0, 'no_answer': 0, 'accepted': 0, 'rejected_answer_type': {},
             'rejected_descriptor': 0, 'more_attributes': 0}
+
+  def type_error(name, val):
+    return answer_type_error(name, val['answer'], raw_value(name, val['line'].split(' / ')[-1]))
 
   def with_answer(rec, name, val, rng):
     return dict(rec, answer_attribute=name, answers=[val['answer']] + list(val['aliases']),
@@ -179,7 +184,7 @@ def add_qa(records: list[dict], graph, seed: int, attributes_per_path: int = 1) 
     (name, val), more = got[0], got[1:]
     rec = with_answer(rec, name, val, np.random.default_rng([seed, 1, i]))
     counts['answered'] += 1
-    why = answer_type_error(name, val['answer'], raw_value(name, val['line'].split(' / ')[-1]))
+    why = type_error(name, val)
     wrong = [t for t, d in zip(rec['path'][1:], rec.get('descriptors') or ()) if d not in graph.descriptors(t)]
     if why is not None:
       rec['rejected'] = f'answer_type:{name} ({why})'
@@ -194,11 +199,10 @@ def add_qa(records: list[dict], graph, seed: int, attributes_per_path: int = 1) 
     for j, (name, val) in enumerate(more):
       if rec['rejected'] or len(used) >= attributes_per_path:
         break
-      if (entities.fold(val['answer']) in used
-          or answer_type_error(name, val['answer'], raw_value(name, val['line'].split(' / ')[-1]))):
+      if entities.fold(val['answer']) in used or type_error(name, val):
         continue
       used.add(entities.fold(val['answer']))
-      out.append(with_answer(dict(rec, prompt_id=f"{rec['prompt_id']}-{name}"), name, val,
+      out.append(with_answer(dict(rec, prompt_id=splits.item_id(rec['prompt_id'], name)), name, val,
                              np.random.default_rng([seed, 1, i, j + 1])))
       counts['accepted'] += 1
       counts['more_attributes'] += 1

@@ -27,6 +27,7 @@ build's: an item built by another check is judged the same way):
 The summary line (stderr) counts the items reviewed, flagged and serious.
 """
 
+import collections
 import html
 import json
 import os
@@ -156,9 +157,8 @@ def review(dataset: str | os.PathLike, sample: int, seed: int, data_dir: str | o
   dataset = pathlib.Path(dataset)
   items, _ = pipeline_data.read_split(dataset / 'items')
   ok = [r for r in items if not r['rejected']]
-  chain_counts = {}  # distinct paths per chain (the items asking other attributes of a walk count once)
-  for path in {tuple(r['path']) for r in ok}:
-    chain_counts[paths.answer_chain(list(path))] = chain_counts.get(paths.answer_chain(list(path)), 0) + 1
+  # Distinct paths per chain (the items asking other attributes of one walk count once).
+  chain_counts = collections.Counter(paths.answer_chain(list(p)) for p in {tuple(r['path']) for r in ok})
   picked = sorted(np.random.default_rng(seed).choice(len(ok), min(sample, len(ok)), replace=False).tolist())
   g = wiki_graph.WikiGraph.open(dataset / 'wiki')
   root = pathlib.Path(data_dir) if data_dir else osvl_paths.data_dir()

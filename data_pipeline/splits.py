@@ -27,6 +27,12 @@ HELD_OUT, NO_TRAJECTORY = 'held_out', 'no_trajectory'
 _MORE_ATTRIBUTE = re.compile(r'-(?:' + '|'.join(a.name for a in entities.ATTRIBUTES) + r')$')
 
 
+def item_id(walk: str, attribute: str) -> str:
+  """The prompt_id of a walk's item asking `attribute` beside its first one ('wiki-s0-00012', 'currency' ->
+  'wiki-s0-00012-currency'); `walk_id` reads it back."""
+  return f'{walk}-{attribute}'
+
+
 def walk_id(prompt_id: str) -> str:
   """The walk an item's question comes from: its prompt_id less a `-<attribute>` suffix ('wiki-s0-00012-currency'
   -> 'wiki-s0-00012'); the items of one walk share a split (an RL prompt never shares its path with SFT)."""

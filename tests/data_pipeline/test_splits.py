@@ -51,6 +51,8 @@ def test_the_items_of_one_walk_share_a_split():
   # qa.add_qa's attributes_per_path: 'wiki-s0-00012' asks Egypt's capital, 'wiki-s0-00012-currency' its currency.
   assert splits.walk_id('wiki-s0-00012-currency') == splits.walk_id('wiki-s0-00012-calling_code') == 'wiki-s0-00012'
   assert splits.walk_id('wiki-s0-00012') == 'wiki-s0-00012' and splits.walk_id('vqa-0-capitals') == 'vqa-0-capitals'
+  assert splits.item_id('wiki-s0-00012', 'largest_city') == 'wiki-s0-00012-largest_city'
+  assert splits.walk_id(splits.item_id('wiki-s0-00012', 'largest_city')) == 'wiki-s0-00012'
   walks = [f'wiki-s0-{i:05d}' for i in range(200)]
   items = [{'prompt_id': p + suffix, 'rejected': None} for p in walks for suffix in ('', '-currency', '-tld')]
   held = [[splits.rl_held_out(p + s, 0.3, 0) for s in ('', '-currency', '-tld')] for p in walks]
