@@ -37,6 +37,9 @@ setuptools.setup(
         'fastapi==0.163.2',
         'uvicorn==0.54.0',
         'sglang-router==0.3.2',
+        # SIMD base64 that releases the GIL: decoding a flood of image uploads (4 MB each, ~10 ms with the
+        # stdlib's, GIL held) no longer stalls the server's event loop (osvl_jax/serve/request_limits.py).
+        'pybase64==1.5.1',
         'json-repair==0.64.6',  # tool-call JSON repair (trajectory.actions.loads_lenient)
         # Local OCR (PP-OCRv6 models ship in the wheel). It pulls opencv-python-headless, whose cv2 shadows the
         # contrib build: the Makefile reinstalls opencv-contrib-python-headless after this (SIFT, dnn_superres).
