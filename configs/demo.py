@@ -203,7 +203,9 @@ def get_config() -> ml_collections.ConfigDict:
   # per batch shard fixed by patches_per_shard, or 0 = on a ladder 4 x 2^k. One program per (T, K, P) rung.
   c.grpo.length_buckets = (2048, 4096)
   c.grpo.max_loss_tokens = 1280
-  c.grpo.loss_bucket = 256
+  # One K rung (= max_loss_tokens): the demo's batches held 512 or 1024 loss positions, and the second rung's
+  # compile (~29 s on the 2-core VM) cost more than the update at K = 1280 (5.0 s per step either way).
+  c.grpo.loss_bucket = 1280
   c.grpo.patches_per_shard = 0
   c.grpo.micro_batch_size = 0  # rows per gradient-accumulation micro-batch; 0 = the whole group batch
   # Packing (dynamic batch size, grpo_update.Packing): > 0 packs each mini-batch's trajectories whole into rows of the
