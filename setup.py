@@ -40,6 +40,9 @@ setuptools.setup(
         # SIMD base64 that releases the GIL: decoding a flood of image uploads (4 MB each, ~10 ms with the
         # stdlib's, GIL held) no longer stalls the server's event loop (osvl_jax/serve/request_limits.py).
         'pybase64==1.5.1',
+        # uvicorn's C HTTP parser (what `uvicorn[standard]` installs; uvicorn picks it over the pure-Python h11):
+        # behind a flood of large uploads the event loop parses them in a fraction of the time (BENCHMARKS.md).
+        'httptools==0.7.1',
         'json-repair==0.64.6',  # tool-call JSON repair (trajectory.actions.loads_lenient)
         # Local OCR (PP-OCRv6 models ship in the wheel). It pulls opencv-python-headless, whose cv2 shadows the
         # contrib build: the Makefile reinstalls opencv-contrib-python-headless after this (SIFT, dnn_superres).
