@@ -2,7 +2,7 @@
 flood, against the same request alone.
 
   .venv/bin/python bench/serve_latency.py [--new-tokens 8] [--long-tokens 1500] [--images 150]
-      [--image-side 1024] [--url http://HOST:PORT]
+      [--image-side 1024] [--probes 5] [--url http://HOST:PORT]
 
 Starts `python -m osvl_jax.serve --tiny` on a free 127.0.0.1 port (or uses `--url`), runs every case once to warm
 its shapes up (the compile is not timed), then times a greedy `--new-tokens` text request:
@@ -10,8 +10,10 @@ its shapes up (the compile is not timed), then times a greedy `--new-tokens` tex
   flush: sent right after a `/flush_cache`, itself sent while a `--long-tokens` request generates;
   image flood: sent 0.2 s after `--images` one-image requests (random `--image-side` PNGs, so decoding costs
     what a real screenshot does) were sent at once from another process (as from other clients: the flood's
-    bodies are JSON-encoded before the clock starts and hold neither the timed client's GIL nor its CPU time).
-Prints the latencies, then last `flush_ratio=<flush / alone> image_flood_ratio=<flood / alone>` (target <= 2).
+    bodies are JSON-encoded before the clock starts and hold neither the timed client's GIL nor its CPU time),
+    then up to `--probes` - 1 more, 0.3 s apart, while the flood lasts.
+Prints the latencies, then last `flush_ratio=<flush / alone> image_flood_ratio=<the first flood probe / alone>`
+(target <= 2) `image_flood_median_ratio=<median of the probes / alone> image_flood_max_ratio=<slowest / alone>`.
 Feeds BENCHMARKS.md, "Serving".
 """
 
@@ -54,8 +56,11 @@ def main() -> None:
   parser.add_argument('--long-tokens', type=int, default=1500)
   parser.add_argument('--images', type=int, default=150)
   parser.add_argument('--image-side', type=int, default=1024)
+  parser.add_argument('--probes', type=int, default=5, help='text requests timed behind the flood (>= 1)')
   parser.add_argument('--url', default=None, help='an already running server (default: start a tiny one)')
   args = parser.parse_args()
+  if args.probes < 1:
+    parser.error(f'--probes must be >= 1, got {args.probes}')
 
   import httpx  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -107,18 +112,25 @@ def main() -> None:
         ready.wait()
         go.set()
         time.sleep(0.2)                                               # the flood is being sent and decoded
-        seconds, _ = generate(text, args.new_tokens)
+        seconds = [generate(text, args.new_tokens)[0]]
+        while len(seconds) < args.probes and done.empty():            # later in the flood, 0.3 s apart
+          time.sleep(0.3)
+          seconds.append(generate(text, args.new_tokens)[0])
         flood_s = done.get()
         client.join()
         return seconds, flood_s
 
       beside_flush(), behind_flood()                                  # warm-up: their batch shapes compile
       with_flush, (long_s, long_n) = beside_flush()
-      with_flood, flood_s = behind_flood()
+      floods, flood_s = behind_flood()
+    with_flood, later = floods[0], floods[1:]
     print(f'alone {alone:.3f} s; beside a flush (a {long_n}-token request running {long_s:.1f} s) {with_flush:.3f} s; '
           f'behind {args.images} image requests ({args.image_side}px, all answered in {flood_s:.1f} s) '
-          f'{with_flood:.3f} s; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores')
-    print(f'flush_ratio={with_flush / alone:.2f} image_flood_ratio={with_flood / alone:.2f}')
+          f'{with_flood:.3f} s, later in the flood {" ".join(f"{x:.3f}" for x in later) or "-"} s; '
+          f'load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores')
+    spread = (f' image_flood_median_ratio={statistics.median(floods) / alone:.2f} '
+              f'image_flood_max_ratio={max(floods) / alone:.2f}' if later else '')
+    print(f'flush_ratio={with_flush / alone:.2f} image_flood_ratio={with_flood / alone:.2f}{spread}')
 
 
 if __name__ == '__main__':
