@@ -191,7 +191,7 @@ def one_run(base, mode, seed, workdir, out, mesh, heldout, facts, zero_pixels='n
 def summarize(runs: list[dict], window: int) -> dict:
   pairs = np.array([curves.window_means(r['reward'], window) for r in runs])   # [seeds, 2]
   deltas = pairs[:, 1] - pairs[:, 0]
-  copies = [r['after']['retry_copy'] for r in runs if not np.isnan(r['after'].get('retry_copy', np.nan))]
+  copies = [c for c in (r['after'].get('retry_copy', np.nan) for r in runs) if not np.isnan(c)]
   return {'reward_first': float(pairs[:, 0].mean()), 'reward_last': float(pairs[:, 1].mean()),
           'delta': float(deltas.mean()),
           'delta_se': float(deltas.std(ddof=1) / np.sqrt(len(deltas))) if len(deltas) > 1 else 0.0,

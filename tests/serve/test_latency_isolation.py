@@ -5,6 +5,7 @@ busy and more image requests wait than the HTTP thread pool has threads, and sma
 all; the decode threads run nicer than the server's others, so decoding yields the CPU to the sampler."""
 
 import base64
+import binascii
 import concurrent.futures
 import io
 import os
@@ -178,5 +179,5 @@ def test_image_data_decodes_as_the_standard_library_does(wrap):
   for bad in ('abc', 'ab=c', 'é' * 8):
     with pytest.raises(request_limits.RequestError, match=r'cannot decode image_data\[3\]'):
       request_limits._image_bytes(bad, 'image_data[3]')
-    with pytest.raises((ValueError, base64.binascii.Error)):
+    with pytest.raises((ValueError, binascii.Error)):
       base64.b64decode(bad, validate=False)
