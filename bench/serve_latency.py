@@ -2,7 +2,7 @@
 flood, against the same request alone.
 
   .venv/bin/python bench/serve_latency.py [--new-tokens 8] [--long-tokens 1500] [--images 150]
-      [--image-side 1024] [--probes 5] [--url http://HOST:PORT]
+      [--image-side 1024] [--probes 5] [--flood-nice 19] [--url http://HOST:PORT]
 
 Starts `python -m osvl_jax.serve --tiny` on a free 127.0.0.1 port (or uses `--url`), runs every case once to warm
 its shapes up (the compile is not timed), then times a greedy `--new-tokens` text request:
@@ -10,8 +10,9 @@ its shapes up (the compile is not timed), then times a greedy `--new-tokens` tex
   flush: sent right after a `/flush_cache`, itself sent while a `--long-tokens` request generates;
   image flood: sent 0.2 s after `--images` one-image requests (random `--image-side` PNGs, so decoding costs
     what a real screenshot does) were sent at once from another process (as from other clients: the flood's
-    bodies are JSON-encoded before the clock starts and hold neither the timed client's GIL nor its CPU time),
-    then up to `--probes` - 1 more, 0.3 s apart, while the flood lasts.
+    bodies are JSON-encoded before the clock starts and hold neither the timed client's GIL nor its CPU time;
+    the process runs at nice `--flood-nice`, so that on one machine its CPU stands for other machines': 0 lets
+    it take the server's cores), then up to `--probes` - 1 more, 0.3 s apart, while the flood lasts.
 Prints the latencies, then last `flush_ratio=<flush / alone> image_flood_ratio=<the first flood probe / alone>`
 (target <= 2) `image_flood_median_ratio=<median of the probes / alone> image_flood_max_ratio=<slowest / alone>`.
 Feeds BENCHMARKS.md, "Serving".
@@ -38,9 +39,10 @@ def _post(url: str, content: bytes) -> float:
   return time.perf_counter() - t0
 
 
-def _flood(url: str, body: dict, n: int, ready, go, done) -> None:
-  """A client process: encodes `body` once, sets `ready`, then once `go` is set sends it `n` times at once; puts
-  the slowest answer's seconds in `done`. The encoding is done before: other clients' CPU is not the server's."""
+def _flood(url: str, body: dict, n: int, nice: int, ready, go, done) -> None:
+  """A client process at nice `nice`: encodes `body` once, sets `ready`, then once `go` is set sends it `n` times
+  at once; puts the slowest answer's seconds in `done`. Other clients' CPU is not the server's."""
+  os.nice(nice)
   import json  # pylint: disable=g-import-not-at-top
   import httpx  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import  (imported before `ready`)
   content = json.dumps(body).encode()
@@ -57,10 +59,13 @@ def main() -> None:
   parser.add_argument('--images', type=int, default=150)
   parser.add_argument('--image-side', type=int, default=1024)
   parser.add_argument('--probes', type=int, default=5, help='text requests timed behind the flood (>= 1)')
+  parser.add_argument('--flood-nice', type=int, default=19, help="the flood client's nice value (0-19)")
   parser.add_argument('--url', default=None, help='an already running server (default: start a tiny one)')
   args = parser.parse_args()
   if args.probes < 1:
     parser.error(f'--probes must be >= 1, got {args.probes}')
+  if not 0 <= args.flood_nice <= 19:
+    parser.error(f'--flood-nice must be in [0, 19], got {args.flood_nice}')
 
   import httpx  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -107,7 +112,7 @@ def main() -> None:
         ready, go, done = spawn.Event(), spawn.Event(), spawn.Queue()
         body = {'input_ids': image_ids, 'image_data': [image],
                 'sampling_params': {'max_new_tokens': args.new_tokens, 'temperature': 0}}
-        client = spawn.Process(target=_flood, args=(url, body, args.images, ready, go, done))
+        client = spawn.Process(target=_flood, args=(url, body, args.images, args.flood_nice, ready, go, done))
         client.start()
         ready.wait()
         go.set()
@@ -127,7 +132,7 @@ def main() -> None:
     print(f'alone {alone:.3f} s; beside a flush (a {long_n}-token request running {long_s:.1f} s) {with_flush:.3f} s; '
           f'behind {args.images} image requests ({args.image_side}px, all answered in {flood_s:.1f} s) '
           f'{with_flood:.3f} s, later in the flood {" ".join(f"{x:.3f}" for x in later) or "-"} s; '
-          f'load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores')
+          f'flood client at nice {args.flood_nice}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores')
     spread = (f' image_flood_median_ratio={statistics.median(floods) / alone:.2f} '
               f'image_flood_max_ratio={max(floods) / alone:.2f}' if later else '')
     print(f'flush_ratio={with_flush / alone:.2f} image_flood_ratio={with_flood / alone:.2f}{spread}')

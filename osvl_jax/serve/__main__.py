@@ -61,6 +61,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')
   flags.DEFINE_integer('num_continuous_decode_steps', 8, 'decode steps per chunk at most (SGLang\'s flag): between two '
                        'chunks finished rows are answered and waiting ones join the running batch.')
+  flags.DEFINE_bool('compile_ahead', True, 'compile the program shapes a new request needs on a background thread '
+                    'while the running requests decode (serve.compile_ahead); the rows that need them wait.')
   flags.DEFINE_float('batch_window_ms', 20.0, 'a batch keeps collecting requests while they arrive less than '
                      'this apart (at most 20 windows).')
   flags.DEFINE_integer('min_pixels', None, 'image processor min_pixels (default: the checkpoint records it).')
@@ -108,7 +110,7 @@ def main(argv) -> None:
       {k: getattr(FLAGS, k) for k in ('max_new_tokens_limit', 'max_image_pixels', 'max_request_pixels',
                                       'max_concurrent_decodes', 'max_body_bytes')},
       tuple(FLAGS.weights_root), FLAGS.num_continuous_decode_steps, FLAGS.patch_bucket, FLAGS.mesh_tensor,
-      FLAGS.mesh_data)
+      FLAGS.mesh_data, FLAGS.compile_ahead)
   api_key = FLAGS.api_key if FLAGS.api_key is not None else api_key_from_env()
   fastapi_app = create_app(service, FLAGS.host, FLAGS.port, api_key=api_key)
   logging.info('model %s; api key %s; weights roots %s', service.model_path, 'required' if api_key else 'off',

@@ -18,6 +18,14 @@ runs at once, between two chunks, without waiting for running rows (a running ro
 its matched prefix was copied at admission), and the rows behind it are admitted in the same turn.
 A row that makes its admission (the batched prefill) raise fails alone: the admitted rows are retried in halves.
 A decode error fails the jobs with rows in that batch (the handler answers 500) and drops the batch.
+
+With compile-ahead (`compile_ahead.CompileAhead`, the service's `compile_ahead`): a sampling setting may run
+several batches (lanes; the first is its main lane, where rows go by default, the others only take rows into free
+slots). Text rows and image rows are admitted apart; each part goes to the first lane whose programs for it are
+compiled, else to a new lane within the KV slots the turn leaves, else waits (deferred, holding no slot) while its
+admission into the main lane is rehearsed on the compile thread, and is admitted on the first turn after it,
+whatever its shapes then. Batches without image rows step first, and a job of the other kind (text vs image) ends
+the collecting linger: waiting would not batch it with the rows collected.
 """
 
 from __future__ import annotations
@@ -51,14 +59,17 @@ class Scheduler:
   def __init__(self, service):
     self.service = service
     self.backlog: collections.deque = collections.deque()
-    self.batches: dict[tuple, decode_batch.DecodeBatch] = {}
+    self.batches: dict[tuple, decode_batch.DecodeBatch] = {}   # (sampling key, lane) -> its running batch
     self.pending: dict[int, _Pending] = {}
     self.closing = False
+    self.ahead = getattr(service, 'compile_ahead', None)   # a `compile_ahead.CompileAhead`, or None
+    self.deferred: list[tuple[Any, tuple, list]] = []       # (rehearsal future, sampling key, rows) waiting
+    self._slack = 0                                         # KV slots this turn's groups leave free
 
   def run(self) -> None:
     while True:
       self._collect()
-      if self.closing and not self.backlog and not self.batches:
+      if self.closing and not self.backlog and not self.batches and not self.deferred:
         return
       try:
         self._admit()
@@ -82,7 +93,9 @@ class Scheduler:
 
   def _collect(self) -> None:
     s = self.service
-    if self.batches or self.backlog or self.closing:   # rows are running: only what is waiting
+    if self.batches or self.backlog or self.closing or self.deferred:   # rows are running: only what is waiting
+      if not (self.batches or self.backlog) and self.deferred:   # rows wait for a rehearsal: no busy loop
+        self._take(block=True, timeout=0.005)
       while self._take(block=False):
         pass
       return
@@ -92,12 +105,22 @@ class Scheduler:
     rows = len(job.payload) if job.kind == 'generate' else 0
     linger = s.batch_window_s if job.kind == 'generate' else 0.0
     give_up = time.monotonic() + 20 * linger   # never linger longer than this in all
+    kind = self._kind(job)
     while rows < s.max_batch:   # keep collecting while requests arrive less than `batch_window_s` apart
       wait = min(linger, give_up - time.monotonic())
       if not self._take(block=wait > 0, timeout=wait if wait > 0 else None):
         return
       job = self.backlog[-1]
       rows += len(job.payload) if job.kind == 'generate' else 0
+      if self.ahead is not None and self._kind(job) != kind:
+        return   # its rows are admitted apart from those collected (`_admit_group`): waiting batches it with none
+
+  @staticmethod
+  def _kind(job) -> tuple:
+    """('generate', whether a row has images), or (the job's kind,)."""
+    if job.kind != 'generate':
+      return (job.kind,)
+    return ('generate', any(row.context.images for row in job.payload))
 
   # -- 2. admit ------------------------------------------------------------------------------------------------
   def _admit(self) -> None:
@@ -105,14 +128,22 @@ class Scheduler:
     groups: dict[tuple, list] = {}
 
     def fits(key: tuple) -> bool:   # the KV slots of every batch, with one more row of `key`, within max_batch
-      keys = set(self.batches) | set(groups) | {key}
-      slots = sum(self._slots_after(k, len(groups.get(k, ())) + (k == key)) for k in keys)
-      return slots <= s.max_batch or not (self.batches or groups)   # one row always runs
+      keys = {k for k, _ in self.batches} | set(groups) | set(retry) | {key}
+      slots = sum(self._slots_after(k, len(groups.get(k, ())) + len(retry.get(k, ())) + (k == key)) for k in keys)
+      return slots <= s.max_batch or not (self.batches or groups or retry)   # one row always runs
 
+    retry: dict[tuple, list] = {}   # deferred rows whose rehearsal ended: admitted first, whatever their shapes
+    for d in [d for d in self.deferred if d[0].done()]:
+      rows = [it for it in d[2] if self._pending(it[0]) is not None]
+      while rows and fits(d[1]):
+        retry.setdefault(d[1], []).append(rows.pop(0))
+      self.deferred.remove(d)
+      if rows:   # no room yet: they wait for the next turn
+        self.deferred.append((d[0], d[1], rows))
     while self.backlog:
       job = self.backlog[0]
       if job.kind != 'generate':
-        if job.kind == 'update' and (self.batches or groups):
+        if job.kind == 'update' and (self.batches or groups or retry or self.deferred):
           break                     # a barrier: the rows before it finish on the old weights first
         self.backlog.popleft()
         (s._update if job.kind == 'update' else s._flush)(job)  # pylint: disable=protected-access
@@ -135,18 +166,29 @@ class Scheduler:
       if p.next_row < len(job.payload) and not p.failed:
         break                       # no room for the rest of this job
       self.backlog.popleft()
+    keys = {k for k, _ in self.batches} | set(groups) | set(retry)
+    self._slack = s.max_batch - sum(self._slots_after(k, len(groups.get(k, ())) + len(retry.get(k, ()))) for k in keys)
+    for key, items in retry.items():
+      self._admit_group(key, items, may_defer=False)
     for key, items in groups.items():
       self._admit_group(key, [it for it in items if self._pending(it[0]) is not None])
 
+  def _lanes(self, key: tuple) -> list[int]:
+    """The lanes of the batches of sampling `key`, the main one (where rows go by default) first."""
+    return sorted(lane for k, lane in self.batches if k == key)
+
   def _slots_after(self, key: tuple, rows: int) -> int:
-    """KV-cache slots the batch of `key` holds after admitting `rows` more rows, as `DecodeBatch.admit` grows it
-    (free slots first, then to the next power of two)."""
-    batch = self.batches.get(key)
-    if batch is None:
+    """KV-cache slots the batches of `key` hold after admitting `rows` more rows into its main lane, as
+    `DecodeBatch.admit` grows it (free slots first, then to the next power of two)."""
+    lanes = self._lanes(key)
+    others = sum(self.batches[(key, lane)].capacity for lane in lanes[1:])
+    if not lanes:
       pow2 = getattr(self.service.sampler, 'pad_batch_pow2', False)
       return 0 if not rows else decode_batch.next_pow2(rows) if pow2 else rows
+    batch = self.batches[(key, lanes[0])]
     free = batch.capacity - batch.live
-    return batch.capacity if rows <= free else max(batch.capacity, decode_batch.next_pow2(batch.capacity + rows - free))
+    grown = batch.capacity if rows <= free else max(batch.capacity, decode_batch.next_pow2(batch.capacity + rows - free))
+    return grown + others
 
   def _trivial(self, job, k: int, row) -> bool:
     """Answers a row that cannot run (a pad count that does not fit its images: ValueError, a 400) or has nothing
@@ -164,32 +206,87 @@ class Scheduler:
     self._deliver([((job, k), gen, 0)])
     return True
 
-  def _admit_group(self, key: tuple, items: list) -> None:
+  def _admit_group(self, key: tuple, items: list, may_defer: bool = True) -> None:
+    """Admits `items` ((job, row index, Row)) of sampling `key`: into its main lane; with compile-ahead
+    (`compile_ahead`), text rows and image rows apart, each into the first lane (or a new one, within the KV slots
+    left) whose programs are compiled, else deferred while a rehearsal compiles them (`may_defer`: once per row),
+    else into the main lane."""
     if not items:
       return
-    s, (temperature, top_p, stop) = self.service, key
-    sampler = s.sampler
-    batch = self.batches.get(key)
-    try:
-      if batch is None:
-        chunk = min(s.decode_steps, decode_batch.STOP_CHUNK) if stop else s.decode_steps
-        batch = decode_batch.DecodeBatch(sampler, stop, chunk=chunk, until_first_done=True,
-                                         sampling=engine_lib.Sampling(temperature, top_p))
-      limits = [min(row.max_new_tokens, sampler.max_len - len(row.context.prompt_ids)) for _, _, row in items]
-      finished = batch.admit([row.context for _, _, row in items], limits, [(job, k) for job, k, _ in items],
-                             [row.stop_token_ids for _, _, row in items])
-    except Exception as e:  # pylint: disable=broad-except
-      self._isolate(key, items, e)
+    if self.ahead is None:
+      lanes = self._lanes(key)
+      self._admit_into(key, lanes[0] if lanes else 0, items)
       return
-    self.batches[key] = batch
+    for part in ([it for it in items if not it[2].context.images], [it for it in items if it[2].context.images]):
+      if part:
+        self._place(key, part, may_defer)
+
+  def _place(self, key: tuple, items: list, may_defer: bool) -> None:
+    lanes = self._lanes(key)
+    try:
+      where = self._where(key, lanes, items, may_defer)
+    except Exception:  # pylint: disable=broad-except
+      where = None   # a row the planning refuses: the admission below raises it again and isolates the row
+    if where is None:
+      self._admit_into(key, lanes[0] if lanes else 0, items)
+    elif where[0] == 'defer':
+      self.deferred.append((self.ahead.rehearse(*where[1:]), key, items))
+    else:
+      self._admit_into(key, *where[1:])
+
+  def _where(self, key: tuple, lanes: list[int], items: list, may_defer: bool) -> tuple | None:
+    """('admit', lane, items, plan, batch): a lane whose programs for `items` are compiled; ('defer', rehearsal,
+    keys): none, and `items` may wait for a rehearsal of the main lane's admission; None: the main lane."""
+    contexts, limits = [row.context for _, _, row in items], self._limits(items)
+    for lane in lanes:   # another lane than the main one: only into its free slots (the KV slots were counted)
+      batch = self.batches[(key, lane)]
+      if lane == lanes[0] or len(items) <= batch.capacity - batch.live:
+        plan = batch.plan(contexts, limits)
+        if self.ahead.is_warm(batch.compiles(plan)) and (lane == lanes[0] or plan.batch == batch.capacity):
+          return 'admit', lane, items, plan, batch
+    fresh = self._new_batch(key)
+    plan = fresh.plan(contexts, limits)
+    if (not lanes or plan.batch <= self._slack) and self.ahead.is_warm(fresh.compiles(plan)):
+      self._slack -= plan.batch if lanes else 0
+      return 'admit', lanes[-1] + 1 if lanes else 0, items, plan, fresh
+    if not may_defer:
+      return None
+    main = self.batches[(key, lanes[0])] if lanes else fresh
+    plan = main.plan(contexts, limits) if lanes else plan
+    return 'defer', main.rehearse(contexts, limits), main.compiles(plan)
+
+  def _new_batch(self, key: tuple) -> decode_batch.DecodeBatch:
+    s, (temperature, top_p, stop) = self.service, key
+    chunk = min(s.decode_steps, decode_batch.STOP_CHUNK) if stop else s.decode_steps
+    return decode_batch.DecodeBatch(s.sampler, stop, chunk=chunk, until_first_done=True,
+                                    sampling=engine_lib.Sampling(temperature, top_p))
+
+  def _limits(self, items: list) -> list[int]:
+    return [min(row.max_new_tokens, self.service.sampler.max_len - len(row.context.prompt_ids)) for _, _, row in items]
+
+  def _admit_into(self, key: tuple, lane: int, items: list, plan=None, batch=None) -> None:
+    """Admits `items` into the batch of (key, lane) (made when there is none, or `batch`); `plan`: made for it."""
+    if not items:
+      return
+    s = self.service
+    batch = batch or self.batches.get((key, lane)) or self._new_batch(key)
+    try:
+      finished = batch.admit([row.context for _, _, row in items], self._limits(items),
+                             [(job, k) for job, k, _ in items], [row.stop_token_ids for _, _, row in items], plan)
+    except Exception as e:  # pylint: disable=broad-except
+      self._isolate(key, lane, items, e)
+      return
+    if self.ahead is not None and plan is not None:
+      self.ahead.note(batch.compiles(plan))
+    self.batches[(key, lane)] = batch
     s.stats['batches'] += 1
     s.stats['rows'] += len(items)
     s.stats['max_rows_per_batch'] = max(s.stats['max_rows_per_batch'], batch.live + len(finished))
     s.stats['peak_kv_slots'] = max(s.stats['peak_kv_slots'], sum(b.capacity for b in self.batches.values()))
     self._deliver(finished)
-    self._retire(key)
+    self._retire((key, lane))
 
-  def _isolate(self, key: tuple, items: list, error: BaseException) -> None:
+  def _isolate(self, key: tuple, lane: int, items: list, error: BaseException) -> None:
     """A failed admission: the halves are admitted apart (bisection), so only a row that fails alone fails; the
     running batch keeps its rows (an admission fails before any slot of it is written)."""
     if len(items) == 1:
@@ -199,11 +296,17 @@ class Scheduler:
     self.service.stats['isolation_retries'] += 1
     half = len(items) // 2
     for part in (items[:half], items[half:]):
-      self._admit_group(key, [it for it in part if self._pending(it[0]) is not None])
+      self._admit_into(key, lane, [it for it in part if self._pending(it[0]) is not None])
 
   # -- 3. step -------------------------------------------------------------------------------------------------
   def _step(self) -> None:
-    for key, batch in list(self.batches.items()):
+    """One chunk of every batch, those without image rows first (with compile-ahead, text rows run in lanes of
+    their own: their answers leave before the image rows' chunks run)."""
+    order = list(self.batches.items())
+    if self.ahead is not None:
+      order.sort(key=lambda kb: any(slot is not None and slot.tag[0].payload[slot.tag[1]].context.images
+                                    for slot in kb[1].slots))
+    for key, batch in order:
       try:
         finished = batch.step()
       except Exception as e:  # pylint: disable=broad-except
@@ -250,9 +353,10 @@ class Scheduler:
 
   def _fail_all(self, error: BaseException) -> None:
     """Answers every job held here (running, pending or waiting) with `error` and forgets all batches."""
-    jobs = [p.job for p in self.pending.values()] + list(self.backlog)
+    jobs = [p.job for p in self.pending.values()] + list(self.backlog) + [it[0] for d in self.deferred for it in d[2]]
     self.pending.clear()
     self.backlog.clear()
+    self.deferred.clear()
     self.batches.clear()
     for job in jobs:
       if not job.future.done():

@@ -37,7 +37,9 @@ a running `decode_batch.DecodeBatch` per distinct (temperature, top_p, stop stri
 most `decode_steps` steps, finished rows are answered and waiting rows are admitted, so a short request never
 waits for a long one. Per-row `max_new_tokens` and extra `stop_token_ids` end that row alone. A weight update is
 a job too: the rows before it finish on the old weights, the rows after it start on the new ones, so no
-generation straddles an update (each answer has one version span).
+generation straddles an update (each answer has one version span). With `compile_ahead` (the server's default), a
+request needing a program shape not compiled yet waits while `compile_ahead` compiles it off the worker thread, and
+the other requests keep decoding (`/server_info`'s internal_states[0].compile_ahead counts the rehearsals).
 
 Prefix cache: with `JaxSampler(prefix_cache_slots=N)` (the `osvl_jax.serve` default), a row reuses the KV of
 the longest prefix (tokens and images) an earlier row computed and prefills only the rest, as SGLang's
@@ -70,6 +72,7 @@ from typing import Any, Callable, Sequence
 
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.serve import auth, request_fields, request_limits, scheduler, weight_receive
+from osvl_jax.serve import compile_ahead as compile_ahead_lib
 from osvl_jax.serve.request_fields import RequestError
 from osvl_jax.serve.requests import Row, parse_generate_request
 from osvl_jax.trajectory import tokens as tokens_lib
@@ -96,7 +99,7 @@ class SamplerService:
                served_model_name: str = 'osvl-jax', max_batch: int = 64, batch_window_s: float = 0.02,
                default_max_new_tokens: int = 512, loader: Callable[[str], Any] | None = None,
                limits: request_limits.RequestLimits | None = None,
-               weights_roots: auth.WeightsRoots | None = None, decode_steps: int = 8):
+               weights_roots: auth.WeightsRoots | None = None, decode_steps: int = 8, compile_ahead: bool = False):
     """Args:
       sampler: a `JaxSampler` (its temperature / top_p are set per batch by the worker).
       tokenizer: the Qwen tokenizer.
@@ -113,6 +116,8 @@ class SamplerService:
       weights_roots: the folders updates may load from (`auth.WeightsRoots`; None: any path).
       decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
         and waiting rows enter a running batch between chunks (`scheduler`).
+      compile_ahead: compile an admission's new program shapes on a background thread while the other rows
+        decode (`compile_ahead`; `python -m osvl_jax.serve` turns it on).
       limits: the request limits (default: `RequestLimits(sampler.max_len, sampler.max_len)`, the other limits at
         their defaults); images are decoded through one `request_limits.ImageGate` over them.
     Raises:
@@ -132,6 +137,7 @@ class SamplerService:
     if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or decode_steps < 1:
       raise ValueError(f'decode_steps must be an integer >= 1, got {decode_steps!r}')
     self.decode_steps = decode_steps
+    self.compile_ahead = compile_ahead_lib.CompileAhead() if compile_ahead else None
     self.stats = {'batches': 0, 'rows': 0, 'max_rows_per_batch': 0, 'updates': 0, 'failed_rows': 0,
                   'isolation_retries': 0, 'peak_kv_slots': 0}
     self.started = time.time()
@@ -142,6 +148,8 @@ class SamplerService:
   def close(self) -> None:
     self._queue.put(None)
     self._thread.join(timeout=30)
+    if self.compile_ahead is not None:
+      self.compile_ahead.close()
 
   # -- submission ----------------------------------------------------------------------------------------------
   def submit_rows(self, rows: list[Row]) -> Future:
@@ -296,7 +304,9 @@ class SamplerService:
             'request_limits': {**self.limits.info(), 'peak_decodes': self.image_gate.peak_decodes,
                                'waiting_decodes': self.image_gate.waiting},
             'internal_states': [{'stats': dict(self.stats), 'last_batch': dict(s.stats),
-                                 'prefix_cache': self.prefix_cache_info()}]}
+                                 'prefix_cache': self.prefix_cache_info(),
+                                 'compile_ahead': None if self.compile_ahead is None else
+                                 self.compile_ahead.info()}]}
 
   def parallel_sizes(self) -> dict:
     """SGLang's {'dp_size', 'tp_size'}: the sampler's rollout layout (replicas, tensor-parallel degree; 1, 1 on one

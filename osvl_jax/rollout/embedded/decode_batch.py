@@ -24,12 +24,13 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from osvl_jax.models.qwen3_vl import vision_layout
 from osvl_jax.rollout import engine as engine_lib
 from osvl_jax.rollout.embedded import prefill_inputs
 from osvl_jax.rollout.embedded import prefix_cache as prefix_cache_lib
@@ -111,6 +112,20 @@ def _grow(cache, carry, limits, batch: int, cache_len: int):
   return cache, carry, jnp.pad(limits, (0, batch - b), constant_values=1)
 
 
+class _Plan(NamedTuple):
+  """`DecodeBatch.plan`: an admission's host inputs and shapes."""
+  lengths: np.ndarray     # int32 [n] prompt ids per row
+  prefix: np.ndarray      # int32 [n] ids per row reused from the prefix cache
+  matched: np.ndarray     # int32 [n] their prefix-cache slots (-1: none)
+  keys: list              # prefix-cache keys per row (None without a prefix cache)
+  sub: int                # rows of the prefill (padded)
+  suffix_len: int         # its ids per row (padded)
+  patches: int            # its image patches (padded; 0: no image)
+  cache_len: int          # the batch's cache length after the admission
+  batch: int              # its slots after the admission
+  dst: list               # the slots of the n rows
+
+
 class DecodeBatch:
   """Rows decoding together on one `JaxSampler` with its current weights and sampling parameters (module
   docstring). Not thread-safe: one owner drives `admit` and `step`.
@@ -130,7 +145,8 @@ class DecodeBatch:
     """
     self.sampler, self.stop, self.until_first_done = sampler, tuple(stop), bool(until_first_done)
     self.chunk = int(chunk or (min(sampler.decode_steps, STOP_CHUNK) if stop else sampler.decode_steps))
-    temperature, top_p = sampling or engine_lib.Sampling(sampler.temperature, sampler.top_p)
+    self.sampling = sampling or engine_lib.Sampling(sampler.temperature, sampler.top_p)
+    temperature, top_p = self.sampling
     self.greedy = temperature <= 0.0
     self.use_top_p = (not self.greedy) and top_p < 1.0
     self.temperature, self.top_p = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
@@ -138,6 +154,7 @@ class DecodeBatch:
     self.cache = self.carry = self.limits = self.decode_key = None
     self.emitted = np.zeros((0,), np.int32)
     self.offset = 0
+    self.scratch = False   # `rehearse`'s batch: draws no PRNG key of the sampler, stores nothing in its prefix cache
     self.stats = {'prefill_s': 0.0, 'decode_s': 0.0, 'decode_steps': 0, 'emitted_tokens': 0, 'batch': 0,
                   'prompt_pad': 0, 'cache_len': 0, 'prompt_tokens': 0, 'cached_tokens': 0}
 
@@ -149,21 +166,10 @@ class DecodeBatch:
   def capacity(self) -> int:
     return len(self.slots)
 
-  def admit(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int], tags: Sequence[Any],
-            stop_ids: Sequence[frozenset] | None = None) -> list[tuple[Any, engine_lib.Generation, int]]:
-    """Prefills rows into free slots (growing the batch when needed).
-
-    Args:
-      contexts: rows with >= 1 prompt id and a pad count that matches their images (checked by the caller).
-      limits: ids each row may emit, >= 1 (its max_new_tokens, capped so that prompt + ids <= max_len).
-      tags: returned with each row's result.
-      stop_ids: per row, extra ids that end it (a request's `stop_token_ids`), or None.
-    Returns:
-      (tag, Generation, cached prompt ids) of the rows that finished at their first id.
-    """
+  def plan(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int]) -> _Plan:
+    """What admitting `contexts` would run: their prefix-cache matches, prefill inputs and the batch's shape after
+    (nothing of the batch changes). Arguments as `admit`'s."""
     s, n = self.sampler, len(contexts)
-    t0 = time.perf_counter()
-    stop_ids = stop_ids or [frozenset()] * n
     lengths = np.asarray([len(c.prompt_ids) for c in contexts], np.int32)
     rope_kw = s._rope_kw()   # pylint: disable=protected-access
     prefix, matched, keys = np.zeros((n,), np.int32), np.full((n,), -1, np.int32), [None] * n
@@ -175,16 +181,84 @@ class DecodeBatch:
     first = self.cache is None
     sub = (next_pow2(n) if s.pad_batch_pow2 else n) if first else next_pow2(n)
     sub = _round_up(sub, s.batch_multiple)   # a rollout mesh splits the rows over its replicas
-    pad = sub - n
-    inputs = prefill_inputs.build(contexts, sub, np.concatenate([prefix, np.zeros(pad, np.int32)]), s.bucket,
-                                  s.max_len, rope_kw)
+    suffix_len = prefill_inputs.length_rung(int((lengths - prefix).max()), s.bucket, s.max_len)   # `build`'s T
     cache_len = prefill_inputs.length_rung(int(np.minimum(lengths + np.asarray(limits), s.max_len).max()), s.bucket,
                                            s.max_len)
-    cache_len = max(cache_len, inputs.input_ids.shape[1], 0 if first else self.cache['mask'].shape[1])
+    cache_len = max(cache_len, suffix_len, 0 if first else self.cache['mask'].shape[1])
     free = [i for i, slot in enumerate(self.slots) if slot is None]
+    batch = sub if first else self.capacity
     if not first and (len(free) < n or cache_len > self.cache['mask'].shape[1]):
       batch = _round_up(max(self.capacity, next_pow2(self.capacity + max(0, n - len(free)))), s.batch_multiple)
       free += list(range(self.capacity, batch))[:max(0, n - len(free))]
+    patches = prefill_inputs.suffix_patches(contexts, prefix, rope_kw.get('image_token_id',
+                                                                          prefill_inputs.IMAGE_PAD_ID))
+    patches = vision_layout.patch_slots(patches, s.patch_bucket) if patches else 0   # `vision_arrays`' P
+    return _Plan(lengths, prefix, matched, keys, sub, suffix_len, patches, cache_len, batch,
+                 free[:n] if not first else list(range(n)))
+
+  def compiles(self, plan: _Plan) -> tuple:
+    """Keys of the programs `plan`'s admission and the next `step` run (`osvl_jax.serve.compile_ahead` keeps the
+    compiled ones): one per distinct program shape, beside this batch's sampling settings."""
+    flags = (self.greedy, self.use_top_p)
+    cache_len = plan.cache_len
+    keys = [('prefill', *flags, plan.sub, plan.suffix_len, cache_len, plan.patches, bool(plan.prefix.any())),
+            ('decode', *flags, self.chunk, self.until_first_done, plan.batch, cache_len)]
+    if self.cache is not None:
+      keys.append(('place', plan.sub, plan.batch, cache_len))
+      if (plan.batch, cache_len) != tuple(self.cache['mask'].shape):
+        keys.append(('grow', *self.cache['mask'].shape, plan.batch, cache_len))
+    return tuple(keys)
+
+  def rehearse(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int]):
+    """A function that admits `contexts` into a scratch batch shaped as this one is now (zeros; its occupied slots
+    done) and runs one chunk, so every program `compiles` names is compiled when it returns; the sampler's PRNG
+    and prefix-cache contents stay as they are (the cache is read). Snapshot taken here; the function may run on
+    another thread beside this batch's `admit` / `step` (`osvl_jax.serve.compile_ahead`)."""
+    shape = None if self.cache is None else tuple(self.cache['mask'].shape)
+    occupied = [slot is not None for slot in self.slots]
+    contexts, limits = list(contexts), list(limits)
+
+    def run() -> None:
+      scratch = DecodeBatch(self.sampler, self.stop, self.chunk, self.until_first_done, self.sampling)
+      scratch.scratch = True
+      if shape is not None:
+        s, (batch, cache_len) = self.sampler, shape
+        cache = s._init_cache(batch, cache_len)   # pylint: disable=protected-access
+        scratch.cache = cache if s.layout is None else s.layout.put_cache(cache)
+        scratch.carry = (*(jnp.zeros((batch,), jnp.int32) for _ in range(4)), jnp.ones((batch,), bool))
+        scratch.limits = jnp.ones((batch,), jnp.int32)
+        scratch.slots = [_Slot(None, None, -1, 0, 1, frozenset(), [], []) if o else None for o in occupied]
+        scratch.emitted = np.zeros((batch,), np.int32)
+      scratch.admit(contexts, limits, [None] * len(contexts))
+      if scratch.live:
+        scratch.step()
+    return run
+
+  def admit(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int], tags: Sequence[Any],
+            stop_ids: Sequence[frozenset] | None = None,
+            plan: _Plan | None = None) -> list[tuple[Any, engine_lib.Generation, int]]:
+    """Prefills rows into free slots (growing the batch when needed).
+
+    Args:
+      contexts: rows with >= 1 prompt id and a pad count that matches their images (checked by the caller).
+      limits: ids each row may emit, >= 1 (its max_new_tokens, capped so that prompt + ids <= max_len).
+      tags: returned with each row's result.
+      stop_ids: per row, extra ids that end it (a request's `stop_token_ids`), or None.
+      plan: `plan(contexts, limits)`, made just before (None: made here).
+    Returns:
+      (tag, Generation, cached prompt ids) of the rows that finished at their first id.
+    """
+    s, n = self.sampler, len(contexts)
+    t0 = time.perf_counter()
+    stop_ids = stop_ids or [frozenset()] * n
+    plan = plan or self.plan(contexts, limits)
+    lengths, prefix, matched, keys, sub = plan[:5]
+    cache_len, rope_kw = plan.cache_len, s._rope_kw()   # pylint: disable=protected-access
+    inputs = prefill_inputs.build(contexts, sub, np.concatenate([prefix, np.zeros(sub - n, np.int32)]), s.bucket,
+                                  s.max_len, rope_kw)
+    pad, first = sub - n, self.cache is None
+    if not first and (plan.batch, cache_len) != tuple(self.cache['mask'].shape):
+      batch = plan.batch
       self.cache, self.carry, self.limits = _grow(self.cache, self.carry, self.limits, batch, cache_len)
       self.slots += [None] * (batch - self.capacity)
       self.emitted = np.concatenate([self.emitted, np.zeros(batch - len(self.emitted), np.int32)])
@@ -196,15 +270,16 @@ class DecodeBatch:
     vision = prefill_inputs.vision_arrays(inputs, s.vision_config, s.patch_bucket,
                                           rope_kw.get('image_token_id', prefill_inputs.IMAGE_PAD_ID))
     prefill = s._prefill_fn(self.greedy, self.use_top_p)   # pylint: disable=protected-access
-    state, key = s._state, s._next_key()   # pylint: disable=protected-access
+    state = s._state   # pylint: disable=protected-access
+    key = jax.random.key(0) if self.scratch else s._next_key()   # pylint: disable=protected-access
     tok, lp, cache = prefill(state, inputs.input_ids, inputs.position_ids, inputs.attention_mask,
                              vision, jnp.asarray(padded(lengths - prefix - 1, 0)),
                              jnp.asarray(padded(prefix, 0)), cache, key, self.temperature, self.top_p)
     tok_np, lp_np = np.asarray(tok), np.asarray(lp)
     if self.decode_key is None:
-      self.decode_key = s._next_key()   # pylint: disable=protected-access
+      self.decode_key = key if self.scratch else s._next_key()   # pylint: disable=protected-access
     finished, done = [], np.ones((sub,), bool)
-    dst = free[:n] if not first else list(range(n))
+    dst = plan.dst
     for b in range(n):
       slot = _Slot(tags[b], keys[b], int(matched[b]), int(prefix[b]), int(limits[b]), stop_ids[b],
                    [int(tok_np[b])], [float(lp_np[b])])
@@ -273,7 +348,7 @@ class DecodeBatch:
   def _release(self, finished: list[tuple[int, str]]) -> list[tuple[Any, engine_lib.Generation, int]]:
     """Stores the finished rows' KV in the prefix cache, frees their slots and returns their results."""
     s = self.sampler
-    if s.prefix_cache is not None and finished:   # valid KV: prompt + emitted ids but the last (never fed)
+    if s.prefix_cache is not None and finished and not self.scratch:   # valid KV: prompt + emitted ids but the last (never fed)
       s.prefix_cache.store(self.cache, [(b, np.concatenate([self.slots[b].keys,
                                                             np.asarray(self.slots[b].ids[:-1], np.int64)]),
                                          self.slots[b].matched) for b, _ in finished])

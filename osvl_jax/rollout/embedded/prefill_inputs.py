@@ -78,6 +78,19 @@ def check_image_pads(contexts: Sequence[Any], image_token_id: int = IMAGE_PAD_ID
       raise ValueError(f'context {b}: {n_pads} <|image_pad|> tokens but its {len(c.images)} image(s) need {need}')
 
 
+def suffix_patches(contexts: Sequence[Any], starts: Sequence[int], image_token_id: int = IMAGE_PAD_ID) -> int:
+  """Image patches `build` sends to the vision tower: those of the images past each row's cached prefix
+  (`starts[b]` ids; a prefix never ends inside an image run)."""
+  total = 0
+  for c, start in zip(contexts, starts):
+    cached_pads, skip = int(np.sum(np.asarray(c.prompt_ids[:int(start)]) == image_token_id)), 0
+    while cached_pads > 0 and skip < len(c.images):
+      cached_pads -= c.images[skip].num_tokens
+      skip += 1
+    total += sum(int(np.asarray(im.pixel_values).shape[0]) for im in c.images[skip:])
+  return total
+
+
 def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, limit: int,
           rope_kw: dict) -> PrefillInputs:
   """The prefill inputs of `contexts` (n <= batch rows; rows n.. are dummy one-`PAD_ID` rows).
