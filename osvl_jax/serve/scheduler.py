@@ -31,6 +31,7 @@ the collecting linger: waiting would not batch it with the rows collected.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import queue
 import time
@@ -94,8 +95,11 @@ class Scheduler:
   def _collect(self) -> None:
     s = self.service
     if self.batches or self.backlog or self.closing or self.deferred:   # rows are running: only what is waiting
-      if not (self.batches or self.backlog) and self.deferred:   # rows wait for a rehearsal: no busy loop
-        self._take(block=True, timeout=0.005)
+      if not self.batches and self.deferred:   # nothing decodes, rows wait for a rehearsal: no busy loop
+        if self.backlog:   # (jobs the turn cannot admit yet, behind an update barrier)
+          concurrent.futures.wait([d[0] for d in self.deferred], 0.005, concurrent.futures.FIRST_COMPLETED)
+        else:
+          self._take(block=True, timeout=0.005)
       while self._take(block=False):
         pass
       return
@@ -134,7 +138,7 @@ class Scheduler:
 
     retry: dict[tuple, list] = {}   # deferred rows whose rehearsal ended: admitted first, whatever their shapes
     for d in [d for d in self.deferred if d[0].done()]:
-      rows = [it for it in d[2] if self._pending(it[0]) is not None]
+      rows = [it for it in d[2] if self._pending(it[0]) is not None and not it[0].future.done()]
       while rows and fits(d[1]):
         retry.setdefault(d[1], []).append(rows.pop(0))
       self.deferred.remove(d)
@@ -182,8 +186,8 @@ class Scheduler:
     `DecodeBatch.admit` grows it (free slots first, then to the next power of two)."""
     lanes = self._lanes(key)
     others = sum(self.batches[(key, lane)].capacity for lane in lanes[1:])
-    if not lanes:
-      pow2 = getattr(self.service.sampler, 'pad_batch_pow2', False)
+    if not lanes:   # (with compile-ahead its text and image rows may enter apart: the second part grows it)
+      pow2 = getattr(self.service.sampler, 'pad_batch_pow2', False) or self.ahead is not None
       return 0 if not rows else decode_batch.next_pow2(rows) if pow2 else rows
     batch = self.batches[(key, lanes[0])]
     free = batch.capacity - batch.live
@@ -235,8 +239,8 @@ class Scheduler:
       self._admit_into(key, *where[1:])
 
   def _where(self, key: tuple, lanes: list[int], items: list, may_defer: bool) -> tuple | None:
-    """('admit', lane, items, plan, batch): a lane whose programs for `items` are compiled; ('defer', rehearsal,
-    keys): none, and `items` may wait for a rehearsal of the main lane's admission; None: the main lane."""
+    """('admit', lane, items, plan, batch): a lane whose programs for `items` are compiled; ('defer', rehearsal):
+    none, and `items` may wait for a rehearsal of their admission into the main lane; None: the main lane."""
     contexts, limits = [row.context for _, _, row in items], self._limits(items)
     for lane in lanes:   # another lane than the main one: only into its free slots (the KV slots were counted)
       batch = self.batches[(key, lane)]
@@ -253,7 +257,7 @@ class Scheduler:
       return None
     main = self.batches[(key, lanes[0])] if lanes else fresh
     plan = main.plan(contexts, limits) if lanes else plan
-    return 'defer', main.rehearse(contexts, limits), main.compiles(plan)
+    return 'defer', main.rehearse(contexts, limits, plan)
 
   def _new_batch(self, key: tuple) -> decode_batch.DecodeBatch:
     s, (temperature, top_p, stop) = self.service, key
@@ -271,13 +275,16 @@ class Scheduler:
     s = self.service
     batch = batch or self.batches.get((key, lane)) or self._new_batch(key)
     try:
-      finished = batch.admit([row.context for _, _, row in items], self._limits(items),
-                             [(job, k) for job, k, _ in items], [row.stop_token_ids for _, _, row in items], plan)
+      contexts, limits = [row.context for _, _, row in items], self._limits(items)
+      plan = plan or batch.plan(contexts, limits)
+      compiled = batch.compiles(plan) if self.ahead is not None else ()
+      finished = batch.admit(contexts, limits, [(job, k) for job, k, _ in items],
+                             [row.stop_token_ids for _, _, row in items], plan)
     except Exception as e:  # pylint: disable=broad-except
       self._isolate(key, lane, items, e)
       return
-    if self.ahead is not None and plan is not None:
-      self.ahead.note(batch.compiles(plan))
+    if self.ahead is not None:
+      self.ahead.note(compiled)
     self.batches[(key, lane)] = batch
     s.stats['batches'] += 1
     s.stats['rows'] += len(items)
@@ -355,8 +362,7 @@ class Scheduler:
     """Answers every job held here (running, pending or waiting) with `error` and forgets all batches."""
     jobs = [p.job for p in self.pending.values()] + list(self.backlog) + [it[0] for d in self.deferred for it in d[2]]
     self.pending.clear()
-    self.backlog.clear()
-    self.deferred.clear()
+    self.backlog.clear()   # (`deferred` keeps its rehearsals, rows dropped at their end: an update waits for them)
     self.batches.clear()
     for job in jobs:
       if not job.future.done():

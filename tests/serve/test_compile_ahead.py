@@ -23,13 +23,13 @@ def _gate(ahead: compile_ahead.CompileAhead) -> compile_ahead.CompileAhead:
   ahead.gate, ahead.submitted, rehearse = threading.Event(), 0, ahead.rehearse
   ahead.gate.set()
 
-  def gated(run, keys):
+  def gated(run):
     ahead.submitted += 1
 
     def run_at_the_gate():
       assert ahead.gate.wait(120), 'the test never opened the gate'
-      run()
-    return rehearse(run_at_the_gate, keys)
+      return run()
+    return rehearse(run_at_the_gate)
   ahead.rehearse = gated
   return ahead
 
@@ -134,8 +134,9 @@ def test_a_rehearsal_compiles_what_the_admission_and_its_chunk_run(tiny_model, t
   image, other = rows['image'][0].context, rows['image'][1].context
   with jax.log_compiles(True):
     caplog.clear()
-    batch.rehearse([image], [NEW])()                             # joining it: the batch grows, an image prefill
-    rehearsed = _compiled(caplog)
+    keys = batch.rehearse([image], [NEW], batch.plan([image], [NEW]))()   # joining it: the batch grows, an image
+    rehearsed = _compiled(caplog)                                          # prefill
+    assert keys == batch.compiles(batch.plan([image], [NEW]))
     caplog.clear()
     batch.admit([image], [NEW], ['image'])
     batch.step()
@@ -144,3 +145,28 @@ def test_a_rehearsal_compiles_what_the_admission_and_its_chunk_run(tiny_model, t
     caplog.clear()                                               # without a rehearsal a new shape compiles here
     batch.admit([other, other], [NEW, NEW], ['a', 'b'])
     assert any(p.startswith('jit(prefill') for p in _compiled(caplog))
+
+
+def test_a_rehearsal_of_a_prefix_cache_hit_leaves_the_cache_alone(tiny_model, tokenizer, processor, rows, caplog):
+  sampler = jax_sampler.JaxSampler(tiny_model, tokenizer, image_processor=processor, temperature=0.0, max_len=256,
+                                   bucket=16, prefix_cache_slots=4)
+  first = decode_batch.DecodeBatch(sampler, chunk=8, until_first_done=True)
+  text = rows['text'][0].context
+  first.admit([text], [NEW], ['first'])
+  while first.live:
+    first.step()                                                 # its KV is stored in the prefix cache
+  cache = sampler.prefix_cache
+  batch = decode_batch.DecodeBatch(sampler, chunk=8, until_first_done=True)
+  plan = batch.plan([text], [NEW])
+  assert plan.prefix[0] > 0, 'the same prompt must hit the prefix cache'
+  clock, last_used, pool_k = cache._clock, cache.last_used.copy(), cache.pool['k']   # pylint: disable=W0212
+  run = batch.rehearse([text], [NEW], plan)
+  with jax.log_compiles(True):
+    caplog.clear()
+    keys = run()
+    assert keys == batch.compiles(plan)
+    assert cache._clock == clock and (cache.last_used == last_used).all() and cache.pool['k'] is pool_k  # pylint: disable=W0212
+    caplog.clear()
+    out = batch.admit([text], [NEW], ['again'], plan=plan)
+    assert not [p for p in _compiled(caplog) if p.startswith('jit(prefill')]
+  assert out or batch.live == 1

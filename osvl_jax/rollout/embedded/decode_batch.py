@@ -166,14 +166,18 @@ class DecodeBatch:
   def capacity(self) -> int:
     return len(self.slots)
 
-  def plan(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int]) -> _Plan:
+  def plan(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int],
+           prefix: np.ndarray | None = None) -> _Plan:
     """What admitting `contexts` would run: their prefix-cache matches, prefill inputs and the batch's shape after
-    (nothing of the batch changes). Arguments as `admit`'s."""
+    (nothing of the batch changes). Arguments as `admit`'s; `prefix` (a scratch batch's: the prefix lengths of the
+    plan it rehearses) replaces the matches."""
     s, n = self.sampler, len(contexts)
     lengths = np.asarray([len(c.prompt_ids) for c in contexts], np.int32)
     rope_kw = s._rope_kw()   # pylint: disable=protected-access
-    prefix, matched, keys = np.zeros((n,), np.int32), np.full((n,), -1, np.int32), [None] * n
-    if s.prefix_cache is not None:
+    given = prefix is not None
+    prefix = np.asarray(prefix, np.int32) if given else np.zeros((n,), np.int32)
+    matched, keys = np.full((n,), -1, np.int32), [None] * n
+    if s.prefix_cache is not None and not given:
       image_token_id = rope_kw.get('image_token_id', prefill_inputs.IMAGE_PAD_ID)
       for b, c in enumerate(contexts):
         keys[b] = prefix_cache_lib.row_keys(c.prompt_ids, c.images, image_token_id)
@@ -198,10 +202,11 @@ class DecodeBatch:
 
   def compiles(self, plan: _Plan) -> tuple:
     """Keys of the programs `plan`'s admission and the next `step` run (`osvl_jax.serve.compile_ahead` keeps the
-    compiled ones): one per distinct program shape, beside this batch's sampling settings."""
+    compiled ones): one per distinct program shape, beside this batch's sampling settings. The prefix cache's
+    gather and store programs are not among them (a rehearsal never touches the cache's pool)."""
     flags = (self.greedy, self.use_top_p)
     cache_len = plan.cache_len
-    keys = [('prefill', *flags, plan.sub, plan.suffix_len, cache_len, plan.patches, bool(plan.prefix.any())),
+    keys = [('prefill', *flags, plan.sub, plan.suffix_len, cache_len, plan.patches),
             ('decode', *flags, self.chunk, self.until_first_done, plan.batch, cache_len)]
     if self.cache is not None:
       keys.append(('place', plan.sub, plan.batch, cache_len))
@@ -209,29 +214,37 @@ class DecodeBatch:
         keys.append(('grow', *self.cache['mask'].shape, plan.batch, cache_len))
     return tuple(keys)
 
-  def rehearse(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int]):
-    """A function that admits `contexts` into a scratch batch shaped as this one is now (zeros; its occupied slots
-    done) and runs one chunk, so every program `compiles` names is compiled when it returns; the sampler's PRNG
-    and prefix-cache contents stay as they are (the cache is read). Snapshot taken here; the function may run on
-    another thread beside this batch's `admit` / `step` (`osvl_jax.serve.compile_ahead`)."""
+  def rehearse(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int], plan: _Plan):
+    """A function that admits `contexts` as `plan` (made on this batch just before) does, into a scratch batch shaped
+    as this one is now (zeros; its occupied slots done; the prefixes of `plan` as zeros, the prefix cache never
+    touched; no key of the sampler's PRNG drawn), runs one chunk and returns the `compiles` keys it ran. The
+    snapshot is taken here, on the batch's thread; the function may run on another one beside this batch's `admit`
+    / `step` (`osvl_jax.serve.compile_ahead`). It allocates a KV cache as large as this batch's after the admission
+    while it runs."""
+    s = self.sampler
     shape = None if self.cache is None else tuple(self.cache['mask'].shape)
     occupied = [slot is not None for slot in self.slots]
-    contexts, limits = list(contexts), list(limits)
+    contexts, limits, prefix = list(contexts), list(limits), plan.prefix.copy()
+    s._prefill_fn(self.greedy, self.use_top_p)   # pylint: disable=protected-access  (made here: no two jit objects)
+    s._decode_fn(self.greedy, self.use_top_p, self.chunk, self.until_first_done)   # pylint: disable=protected-access
 
-    def run() -> None:
-      scratch = DecodeBatch(self.sampler, self.stop, self.chunk, self.until_first_done, self.sampling)
+    def run() -> tuple:
+      scratch = DecodeBatch(s, self.stop, self.chunk, self.until_first_done, self.sampling)
       scratch.scratch = True
       if shape is not None:
-        s, (batch, cache_len) = self.sampler, shape
+        batch, cache_len = shape
         cache = s._init_cache(batch, cache_len)   # pylint: disable=protected-access
         scratch.cache = cache if s.layout is None else s.layout.put_cache(cache)
         scratch.carry = (*(jnp.zeros((batch,), jnp.int32) for _ in range(4)), jnp.ones((batch,), bool))
         scratch.limits = jnp.ones((batch,), jnp.int32)
         scratch.slots = [_Slot(None, None, -1, 0, 1, frozenset(), [], []) if o else None for o in occupied]
         scratch.emitted = np.zeros((batch,), np.int32)
-      scratch.admit(contexts, limits, [None] * len(contexts))
+      rehearsed = scratch.plan(contexts, limits, prefix)
+      keys = scratch.compiles(rehearsed)
+      scratch.admit(contexts, limits, [None] * len(contexts), plan=rehearsed)
       if scratch.live:
         scratch.step()
+      return keys
     return run
 
   def admit(self, contexts: Sequence[engine_lib.Context], limits: Sequence[int], tags: Sequence[Any],
@@ -263,7 +276,7 @@ class DecodeBatch:
       self.slots += [None] * (batch - self.capacity)
       self.emitted = np.concatenate([self.emitted, np.zeros(batch - len(self.emitted), np.int32)])
     padded = lambda x, v: np.concatenate([np.asarray(x, np.int32), np.full(pad, v, np.int32)])
-    if prefix.any():
+    if prefix.any() and not self.scratch:
       cache = s.prefix_cache.gather(padded(matched, -1), padded(prefix, 0), cache_len)
     else:
       cache = s._init_cache(sub, cache_len)   # pylint: disable=protected-access
