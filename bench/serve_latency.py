@@ -4,8 +4,8 @@ flood, against the same request alone.
   .venv/bin/python bench/serve_latency.py [--new-tokens 8] [--long-tokens 1500] [--images 150]
       [--image-side 1024] [--probes 5] [--flood-nice 19] [--url http://HOST:PORT]
 
-Starts `python -m osvl_jax.serve --tiny` on a free 127.0.0.1 port (or uses `--url`), runs every case once to warm
-its shapes up (the compile is not timed), then times a greedy `--new-tokens` text request:
+Starts `python -m osvl_jax.serve --tiny --compile_ahead` on a free 127.0.0.1 port (or uses `--url`), runs every
+case once to warm its shapes up (the compile is not timed), then times a greedy `--new-tokens` text request:
   alone: the median of 3;
   flush: sent right after a `/flush_cache`, itself sent while a `--long-tokens` request generates;
   image flood: sent 0.2 s after `--images` one-image requests (random `--image-side` PNGs, so decoding costs
@@ -74,7 +74,7 @@ def main() -> None:
   from osvl_jax import trajectory as tj  # pylint: disable=g-import-not-at-top
   from osvl_jax.serve import launch  # pylint: disable=g-import-not-at-top
 
-  flags = ['--tiny', '--bucket=64', f'--max_len={args.long_tokens + 256}', '--max_batch=256']
+  flags = ['--tiny', '--bucket=64', f'--max_len={args.long_tokens + 256}', '--max_batch=256', '--compile_ahead']
   with launch.local_server(flags, args.url) as url:
 
     def generate(ids, new, image=None):

@@ -61,8 +61,9 @@ def _define_flags() -> None:
   flags.DEFINE_integer('max_batch', 64, 'most rows per sampler call.')
   flags.DEFINE_integer('num_continuous_decode_steps', 8, 'decode steps per chunk at most (SGLang\'s flag): between two '
                        'chunks finished rows are answered and waiting ones join the running batch.')
-  flags.DEFINE_bool('compile_ahead', True, 'compile the program shapes a new request needs on a background thread '
-                    'while the running requests decode (serve.compile_ahead); the rows that need them wait.')
+  flags.DEFINE_bool('compile_ahead', False, 'compile the program shapes a new request needs on a background thread '
+                    'while the running requests decode (serve.compile_ahead; the rows that need them wait): no '
+                    'request stalls behind another\'s compile, at the cost of a scratch KV cache per rehearsal.')
   flags.DEFINE_float('batch_window_ms', 20.0, 'a batch keeps collecting requests while they arrive less than '
                      'this apart (at most 20 windows).')
   flags.DEFINE_integer('min_pixels', None, 'image processor min_pixels (default: the checkpoint records it).')

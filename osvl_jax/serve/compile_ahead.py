@@ -9,7 +9,8 @@ shapes ahead).
 admission on a scratch batch of the same shapes on this module's one thread, `request_limits.DECODE_NICENESS`
 nicer than the worker. A row is deferred at most once: on its next turn it is admitted whatever its shapes.
 Memory: a rehearsal holds a KV cache as large as the main lane's after the admission while it runs (the scratch
-batch): with `--max_batch` sized to the device's memory, turn it off (`--nocompile_ahead`). The prefix cache's
+batch): with `--max_batch` sized to the device's memory, leave it off (`python -m osvl_jax.serve` runs it with
+`--compile_ahead`). The prefix cache's
 gather and store programs compile in the worker at their first (rows, cache length) (~0.1-0.2 s on CPU).
 """
 

@@ -23,7 +23,7 @@ def build_service(checkpoint: str = 'latest', workdir: str | None = None, step: 
                   served_model_name: str = 'osvl-jax', weight_version: str = '0', prefix_cache_slots: int = -1,
                   limits: dict | None = None, weights_root: tuple[str, ...] = (),
                   num_continuous_decode_steps: int = 8, patch_bucket: int = 256, mesh_tensor: int = 0,
-                  mesh_data: int = -1, compile_ahead: bool = True):
+                  mesh_data: int = -1, compile_ahead: bool = False):
   """Loads the policy and returns a running `service.SamplerService` (arguments: the flags of `__main__`; `limits`: the
   `request_limits.RequestLimits` fields but context_length, max_new_tokens_limit None = max_len).
 

@@ -37,7 +37,7 @@ a running `decode_batch.DecodeBatch` per distinct (temperature, top_p, stop stri
 most `decode_steps` steps, finished rows are answered and waiting rows are admitted, so a short request never
 waits for a long one. Per-row `max_new_tokens` and extra `stop_token_ids` end that row alone. A weight update is
 a job too: the rows before it finish on the old weights, the rows after it start on the new ones, so no
-generation straddles an update (each answer has one version span). With `compile_ahead` (the server's default), a
+generation straddles an update (each answer has one version span). With `compile_ahead` (`--compile_ahead`), a
 request needing a program shape not compiled yet waits while `compile_ahead` compiles it off the worker thread, and
 the other requests keep decoding (`/server_info`'s internal_states[0].compile_ahead counts the rehearsals).
 
@@ -117,7 +117,7 @@ class SamplerService:
       decode_steps: decode steps per chunk at most (SGLang's `num_continuous_decode_steps`): finished rows leave
         and waiting rows enter a running batch between chunks (`scheduler`).
       compile_ahead: compile an admission's new program shapes on a background thread while the other rows
-        decode (`compile_ahead`; `python -m osvl_jax.serve` turns it on).
+        decode (`compile_ahead`; `python -m osvl_jax.serve --compile_ahead`).
       limits: the request limits (default: `RequestLimits(sampler.max_len, sampler.max_len)`, the other limits at
         their defaults); images are decoded through one `request_limits.ImageGate` over them.
     Raises:
