@@ -24,8 +24,8 @@ several batches (lanes; the first is its main lane, where rows go by default, th
 slots). Text rows and image rows are admitted apart; each part goes to the first lane whose programs for it are
 compiled, else to a new lane within the KV slots the turn leaves, else waits (deferred, holding no slot) while its
 admission into the main lane is rehearsed on the compile thread, and is admitted on the first turn after it,
-whatever its shapes then. Batches without image rows step first, and a job of the other kind (text vs image) ends
-the collecting linger: waiting would not batch it with the rows collected.
+whatever its shapes then. A job of the other kind (text vs image) ends the collecting linger: waiting would not
+batch it with the rows collected.
 """
 
 from __future__ import annotations
@@ -131,10 +131,14 @@ class Scheduler:
     s = self.service
     groups: dict[tuple, list] = {}
 
-    def fits(key: tuple) -> bool:   # the KV slots of every batch, with one more row of `key`, within max_batch
-      keys = {k for k, _ in self.batches} | set(groups) | set(retry) | {key}
-      slots = sum(self._slots_after(k, len(groups.get(k, ())) + len(retry.get(k, ())) + (k == key)) for k in keys)
-      return slots <= s.max_batch or not (self.batches or groups or retry)   # one row always runs
+    def slots(key: tuple | None = None) -> int:   # the KV slots of every batch after this turn (+ a row of `key`)
+      rows = collections.Counter({k: len(v) for k, v in groups.items()})
+      rows.update({k: len(v) for k, v in retry.items()})
+      rows.update([key] if key is not None else [])
+      return sum(self._slots_after(k, rows[k]) for k in {k for k, _ in self.batches} | set(rows))
+
+    def fits(key: tuple) -> bool:   # ... within max_batch
+      return slots(key) <= s.max_batch or not (self.batches or groups or retry)   # one row always runs
 
     retry: dict[tuple, list] = {}   # deferred rows whose rehearsal ended: admitted first, whatever their shapes
     for d in [d for d in self.deferred if d[0].done()]:
@@ -170,8 +174,7 @@ class Scheduler:
       if p.next_row < len(job.payload) and not p.failed:
         break                       # no room for the rest of this job
       self.backlog.popleft()
-    keys = {k for k, _ in self.batches} | set(groups) | set(retry)
-    self._slack = s.max_batch - sum(self._slots_after(k, len(groups.get(k, ())) + len(retry.get(k, ()))) for k in keys)
+    self._slack = s.max_batch - slots()
     for key, items in retry.items():
       self._admit_group(key, items, may_defer=False)
     for key, items in groups.items():
@@ -242,10 +245,12 @@ class Scheduler:
     """('admit', lane, items, plan, batch): a lane whose programs for `items` are compiled; ('defer', rehearsal):
     none, and `items` may wait for a rehearsal of their admission into the main lane; None: the main lane."""
     contexts, limits = [row.context for _, _, row in items], self._limits(items)
+    main = None   # (the main lane's batch, its plan for `items`)
     for lane in lanes:   # another lane than the main one: only into its free slots (the KV slots were counted)
       batch = self.batches[(key, lane)]
       if lane == lanes[0] or len(items) <= batch.capacity - batch.live:
         plan = batch.plan(contexts, limits)
+        main = main or (batch, plan)
         if self.ahead.is_warm(batch.compiles(plan)) and (lane == lanes[0] or plan.batch == batch.capacity):
           return 'admit', lane, items, plan, batch
     fresh = self._new_batch(key)
@@ -255,9 +260,8 @@ class Scheduler:
       return 'admit', lanes[-1] + 1 if lanes else 0, items, plan, fresh
     if not may_defer:
       return None
-    main = self.batches[(key, lanes[0])] if lanes else fresh
-    plan = main.plan(contexts, limits) if lanes else plan
-    return 'defer', main.rehearse(contexts, limits, plan)
+    batch, plan = main or (fresh, plan)
+    return 'defer', batch.rehearse(contexts, limits, plan)
 
   def _new_batch(self, key: tuple) -> decode_batch.DecodeBatch:
     s, (temperature, top_p, stop) = self.service, key
@@ -307,13 +311,7 @@ class Scheduler:
 
   # -- 3. step -------------------------------------------------------------------------------------------------
   def _step(self) -> None:
-    """One chunk of every batch, those without image rows first (with compile-ahead, text rows run in lanes of
-    their own: their answers leave before the image rows' chunks run)."""
-    order = list(self.batches.items())
-    if self.ahead is not None:
-      order.sort(key=lambda kb: any(slot is not None and slot.tag[0].payload[slot.tag[1]].context.images
-                                    for slot in kb[1].slots))
-    for key, batch in order:
+    for key, batch in list(self.batches.items()):
       try:
         finished = batch.step()
       except Exception as e:  # pylint: disable=broad-except

@@ -78,17 +78,26 @@ def check_image_pads(contexts: Sequence[Any], image_token_id: int = IMAGE_PAD_ID
       raise ValueError(f'context {b}: {n_pads} <|image_pad|> tokens but its {len(c.images)} image(s) need {need}')
 
 
+def _cached_images(ids: np.ndarray, images: Sequence[Any], start: int, image_token_id: int) -> int:
+  """How many of a row's images lie in its first `start` ids (its cached prefix).
+
+  Raises:
+    ValueError: the prefix ends inside an image run.
+  """
+  cached_pads, skip = int(np.sum(np.asarray(ids[:start]) == image_token_id)), 0
+  while cached_pads > 0 and skip < len(images):
+    cached_pads -= images[skip].num_tokens
+    skip += 1
+  if cached_pads != 0:
+    raise ValueError(f'its cached prefix of {start} ids ends inside an image run')
+  return skip
+
+
 def suffix_patches(contexts: Sequence[Any], starts: Sequence[int], image_token_id: int = IMAGE_PAD_ID) -> int:
   """Image patches `build` sends to the vision tower: those of the images past each row's cached prefix
-  (`starts[b]` ids; a prefix never ends inside an image run)."""
-  total = 0
-  for c, start in zip(contexts, starts):
-    cached_pads, skip = int(np.sum(np.asarray(c.prompt_ids[:int(start)]) == image_token_id)), 0
-    while cached_pads > 0 and skip < len(c.images):
-      cached_pads -= c.images[skip].num_tokens
-      skip += 1
-    total += sum(int(np.asarray(im.pixel_values).shape[0]) for im in c.images[skip:])
-  return total
+  (`starts[b]` ids). Raises ValueError as `build` does."""
+  return sum(int(np.asarray(im.pixel_values).shape[0]) for c, start in zip(contexts, starts)
+             for im in c.images[_cached_images(c.prompt_ids, c.images, int(start), image_token_id):])
 
 
 def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, limit: int,
@@ -129,12 +138,10 @@ def build(contexts: Sequence[Any], batch: int, starts: np.ndarray, bucket: int, 
     attention_mask[b, :n] = True
     position_ids[:, b, :n] = np.asarray(pos, np.int32)[:, 0, start:]
     position_ids[:, b, n:] = length + deltas[b] + np.arange(pad_len - n)[None]
-    cached_pads, skip = int(np.sum(ids[:start] == image_token_id)), 0
-    while cached_pads > 0 and skip < len(images):   # the images whose runs lie in the cached prefix
-      cached_pads -= images[skip].num_tokens
-      skip += 1
-    if cached_pads != 0:
-      raise ValueError(f'row {b}: its cached prefix of {start} ids ends inside an image run')
+    try:
+      skip = _cached_images(ids, images, start, image_token_id)
+    except ValueError as e:
+      raise ValueError(f'row {b}: {e}') from None
     for im in images[skip:]:
       pixel_values.append(np.asarray(im.pixel_values, np.float32))
       grids.append(tuple(int(x) for x in np.asarray(im.grid_thw).reshape(3)))
